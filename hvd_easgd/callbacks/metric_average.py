@@ -1,0 +1,27 @@
+"""Epoch metrics averaged across ranks, so rank 0 reports the global figures."""
+import keras
+import numpy as np
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Replaces each numeric entry of the epoch logs by its mean over ranks.
+
+    Must come before the progress bar and any logger in the callback list
+    (``hvd_easgd.callbacks.defaults()`` orders them). The allreduce is not
+    counted in the communicator's account: that account is training traffic.
+    """
+
+    def __init__(self, comm=None):
+        super().__init__()
+        self._comm = comm
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs:
+            return
+        comm = self._comm or self.model.optimizer.comm
+        if comm.size == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.isscalar(v) or np.ndim(v) == 0)
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = comm.allreduce([values], op="average", record=False)[0].numpy()
+        logs.update({k: float(v) for k, v in zip(keys, averaged)})

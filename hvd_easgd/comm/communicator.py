@@ -1,0 +1,142 @@
+"""The communicator interface and its exact byte/call account.
+
+Every collective of hvd_easgd goes through ``Communicator``. The account
+(payload bytes handed to collectives, and the number of collective calls) is
+kept in TF variables that the collectives update *inside* the traced step:
+a Python counter inside ``tf.function`` would count traces, not steps.
+Strategies are compared by these figures, so they must be exact.
+
+Subclasses implement three primitives on already-compressed tensors:
+``_grouped_allreduce``, ``_broadcast`` and ``_allgather``.
+"""
+import hashlib
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from .compression import Compression
+
+REDUCE_OPS = ("average", "sum")
+
+
+class RanksDisagreeError(RuntimeError):
+    """Ranks hold different values for something that must be identical."""
+
+
+def _nbytes(tensor):
+    """Bytes of ``tensor``: a Python int when the shape is static, else a tensor."""
+    itemsize = tensor.dtype.size
+    if tensor.shape.is_fully_defined():
+        return int(np.prod(tensor.shape.as_list(), dtype=np.int64)) * itemsize
+    return tf.size(tensor, out_type=tf.int64) * itemsize
+
+
+class Communicator:
+    rank = 0
+    size = 1
+    local_rank = 0
+    local_size = 1
+
+    def __init__(self):
+        # Created eagerly (not in a trace) so a step function can update them.
+        with tf.init_scope():
+            self._bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="comm_bytes_sent")
+            self._collective_calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="comm_collective_calls")
+
+    # --- the account ------------------------------------------------------
+    def account(self):
+        """``{"bytes": payload bytes handed to collectives, "calls": collective calls}`` so far."""
+        return {"bytes": int(self._bytes_sent.numpy()), "calls": int(self._collective_calls.numpy())}
+
+    def reset_account(self):
+        self._bytes_sent.assign(0)
+        self._collective_calls.assign(0)
+
+    def _record(self, tensors):
+        total = 0
+        for t in tensors:
+            total = total + _nbytes(t)
+        self._bytes_sent.assign_add(tf.cast(total, tf.int64))
+        self._collective_calls.assign_add(1)
+
+    # --- collectives --------------------------------------------------------
+    def allreduce(self, tensors, op="average", compression=Compression.none, record=True):
+        """Reduces a list of tensors across ranks in ONE grouped collective call.
+
+        ``record=False`` leaves the call out of the account (bookkeeping such
+        as metric averaging, which is not training traffic).
+        """
+        if op not in REDUCE_OPS:
+            raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if not tensors:
+            return []
+        wire, dtypes = zip(*(compression.compress(t) for t in tensors))
+        if record:
+            self._record(wire)
+        reduced = self._grouped_allreduce(list(wire), op)
+        return [compression.decompress(r, d) for r, d in zip(reduced, dtypes)]
+
+    def broadcast(self, tensors, root_rank=0):
+        """Returns rank ``root_rank``'s values of ``tensors`` on every rank."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        for t in tensors:  # Horovod broadcasts tensor by tensor: one call each.
+            self._record([t])
+        return self._broadcast(tensors, root_rank) if tensors else []
+
+    def allgather(self, tensor):
+        """Concatenates every rank's ``tensor`` along axis 0 (sizes may differ)."""
+        tensor = tf.convert_to_tensor(tensor)
+        self._record([tensor])
+        return self._allgather(tensor)
+
+    # --- eager helpers built on the collectives -------------------------------
+    def broadcast_variables(self, variables, root_rank=0):
+        """Assigns rank ``root_rank``'s values to ``variables`` on every rank (eager or traced)."""
+        variables = list(variables)
+        values = self.broadcast([tf.convert_to_tensor(v) for v in variables], root_rank)
+        for var, value in zip(variables, values):
+            var.assign(value)
+
+    def allgather_json(self, obj):
+        """Every rank's JSON-serialisable ``obj``, as a list indexed by rank (eager only)."""
+        payload = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), dtype=np.uint8)
+        lengths = self._allgather(tf.constant([payload.size], dtype=tf.int64)).numpy()
+        gathered = self._allgather(tf.constant(payload, dtype=tf.uint8)).numpy().tobytes()
+        objects, start = [], 0
+        for n in lengths:
+            objects.append(json.loads(gathered[start : start + n].decode()))
+            start += n
+        return objects
+
+    def assert_same_across_ranks(self, what, mapping):
+        """Raises ``RanksDisagreeError`` naming the first differing key and the ranks involved.
+
+        ``mapping`` is a dict of JSON-serialisable values. Only hashes travel.
+        """
+        digests = {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
+                   for k, v in mapping.items()}
+        if self.size == 1:
+            return
+        per_rank = self.allgather_json(digests)
+        keys = sorted(set().union(*per_rank))
+        for key in keys:
+            seen = {}
+            for rank, d in enumerate(per_rank):
+                seen.setdefault(d.get(key, "<missing>"), []).append(rank)
+            if len(seen) > 1:
+                groups = "; ".join(f"ranks {ranks}" for ranks in sorted(seen.values()))
+                raise RanksDisagreeError(
+                    f"ranks disagree on {what}: `{key}` differs between {groups}"
+                )
+
+    # --- primitives for subclasses ------------------------------------------
+    def _grouped_allreduce(self, tensors, op):
+        raise NotImplementedError
+
+    def _broadcast(self, tensors, root_rank):
+        raise NotImplementedError
+
+    def _allgather(self, tensor):
+        raise NotImplementedError

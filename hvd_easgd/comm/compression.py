@@ -1,0 +1,44 @@
+"""What crosses the wire: full precision, or fp16 cast back after the collective."""
+import tensorflow as tf
+
+
+class _NoCompression:
+    name = "none"
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, original_dtype):
+        return tensor
+
+
+class _FP16Compression:
+    """Halves the bytes of fp32/fp64 tensors; other dtypes travel unchanged."""
+
+    name = "fp16"
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating and tensor.dtype != tf.float16:
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, original_dtype):
+        return tensor if original_dtype is None else tf.cast(tensor, original_dtype)
+
+
+class Compression:
+    """Named choices, as Horovod spells them: ``Compression.none``, ``Compression.fp16``."""
+
+    none = _NoCompression()
+    fp16 = _FP16Compression()
+
+    @classmethod
+    def by_name(cls, name):
+        choices = {"none": cls.none, "fp16": cls.fp16}
+        if name not in choices:
+            raise ValueError(f"`compression` must be one of {sorted(choices)}. Received: compression={name!r}")
+        return choices[name]

@@ -1,0 +1,64 @@
+"""Models by name, for train.py and the benchmarks. Any Keras 3 model works
+with hvd_easgd; these are the ones the CLI offers (``--model``)."""
+import keras
+from keras import layers
+
+
+def cnn(input_shape, num_classes):
+    """The digits CNN (~38k parameters at 8×8×1): the default model."""
+    return keras.Sequential([
+        keras.Input(input_shape),
+        layers.Conv2D(16, 3, padding="same", activation="relu"),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Flatten(),
+        layers.Dense(64, activation="relu"),
+        layers.Dense(num_classes),
+    ], name="cnn")
+
+
+def fcn(input_shape, num_classes):
+    """Fully convolutional with global pooling: takes images of any height and width."""
+    channels = input_shape[-1]
+    return keras.Sequential([
+        keras.Input((None, None, channels)),
+        layers.Conv2D(16, 3, padding="same", activation="relu"),
+        layers.MaxPooling2D(2),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(num_classes),
+    ], name="fcn")
+
+
+def resnet(input_shape, num_classes, width=16, blocks_per_stage=1):
+    """A small ResNet (three stages of basic blocks) for 32×32 synthetic-image throughput."""
+    inputs = keras.Input(input_shape)
+    x = layers.Conv2D(width, 3, padding="same", use_bias=False)(inputs)
+    x = layers.BatchNormalization()(x)
+    x = layers.ReLU()(x)
+    for stage in range(3):
+        filters = width * 2 ** stage
+        for block in range(blocks_per_stage):
+            stride = 2 if stage > 0 and block == 0 else 1
+            shortcut = x
+            y = layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False)(x)
+            y = layers.BatchNormalization()(y)
+            y = layers.ReLU()(y)
+            y = layers.Conv2D(filters, 3, padding="same", use_bias=False)(y)
+            y = layers.BatchNormalization()(y)
+            if stride != 1 or shortcut.shape[-1] != filters:
+                shortcut = layers.Conv2D(filters, 1, strides=stride, use_bias=False)(shortcut)
+                shortcut = layers.BatchNormalization()(shortcut)
+            x = layers.ReLU()(layers.Add()([y, shortcut]))
+    x = layers.GlobalAveragePooling2D()(x)
+    outputs = layers.Dense(num_classes)(x)
+    return keras.Model(inputs, outputs, name="resnet")
+
+
+MODELS = {"cnn": cnn, "fcn": fcn, "resnet": resnet}
+
+
+def build(name, input_shape, num_classes):
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(sorted(MODELS))}")
+    return MODELS[name](input_shape, num_classes)

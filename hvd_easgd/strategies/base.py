@@ -1,0 +1,133 @@
+"""The sync-strategy protocol: how workers combine their work over allreduce.
+
+A strategy is small and explicit, in the spirit of optax's init/update pair:
+
+* ``bind(comm)``: receives the communicator it will use (injected, so tests
+  can hand in a one-process one);
+* ``build(trainable_variables, non_trainable_variables)``: creates the
+  strategy's state as TF variables (eagerly, once), so it checkpoints with the
+  model;
+* ``step(grads, variables, apply_update, sample_count=None, mean=True)``:
+  one optimizer step. It decides what to reduce, calls ``apply_update(grads)``
+  (the inner optimizer) zero or one time, and may then act on the weights
+  (EASGD's elastic pull). It runs inside the training step's ``tf.function``.
+
+``sample_count`` is how gradient accumulation talks to the strategy: when it
+is given, ``grads`` are *sums* of ``sample_count`` per-sample gradients, and
+the strategy applies the mean (``mean=True``) or the sum over the samples it
+combines. A count of zero means "this rank has nothing this step" and must
+never desynchronise the ranks.
+"""
+import tensorflow as tf
+
+from ..comm import LocalCommunicator
+
+
+def as_dense(grad, variable):
+    """Densifies IndexedSlices and stands zeros in for None, so every rank
+    hands the same list of tensors to the collective."""
+    if grad is None:
+        return tf.zeros_like(variable)
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.convert_to_tensor(grad)
+    return grad
+
+
+def all_finite(tensors):
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+
+class SyncStrategy:
+    """Base class. Subclasses set ``name`` and implement ``step``."""
+
+    name = None
+    description = ""
+
+    def __init__(self):
+        self.comm = None
+        self._built = False
+        self.step_counter = None
+        self.skipped_steps = None
+        self.consecutive_skips = None
+
+    # --- wiring ---------------------------------------------------------------
+    def bind(self, comm):
+        self.comm = comm
+        return self
+
+    def _ensure_comm(self):
+        if self.comm is None:
+            self.comm = LocalCommunicator()
+        return self.comm
+
+    @property
+    def built(self):
+        return self._built
+
+    def build(self, trainable_variables, non_trainable_variables=()):
+        """Creates the state. Always called outside any trace (under init_scope)."""
+        self._ensure_comm()
+        with tf.init_scope():
+            # Optimizer steps taken (or skipped) through this strategy.
+            self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{type(self).__name__}_step")
+            # Steps whose update was dropped because it held NaN/Inf.
+            self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{type(self).__name__}_skipped")
+            self.consecutive_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{type(self).__name__}_bad_run")
+            self._build_state(list(trainable_variables), list(non_trainable_variables))
+        self._built = True
+
+    def _build_state(self, trainable_variables, non_trainable_variables):
+        """Subclass hook: create extra state variables."""
+
+    def state_variables(self):
+        """Every variable the strategy owns; checkpoints must hold them."""
+        if not self._built:
+            return []
+        return [self.step_counter, self.skipped_steps, self.consecutive_skips] + self._extra_state()
+
+    def _extra_state(self):
+        return []
+
+    def on_initial_state_synced(self):
+        """Called once every rank holds rank 0's initial weights."""
+
+    def per_rank_state(self):
+        """True when ranks hold different state (then each rank's is saved)."""
+        return False
+
+    # --- one step ----------------------------------------------------------------
+    def step(self, grads, variables, apply_update, sample_count=None, mean=True):
+        raise NotImplementedError
+
+    def _apply_if(self, finite_and_wanted, finite, apply_update, grads):
+        """Applies ``grads`` when ``finite_and_wanted``; counts non-finite skips.
+
+        ``finite`` must be a value every rank agrees on whenever the ranks are
+        meant to stay identical (i.e. computed after the reduction).
+        """
+
+        def apply():
+            apply_update(grads)
+            return tf.constant(True)
+
+        def skip():
+            return tf.constant(False)
+
+        applied = tf.cond(finite_and_wanted, apply, skip)
+        self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        self.consecutive_skips.assign(
+            tf.where(finite, tf.constant(0, tf.int64), self.consecutive_skips + 1)
+        )
+        return applied
+
+    # --- configuration ---------------------------------------------------------
+    def get_config(self):
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"

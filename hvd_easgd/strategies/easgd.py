@@ -1,0 +1,224 @@
+"""EASGD: elastic averaging SGD over allreduce, with no parameter server.
+
+Zhang, Choromanska & LeCun, "Deep learning with Elastic Averaging SGD"
+(NIPS 2015, arXiv:1412.6651). TF1's ``ElasticAverageOptimizer`` kept the
+center variable x̃ on a parameter server; here every rank holds an identical
+replica of x̃ and the elastic differences travel in one ring-allreduce.
+
+Per rank i of p, local weights x_i, center x̃ (identical on all ranks), at
+every optimizer step t = 1, 2, ... (TF1's order):
+
+  1. x_i ← inner_optimizer(x_i, g_i [+ ρ (x_i − x̃)])      no communication
+  2. if t ≡ 0 (mod τ):
+       d_i = α (x_i − x̃)                                   from the post-update x_i
+       x_i ← x_i − d_i
+       x̃  ← x̃ + Σ_j d_j                                    ONE grouped Sum allreduce
+
+Summing step 2 over ranks: x̃' = (1 − pα) x̃ + pα · mean_j(x_j), so the
+center moves toward the workers' mean and is stable iff 0 < pα < 1; with
+α ≤ 1/(p+1) it does not overshoot. α defaults to β/p with β = 0.9 (the
+paper's choice); TF1 defaulted to 0.9/(τ·p).
+
+``overlap=True`` computes d_i from x_i and x̃ as they stand at the *start*
+of a communication step and issues the allreduce before the inner update,
+so the runtime can overlap it with the step's compute; x_i ← x_i − d_i and
+x̃ ← x̃ + Σd are applied after the inner update. The pull is one step stale.
+"""
+import warnings
+
+import tensorflow as tf
+
+from .base import SyncStrategy, all_finite, as_dense
+from .sync_average import SyncAverage
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class EASGD(SyncStrategy):
+    """Elastic averaging every ``communication_period`` optimizer steps.
+
+    Args:
+      communication_period: τ, optimizer steps between elastic steps (int ≥ 1).
+      moving_rate: α. Default ``beta / p``. Must satisfy 0 < α and p·α < 1.
+      beta: β, used when ``moving_rate`` is not given (default 0.9).
+      rho: extra elastic force ρ (x_i − x̃) added to every local gradient,
+        toward the center as of the last communication step. Default 0 keeps
+        the elastic force to the communication steps (the paper's periodic
+        form); ρ and α add up.
+      warmup_steps: SyncAverage for this many steps, then x̃ ← x and t counts
+        from there.
+      overlap: start the allreduce of a communication step before that step's
+        inner update (one-step-stale pull).
+
+    Floating non-trainable state (BatchNorm moving statistics) is averaged
+    across ranks at each communication step, in the same grouped call, so
+    the center model has consistent statistics.
+
+    EAMSGD (the paper's momentum variant) is EASGD with
+    ``keras.optimizers.SGD(momentum=δ, nesterov=True)`` as the inner optimizer.
+    """
+
+    name = "easgd"
+    description = "elastic averaging every tau steps; center replicated on every rank"
+
+    def __init__(self, communication_period=10, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0,
+                 overlap=False):
+        super().__init__()
+        if not _is_int(communication_period) or communication_period < 1:
+            raise ValueError("`communication_period` (tau) must be an integer >= 1. "
+                             f"Received: communication_period={communication_period!r}")
+        if communication_period == 1:
+            warnings.warn("EASGD with communication_period=1 takes an elastic step every step: "
+                          "it communicates as often as SyncAverage", stacklevel=2)
+        if moving_rate is not None and not moving_rate > 0:
+            raise ValueError(f"`moving_rate` (alpha) must be > 0. Received: moving_rate={moving_rate!r}")
+        if moving_rate is None and not 0 < beta < 1:
+            raise ValueError(f"`beta` must satisfy 0 < beta < 1. Received: beta={beta!r}")
+        if not rho >= 0:
+            raise ValueError(f"`rho` must be >= 0. Received: rho={rho!r}")
+        if not _is_int(warmup_steps) or warmup_steps < 0:
+            raise ValueError(f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
+        self.communication_period = communication_period
+        self._moving_rate_arg = moving_rate
+        self.beta = beta
+        self.rho = float(rho)
+        self.warmup_steps = warmup_steps
+        self.overlap = bool(overlap)
+        self._warmup_sync = SyncAverage()
+
+    # --- wiring ---------------------------------------------------------------
+    @property
+    def moving_rate(self):
+        size = self.comm.size if self.comm is not None else 1
+        return self._moving_rate_arg if self._moving_rate_arg is not None else self.beta / size
+
+    def bind(self, comm):
+        super().bind(comm)
+        self._warmup_sync.bind(comm)
+        alpha = self.moving_rate
+        if not comm.size * alpha < 1:
+            raise ValueError("`moving_rate` (alpha) must satisfy p * alpha < 1 with p ranks "
+                             f"(p={comm.size}). Received: moving_rate={alpha!r}")
+        return self
+
+    def per_rank_state(self):
+        return True
+
+    def _build_state(self, trainable_variables, non_trainable_variables):
+        self._warmup_sync.bind(self.comm)
+        self._warmup_sync.build(trainable_variables)
+        self.variables = trainable_variables
+        self.averaged_state = [v for v in non_trainable_variables if v.dtype.is_floating]
+        # x̃ starts equal to x, which is identical on all ranks after the
+        # initial broadcast (and after warm-up, re-copied from x).
+        self.center = [tf.Variable(v, trainable=False, name="center/" + v.name.replace(":", "_"))
+                       for v in trainable_variables]
+        self.skipped_elastic_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="easgd_skipped_elastic")
+
+    def _extra_state(self):
+        return self.center + [self.skipped_elastic_steps] + self._warmup_sync.state_variables()
+
+    def on_initial_state_synced(self):
+        self.reset_center()
+
+    def reset_center(self):
+        """x̃ ← x. Called after the initial broadcast and at the end of warm-up."""
+        for c, v in zip(self.center, self.variables):
+            c.assign(v)
+
+    def local_steps(self):
+        """t: optimizer steps since warm-up ended (the τ counter)."""
+        return self.step_counter - self.warmup_steps
+
+    # --- one step ----------------------------------------------------------------
+    def step(self, grads, variables, apply_update, sample_count=None, mean=True):
+        if self.warmup_steps:
+            in_warmup = self.step_counter < self.warmup_steps
+            tf.cond(in_warmup,
+                    lambda: self._warmup_step(grads, variables, apply_update, sample_count, mean),
+                    lambda: self._elastic_or_local_step(grads, variables, apply_update, sample_count, mean))
+        else:
+            self._elastic_or_local_step(grads, variables, apply_update, sample_count, mean)
+
+    def _warmup_step(self, grads, variables, apply_update, sample_count, mean):
+        self._warmup_sync.step(grads, variables, apply_update, sample_count, mean)
+        self.step_counter.assign_add(1)
+        # Warm-up just ended: every rank holds the same x, so x̃ ← x everywhere.
+        tf.cond(tf.equal(self.step_counter, self.warmup_steps), self._reset_center_op, tf.no_op)
+        return tf.constant(0)
+
+    def _reset_center_op(self):
+        self.reset_center()
+        return tf.no_op()
+
+    def _elastic_or_local_step(self, grads, variables, apply_update, sample_count, mean):
+        communicates = tf.equal((self.local_steps() + 1) % self.communication_period, 0)
+        if self.overlap:
+            # d from x and x̃ at the start of the step; the allreduce is issued
+            # before the inner update so it can run alongside the step's work.
+            pending = tf.cond(communicates, self._start_elastic, self._no_elastic)
+            self._local_step(grads, variables, apply_update, sample_count, mean)
+            tf.cond(communicates, lambda: self._finish_elastic(*pending), tf.no_op)
+        else:
+            self._local_step(grads, variables, apply_update, sample_count, mean)
+            tf.cond(communicates, lambda: self._finish_elastic(*self._start_elastic()), tf.no_op)
+        return tf.constant(0)
+
+    def _local_step(self, grads, variables, apply_update, sample_count, mean):
+        grads = [as_dense(g, v) for g, v in zip(grads, variables)]
+        wanted = tf.constant(True)
+        if sample_count is not None:
+            count = tf.cast(sample_count, grads[0].dtype)
+            if mean:
+                grads = [tf.math.divide_no_nan(g, count) for g in grads]
+            # An idle rank (no samples this window) keeps its weights but
+            # still advances t, so τ stays aligned across ranks.
+            wanted = count > 0
+        if self.rho:
+            grads = [g + self.rho * (v - c) for g, v, c in zip(grads, variables, self.center)]
+        # Local decision: a rank drops its own non-finite update; nothing of it
+        # leaves the rank, so the other ranks are unaffected.
+        finite = all_finite(grads)
+        self._apply_if(tf.logical_and(wanted, finite), finite, apply_update, grads)
+        self.step_counter.assign_add(1)
+
+    def _start_elastic(self):
+        alpha = self.moving_rate
+        diffs = [alpha * (v - c) for v, c in zip(self.variables, self.center)]
+        finite = all_finite(diffs)
+        # A non-finite d never goes on the wire; the flag tells every rank to
+        # skip this elastic step, in the same grouped call.
+        diffs = [tf.where(finite, d, tf.zeros_like(d)) for d in diffs]
+        bad = tf.reshape(tf.cast(tf.logical_not(finite), diffs[0].dtype), [1])
+        # Horovod groups one dtype per call: state travels in the weights' dtype.
+        state = [tf.cast(tf.convert_to_tensor(s), diffs[0].dtype) for s in self.averaged_state]
+        summed = self.comm.allreduce(diffs + state + [bad], op="sum")
+        n = len(diffs)
+        return diffs, summed[:n], summed[n:-1], summed[-1][0]
+
+    def _no_elastic(self):
+        zeros = [tf.zeros_like(v) for v in self.variables]
+        return zeros, zeros, [tf.zeros(s.shape, zeros[0].dtype) for s in self.averaged_state], tf.zeros([], zeros[0].dtype)
+
+    def _finish_elastic(self, diffs, diff_sums, state_sums, bad_ranks):
+        def apply():
+            for v, d in zip(self.variables, diffs):
+                v.assign_sub(d)
+            for c, total in zip(self.center, diff_sums):
+                c.assign_add(total)
+            for s, total in zip(self.averaged_state, state_sums):
+                s.assign(tf.cast(total / self.comm.size, s.dtype))
+            return tf.no_op()
+
+        def skip():
+            self.skipped_elastic_steps.assign_add(1)
+            return tf.no_op()
+
+        tf.cond(tf.equal(bad_ranks, 0), apply, skip)
+        return tf.no_op()
+
+    def get_config(self):
+        return {"communication_period": self.communication_period, "moving_rate": self._moving_rate_arg,
+                "beta": self.beta, "rho": self.rho, "warmup_steps": self.warmup_steps, "overlap": self.overlap}

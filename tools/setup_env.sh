@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Installs everything hvd_easgd needs on a fresh Debian machine, and nothing
+# that is already there:
+#   1. Debian packages (OpenMPI 4.1, cmake, g++), with one `apt-get update`;
+#   2. the virtual environment .venv with the pinned stack from requirements.txt;
+#   3. Horovod 0.28.1 built from source against that TensorFlow, with MPI and
+#      Gloo (and NCCL where CUDA is present). The built wheel is cached outside
+#      the clone, keyed by the Horovod, TF, Python and GPU variant, so a clean
+#      clone (CI) reuses it instead of rebuilding;
+#   4. a check that the build really has TensorFlow, MPI and Gloo.
+# Re-running it is cheap: every step checks first and skips what is done.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-python3.11}
+CACHE=${HVD_EASGD_CACHE:-$HOME/.cache/hvd_easgd}
+REQS=$ROOT/requirements.txt
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+pin() { grep -E "^$1==" "$REQS" | head -n1 | cut -d= -f3; }
+TF_VERSION=$(pin tensorflow-cpu)
+HOROVOD_VERSION=$(pin horovod)
+[ -n "$TF_VERSION" ] && [ -n "$HOROVOD_VERSION" ] || die "requirements.txt must pin tensorflow-cpu and horovod with =="
+
+# --- GPU detection: one place decides the variant --------------------------
+if [ -n "${HVD_EASGD_FORCE_CPU:-}" ]; then
+  VARIANT=cpu
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  VARIANT=cuda
+else
+  VARIANT=cpu
+fi
+
+# --- 1. Debian packages -----------------------------------------------------
+APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make"
+command -v "$PYTHON" >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES python3 python3-venv python3-dev"
+missing=""
+for p in $APT_PACKAGES; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  [ "$(id -u)" = 0 ] || die "missing Debian packages:$missing (run as root, or: sudo apt-get install$missing)"
+  say "apt-get install$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
+  || die "hvd_easgd needs Python 3.11; set PYTHON=/path/to/python3.11"
+
+# --- 2. virtual environment with the pinned stack ---------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+
+# The TF line depends on the variant; every other pin is taken as written.
+resolved_reqs=$(mktemp)
+trap 'rm -f "$resolved_reqs"' EXIT
+grep -vE '^(horovod|tensorflow-cpu)==' "$REQS" > "$resolved_reqs"
+if [ "$VARIANT" = cuda ]; then
+  echo "tensorflow[and-cuda]==$TF_VERSION" >> "$resolved_reqs"
+  echo "nvidia-nccl-cu12" >> "$resolved_reqs"
+else
+  echo "tensorflow-cpu==$TF_VERSION" >> "$resolved_reqs"
+fi
+stamp="$VENV/.hvd_easgd-reqs-$VARIANT-$(sha256sum "$resolved_reqs" | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  say "installing the pinned stack ($VARIANT) into $VENV"
+  $PIP install --upgrade "pip<25" "setuptools<76" wheel
+  $PIP install -r "$resolved_reqs"
+  # Horovod's own runtime requirements, so its wheel can go in with --no-deps.
+  $PIP install cloudpickle psutil packaging cffi
+  touch "$stamp"
+fi
+
+# --- 3. Horovod, built once per (Horovod, TF, Python, variant) --------------
+py_tag=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL_DIR="$CACHE/wheels/horovod-$HOROVOD_VERSION-tf-$TF_VERSION-$py_tag-$VARIANT"
+have_horovod() {
+  "$VENV/bin/python" - "$HOROVOD_VERSION" <<'PY' 2>/dev/null
+import sys, horovod, horovod.tensorflow  # noqa: F401  (import proves the TF extension loads)
+sys.exit(0 if horovod.__version__ == sys.argv[1] else 1)
+PY
+}
+if ! have_horovod; then
+  wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)
+  if [ -z "$wheel" ]; then
+    say "building horovod==$HOROVOD_VERSION against TF $TF_VERSION ($VARIANT); takes a few minutes"
+    mkdir -p "$WHEEL_DIR"
+    build_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
+               HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
+               MAKEFLAGS="-j$(nproc)")
+    if [ "$VARIANT" = cuda ]; then
+      # NCCL from the nvidia-nccl-cu12 wheel unless the system provides one.
+      nccl_home=${HOROVOD_NCCL_HOME:-$("$VENV/bin/python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)}
+      build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+      [ -n "$nccl_home" ] && build_env+=(HOROVOD_NCCL_HOME="$nccl_home")
+    fi
+    log="$WHEEL_DIR/build.log"
+    if ! env "${build_env[@]}" "$VENV/bin/python" -m pip wheel --no-deps --no-build-isolation \
+         --no-binary horovod "horovod==$HOROVOD_VERSION" -w "$WHEEL_DIR" >"$log" 2>&1; then
+      tail -n 30 "$log" >&2
+      die "the Horovod build failed; full log: $log"
+    fi
+    wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n1)
+  else
+    say "reusing cached $wheel"
+  fi
+  $PIP install --no-deps --force-reinstall "$wheel"
+fi
+
+# --- 4. verify the build ------------------------------------------------------
+check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
+for feature in TensorFlow MPI Gloo; do
+  echo "$check" | grep -qE "\[X\] $feature\b" \
+    || die "Horovod was built without $feature (horovodrun --check-build):\n$check"
+done
+if [ "$VARIANT" = cuda ]; then
+  echo "$check" | grep -qE '\[X\] NCCL' || die "CUDA found but Horovod was built without NCCL"
+fi
+
+# --- 5. the project itself ----------------------------------------------------
+if ! (cd / && "$VENV/bin/python" -c "import hvd_easgd, os, sys; sys.exit(os.path.dirname(os.path.dirname(hvd_easgd.__file__)) != sys.argv[1])" "$ROOT") >/dev/null 2>&1; then
+  $PIP install --no-deps --no-build-isolation -e "$ROOT"
+fi
+say "ready: $VENV ($VARIANT; horovod $HOROVOD_VERSION, tensorflow $TF_VERSION)"
