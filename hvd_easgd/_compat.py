@@ -80,3 +80,15 @@ def jit_compile_is_safe(jit_compile):
     step holding a Horovod collective must then run without XLA.
     """
     return not jit_compile
+
+
+def launcher_rank():
+    """This process's rank as the launcher tells it, before Horovod starts.
+
+    Lets argument errors be printed by rank 0 alone without any collective.
+    """
+    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        value = os.environ.get(var)
+        if value is not None and value.isdigit():
+            return int(value)
+    return 0

@@ -1,9 +1,13 @@
 """Keras callbacks, one per module."""
 from .broadcast import BroadcastInitialState
 from .center_swap import CenterSwap, SwappedWeights, center_strategy
+from .checkpointing import PeriodicCheckpoint
 from .metric_average import MetricAverage
+from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
+from .run_recorder import RunRecorder
 
-__all__ = ["BroadcastInitialState", "CenterSwap", "MetricAverage", "SwappedWeights", "center_strategy", "defaults"]
+__all__ = ["AbortOnNonFinite", "BroadcastInitialState", "CenterSwap", "MetricAverage", "NonFiniteTrainingError",
+           "PeriodicCheckpoint", "RunRecorder", "SwappedWeights", "center_strategy", "defaults"]
 
 
 def defaults():

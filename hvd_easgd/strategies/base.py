@@ -18,9 +18,27 @@ the strategy applies the mean (``mean=True``) or the sum over the samples it
 combines. A count of zero means "this rank has nothing this step" and must
 never desynchronise the ranks.
 """
+from dataclasses import dataclass
+
 import tensorflow as tf
 
 from ..comm import LocalCommunicator
+
+
+@dataclass(frozen=True)
+class CliOption:
+    """A command-line flag of a strategy; the CLI builds its parser from these.
+
+    ``switch`` flags take no value and pass ``switch_value`` to ``kwarg``.
+    """
+
+    flag: str
+    kwarg: str
+    help: str
+    type: object = None
+    choices: tuple = None
+    switch: bool = False
+    switch_value: object = True
 
 
 def as_dense(grad, variable):
@@ -42,6 +60,7 @@ class SyncStrategy:
 
     name = None
     description = ""
+    cli_options = ()
 
     def __init__(self):
         self.comm = None

@@ -28,7 +28,7 @@ import warnings
 
 import tensorflow as tf
 
-from .base import SyncStrategy, all_finite, as_dense
+from .base import CliOption, SyncStrategy, all_finite, as_dense
 from .sync_average import SyncAverage
 
 
@@ -62,6 +62,15 @@ class EASGD(SyncStrategy):
 
     name = "easgd"
     description = "elastic averaging every tau steps; center replicated on every rank"
+    cli_options = (
+        CliOption("--tau", "communication_period", "optimizer steps between elastic steps (default 10)", type=int),
+        CliOption("--moving-rate", "moving_rate", "alpha, the elastic moving rate (default beta/p)", type=float),
+        CliOption("--beta", "beta", "beta = p*alpha, used when --moving-rate is not given (default 0.9)",
+                  type=float),
+        CliOption("--rho", "rho", "extra elastic force added to every local gradient (default 0)", type=float),
+        CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
+        CliOption("--overlap", "overlap", "overlap the elastic allreduce with the step's compute", switch=True),
+    )
 
     def __init__(self, communication_period=10, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0,
                  overlap=False):

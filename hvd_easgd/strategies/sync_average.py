@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ..comm import Compression
 from ..comm.communicator import REDUCE_OPS
-from .base import SyncStrategy, all_finite, as_dense
+from .base import CliOption, SyncStrategy, all_finite, as_dense
 
 
 class SyncAverage(SyncStrategy):
@@ -28,6 +28,13 @@ class SyncAverage(SyncStrategy):
 
     name = "sync"
     description = "average the gradients across ranks every step (one grouped allreduce)"
+    cli_options = (
+        CliOption("--clip-norm", "clip_norm", "clip the reduced gradients to this global norm", type=float),
+        CliOption("--fp16-allreduce", "compression", "send gradients as fp16 (half the bytes)",
+                  switch=True, switch_value="fp16"),
+        CliOption("--reduce-op", "reduce_op", "combine gradients across ranks by average (default) or sum",
+                  choices=REDUCE_OPS),
+    )
 
     def __init__(self, reduce_op="average", clip_norm=None, compression="none"):
         super().__init__()

@@ -1,0 +1,73 @@
+"""Per-epoch figures for the run directory's metrics.json (written by rank 0)."""
+import json
+import os
+import time
+
+import keras
+
+
+class RunRecorder(keras.callbacks.Callback):
+    """Records loss/accuracy (already averaged across ranks by ``MetricAverage``,
+    which must run first), samples/s over all ranks, and the communicator's
+    bytes and collective calls per training step, each epoch.
+
+    Training time is measured from the epoch's start to the start of its
+    validation (or its end), so evaluation does not dilute samples/s.
+    """
+
+    def __init__(self, path, comm, global_batch, steps_per_epoch, previous_epochs=(), write=True):
+        super().__init__()
+        self.path = path
+        self.comm = comm
+        self.global_batch = global_batch
+        self.steps_per_epoch = steps_per_epoch
+        self.epochs = list(previous_epochs)
+        self.write = write
+        self._t0 = self._train_seconds = None
+        self._account0 = None
+        self._account_train = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._account0 = self.comm.account()
+        self._account_train = None
+        self._train_seconds = None
+        self._t0 = time.perf_counter()
+
+    def _end_of_training_part(self):
+        if self._train_seconds is None:
+            self._train_seconds = time.perf_counter() - self._t0
+            self._account_train = self.comm.account()
+
+    def on_test_begin(self, logs=None):
+        if self._t0 is not None:
+            self._end_of_training_part()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._end_of_training_part()
+        logs = logs or {}
+        steps = self.steps_per_epoch
+        row = {
+            "epoch": epoch + 1,
+            "loss": logs.get("loss"),
+            "accuracy": logs.get("accuracy"),
+            "test_loss": logs.get("val_loss"),
+            "test_accuracy": logs.get("val_accuracy"),
+            "samples_per_sec": steps * self.global_batch / self._train_seconds,
+            "bytes_sent_per_step": (self._account_train["bytes"] - self._account0["bytes"]) / steps,
+            "collective_calls_per_step": (self._account_train["calls"] - self._account0["calls"]) / steps,
+            "seconds": self._train_seconds,
+        }
+        self.epochs.append(row)
+        self._t0 = None
+        self.save()
+
+    def save(self, final=None):
+        if not self.write:
+            return
+        payload = {"epochs": self.epochs}
+        if final is not None:
+            payload["final"] = final
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(tmp, self.path)

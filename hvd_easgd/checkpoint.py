@@ -1,0 +1,127 @@
+"""Atomic, complete checkpoints: every rank's state, and a manifest written last.
+
+Under SyncAverage all ranks hold the same state, but under EASGD and
+gradient accumulation they do not (local weights, optimizer slots,
+accumulators), and a checkpoint without them cannot resume exactly. So each
+rank writes its own shard ``rank-NNNNN.npz`` and, once all shards are on
+disk, rank 0 writes ``manifest.json``. A checkpoint counts only when its
+manifest exists; every file is written under a temporary name and renamed
+into place, so a kill in the middle of a write leaves the previous
+checkpoint usable.
+
+Layout::
+
+    RUN_DIR/checkpoints/epoch-000003/rank-00000.npz
+                                     rank-00001.npz
+                                     manifest.json     (last)
+"""
+import json
+import os
+import shutil
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, or does not fit this run."""
+
+
+def _atomic_write(path, write):
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def state_groups(model, optimizer):
+    """Named groups of every variable a resume needs, in a stable order."""
+    groups = {"model": list(model.variables), "optimizer": list(optimizer.variables)}
+    strategy = getattr(optimizer, "strategy", None)
+    if strategy is not None:
+        groups["strategy"] = list(strategy.state_variables())
+    return groups
+
+
+def _shard_arrays(groups):
+    return {f"{name}/{i:05d}": np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+            for name, variables in groups.items() for i, v in enumerate(variables)}
+
+
+def checkpoint_dir(run_dir, epoch):
+    return os.path.join(run_dir, "checkpoints", f"epoch-{epoch:06d}")
+
+
+def save(run_dir, epoch, model, optimizer, comm, config, keep=3):
+    """Writes this rank's shard; rank 0 writes the manifest after every rank has."""
+    directory = checkpoint_dir(run_dir, epoch)
+    os.makedirs(directory, exist_ok=True)
+    arrays = _shard_arrays(state_groups(model, optimizer))
+    _atomic_write(os.path.join(directory, f"rank-{comm.rank:05d}.npz"), lambda f: np.savez(f, **arrays))
+    # Every shard is on disk before the manifest makes the checkpoint count.
+    ok = comm.allgather_json({"rank": comm.rank, "ok": True})
+    if comm.rank == 0:
+        manifest = {"format": FORMAT_VERSION, "epoch": epoch, "num_ranks": comm.size,
+                    "shards": [f"rank-{r['rank']:05d}.npz" for r in ok], "config": config}
+        _atomic_write(os.path.join(directory, MANIFEST),
+                      lambda f: f.write(json.dumps(manifest, indent=1, sort_keys=True).encode()))
+        _prune(run_dir, keep)
+    return directory
+
+
+def _prune(run_dir, keep):
+    done = complete_checkpoints(run_dir)
+    for _, path in done[:-keep] if keep > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def complete_checkpoints(run_dir):
+    """``[(epoch, path)]`` of checkpoints whose manifest exists, oldest first."""
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith("epoch-") and os.path.isfile(os.path.join(path, MANIFEST)):
+            try:
+                found.append((int(name.split("-", 1)[1]), path))
+            except ValueError:
+                continue
+    return sorted(found)
+
+
+def latest(run_dir):
+    """The manifest and directory of the newest complete checkpoint in ``run_dir``."""
+    done = complete_checkpoints(run_dir)
+    if not done:
+        raise CheckpointError(f"--resume {run_dir}: no complete checkpoint under {run_dir}/checkpoints")
+    _, path = done[-1]
+    with open(os.path.join(path, MANIFEST)) as f:
+        return json.load(f), path
+
+
+def restore(directory, manifest, model, optimizer, comm):
+    """Loads this rank's shard into the model, optimizer and strategy."""
+    if manifest["num_ranks"] != comm.size:
+        raise CheckpointError(f"the checkpoint was written by {manifest['num_ranks']} ranks; "
+                              f"this run has {comm.size}")
+    path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
+    with np.load(path) as shard:
+        groups = state_groups(model, optimizer)
+        expected = {f"{name}/{i:05d}" for name, vs in groups.items() for i in range(len(vs))}
+        if expected != set(shard.files):
+            missing = sorted(expected - set(shard.files))[:3]
+            extra = sorted(set(shard.files) - expected)[:3]
+            raise CheckpointError(f"{path} does not fit this model/optimizer/strategy "
+                                  f"(missing {missing}, unexpected {extra})")
+        for name, variables in groups.items():
+            for i, var in enumerate(variables):
+                value = shard[f"{name}/{i:05d}"]
+                if tuple(value.shape) != tuple(var.shape):
+                    raise CheckpointError(f"{path}: {name}/{i} has shape {value.shape}, expected {tuple(var.shape)}")
+                var.assign(value)

@@ -1,0 +1,280 @@
+"""train.py's command line: argparse + YAML config, strategies from the registry.
+
+Bad input gets one line on rank 0 and exit status 2 on every rank, before
+Horovod starts wherever possible (so no rank waits in a collective for a
+rank that has already left).
+"""
+import argparse
+import datetime
+import os
+import sys
+
+import yaml
+
+from . import _compat, checkpoint, data
+from .strategies import GradientAccumulation, registry
+
+RESUMABLE_KEYS = frozenset({
+    "epochs", "run_dir", "resume", "config", "checkpoint_every", "keep_checkpoints", "eval_every",
+    "threads_per_rank", "verbose", "max_bad_steps", "tensorboard",
+})
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+
+
+class UsageError(Exception):
+    """Bad input: one line on rank 0, exit status 2."""
+
+
+def _say(message, stream=sys.stdout):
+    if _compat.launcher_rank() == 0:
+        print(message, file=stream, flush=True)
+
+
+class _RankZeroParser(argparse.ArgumentParser):
+    """Prints help and errors on rank 0 only; every rank exits alike."""
+
+    def _print_message(self, message, file=None):
+        if message and _compat.launcher_rank() == 0:
+            (file or sys.stdout).write(message)
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+# --- the parser ---------------------------------------------------------------------
+def _strategy_classes():
+    return {name: registry.get(name) for name in registry.available()}
+
+
+def build_parser():
+    strategies = registry.available()
+    parser = _RankZeroParser(
+        prog="train.py",
+        description="Data-parallel training with a pluggable sync strategy over Horovod ring-allreduce. "
+                    "Launch with `horovodrun -np N python train.py ...` or `srun --mpi=pmix python train.py ...`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file; flags override it")
+    parser.add_argument("--strategy", default="sync", choices=sorted(strategies),
+                        help="; ".join(f"{n}: {d}" for n, d in sorted(strategies.items())))
+    for name, cls in sorted(_strategy_classes().items()):
+        group = parser.add_argument_group(f"--strategy {name} options")
+        for opt in cls.cli_options:
+            if opt.switch:
+                group.add_argument(opt.flag, dest=_dest(name, opt), action="store_const", const=opt.switch_value,
+                                   default=None, help=opt.help)
+            else:
+                group.add_argument(opt.flag, dest=_dest(name, opt), type=opt.type, choices=opt.choices,
+                                   default=None, help=opt.help)
+    acc = parser.add_argument_group("gradient accumulation (composes with any --strategy)")
+    acc.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per optimizer update")
+    acc.add_argument("--accumulate-reduction", choices=("mean", "sum"), default="mean",
+                     help="apply the mean (as Keras and optax do) or the sum of the accumulated gradients")
+
+    train = parser.add_argument_group("model, data and optimizer")
+    train.add_argument("--model", default=None, help="cnn (default; fcn for images:DIR) | fcn | resnet")
+    train.add_argument("--data", default="digits", help="digits | synthetic | npz:PATH | images:DIR")
+    train.add_argument("--image-shape", default="32,32,3", help="H,W,C of --data synthetic")
+    train.add_argument("--num-classes", type=int, default=10, help="classes of --data synthetic")
+    train.add_argument("--optimizer", default="momentum", choices=OPTIMIZERS)
+    train.add_argument("--momentum", type=float, default=0.9, help="for momentum and nesterov")
+    train.add_argument("--lr", type=float, default=0.02, help="learning rate of the inner optimizer")
+    train.add_argument("--batch-size", type=int, default=32, help="per rank (per micro-batch with --accumulate)")
+    train.add_argument("--epochs", type=int, default=10)
+    train.add_argument("--seed", type=int, default=0, help="weights and data order (not the train/test split)")
+    train.add_argument("--scale-lr", action="store_true", help="multiply --lr by the number of ranks")
+    train.add_argument("--lr-warmup-epochs", type=float, default=0.0,
+                       help="with --scale-lr: ramp linearly from --lr to lr*size over these epochs")
+    train.add_argument("--threads-per-rank", type=int, default=None,
+                       help="TF threads per rank (default: SLURM_CPUS_PER_TASK, else cores / local ranks)")
+    train.add_argument("--max-bad-steps", type=int, default=25,
+                       help="abort after this many consecutive steps with NaN/Inf updates")
+
+    run = parser.add_argument_group("run directory")
+    run.add_argument("--run-dir", default=None, help="default runs/<timestamp>-<strategy>")
+    run.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue from the last checkpoint there")
+    run.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints")
+    run.add_argument("--keep-checkpoints", type=int, default=3, metavar="K")
+    run.add_argument("--eval-every", type=int, default=1, metavar="N", help="epochs between test evaluations")
+    run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
+                     help="do not write tensorboard/ logs")
+    run.add_argument("--verbose", type=int, default=None, choices=(0, 1, 2),
+                     help="Keras verbosity on rank 0 (default: progress bar on a terminal, a line per epoch otherwise)")
+    return parser
+
+
+def _dest(strategy_name, opt):
+    return f"{strategy_name}__{opt.kwarg}"
+
+
+def _load_yaml(path, parser):
+    if not os.path.isfile(path):
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        raise UsageError(f"--config {path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise UsageError(f"--config {path}: expected a mapping of option: value")
+    return _config_to_defaults(loaded, parser, f"--config {path}")
+
+
+def _config_to_defaults(config, parser, source):
+    """Maps config keys (flag names with _ or -, strategy options by their flag) to parser dests."""
+    by_flag = {}
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if flag.startswith("--"):
+                by_flag[flag[2:].replace("-", "_")] = action.dest
+    defaults = {}
+    for key, value in config.items():
+        norm = str(key).replace("-", "_")
+        if norm not in by_flag:
+            raise UsageError(f"{source}: unknown option {key!r}")
+        defaults[by_flag[norm]] = value
+    return defaults
+
+
+def _saved_config(run_dir):
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise UsageError(f"--resume {run_dir}: no config.yaml there (not a run directory?)")
+    with open(path) as f:
+        return (yaml.safe_load(f) or {}).get("config", {})
+
+
+def parse_args(argv=None):
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first, _ = parser.parse_known_args(argv)
+    defaults = {}
+    if first.resume:
+        saved = {k: v for k, v in _saved_config(first.resume).items() if k not in ("resume", "config", "run_dir")}
+        defaults.update(_config_to_defaults(_flat_config(saved), parser, f"--resume {first.resume}"))
+    if first.config:
+        defaults.update(_load_yaml(first.config, parser))
+    parser.set_defaults(**defaults)
+    args = parser.parse_args(argv)
+    if args.resume:
+        args.run_dir = args.resume
+    _validate(args)
+    return args
+
+
+def _validate(args):
+    positive = {"--batch-size": args.batch_size, "--epochs": args.epochs, "--lr": args.lr,
+                "--accumulate": args.accumulate, "--num-classes": args.num_classes,
+                "--eval-every": args.eval_every, "--max-bad-steps": args.max_bad_steps}
+    for flag, value in positive.items():
+        if value is None or not value > 0:
+            raise UsageError(f"{flag} must be > 0. Received: {flag}={value}")
+    if not 0 <= args.momentum < 1:
+        raise UsageError(f"--momentum must satisfy 0 <= momentum < 1. Received: --momentum={args.momentum}")
+    if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
+        raise UsageError("--checkpoint-every must be >= 0 and --keep-checkpoints >= 1")
+    if args.lr_warmup_epochs < 0:
+        raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: {args.lr_warmup_epochs}")
+    if args.lr_warmup_epochs and not args.scale_lr:
+        raise UsageError("--lr-warmup-epochs goes with --scale-lr")
+    if args.threads_per_rank is not None and args.threads_per_rank < 1:
+        raise UsageError(f"--threads-per-rank must be >= 1. Received: {args.threads_per_rank}")
+    try:
+        shape = tuple(int(s) for s in str(args.image_shape).split(","))
+        assert len(shape) == 3 and min(shape) > 0
+    except (ValueError, AssertionError):
+        raise UsageError(f"--image-shape must be H,W,C of positive integers. Received: {args.image_shape!r}") from None
+    args.image_shape = ",".join(map(str, shape))
+    # A strategy option given to a strategy that does not take it.
+    for name, cls in _strategy_classes().items():
+        if name == args.strategy:
+            continue
+        for opt in cls.cli_options:
+            if getattr(args, _dest(name, opt)) is not None:
+                raise UsageError(f"{opt.flag} is an option of --strategy {name}, not --strategy {args.strategy}")
+    if args.model is None:
+        args.model = "fcn" if args.data.startswith("images:") else "cnn"
+    from .models import MODELS
+
+    if args.model not in MODELS:
+        raise UsageError(f"--model must be one of {sorted(MODELS)}. Received: {args.model!r}")
+
+
+def strategy_kwargs(args):
+    cls = registry.get(args.strategy)
+    return {opt.kwarg: getattr(args, _dest(args.strategy, opt)) for opt in cls.cli_options
+            if getattr(args, _dest(args.strategy, opt)) is not None}
+
+
+def make_strategy(args):
+    try:
+        strategy = registry.create(args.strategy, **strategy_kwargs(args))
+        if args.accumulate > 1:
+            strategy = GradientAccumulation(args.accumulate, average=args.accumulate_reduction == "mean",
+                                            strategy=strategy)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return strategy
+
+
+def _flat_config(config):
+    """The config as flag-named keys (strategy options under their flag names)."""
+    flat = dict(config)
+    for key in list(flat):
+        if "__" in key:
+            strategy_name, kwarg = key.split("__", 1)
+            for opt in registry.get(strategy_name).cli_options:
+                if opt.kwarg == kwarg:
+                    flat[opt.flag[2:].replace("-", "_")] = flat.pop(key)
+    return flat
+
+
+def effective_config(args):
+    """Every option as it takes effect, strategy options under their flag names."""
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    for name, cls in _strategy_classes().items():
+        for opt in cls.cli_options:
+            value = config.pop(_dest(name, opt))
+            if name == args.strategy and value is not None:
+                config[opt.flag[2:].replace("-", "_")] = value
+    return config
+
+
+def config_differences(saved, current):
+    """Keys (other than the resumable ones) whose values differ, sorted."""
+    keys = (set(saved) | set(current)) - RESUMABLE_KEYS
+    return sorted(k for k in keys if saved.get(k) != current.get(k))
+
+
+# --- entry point -------------------------------------------------------------------------
+def main(argv=None):
+    from .callbacks import NonFiniteTrainingError
+    from .comm import RanksDisagreeError
+
+    try:
+        args = parse_args(argv)
+        try:
+            dataset = data.load(args.data, tuple(int(s) for s in args.image_shape.split(",")),
+                                args.num_classes, seed=args.seed)
+        except data.DataError as err:
+            raise UsageError(str(err)) from None
+        from .trainer import train
+
+        train(args, effective_config(args), dataset)
+    except UsageError as err:
+        _say(f"train.py: error: {err}", sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except (RanksDisagreeError, checkpoint.CheckpointError) as err:
+        _say(f"train.py: error: {err}", sys.stderr)
+        sys.exit(EXIT_USAGE)
+    except NonFiniteTrainingError as err:
+        print(f"train.py: error (rank {_compat.launcher_rank()}): {err}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILURE)
+
+
+def default_run_dir(strategy_name):
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{stamp}-{strategy_name}")
+

@@ -1,0 +1,200 @@
+"""The training job behind train.py: run directory, model, strategy, fit, save.
+
+Only rank 0 prints progress and writes shared files (config.yaml,
+metrics.json, tensorboard/, model.keras, checkpoint manifests); every rank
+writes its own checkpoint shard.
+"""
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+import yaml
+
+from . import _compat, callbacks, checkpoint, models, runtime
+from .cli import UsageError, config_differences, default_run_dir, make_strategy
+from .data import steps_per_epoch, test_dataset, training_dataset, epoch_indices
+from .optimizer import DistributedOptimizer
+
+
+def _inner_optimizer(args, size, updates_per_epoch):
+    lr = args.lr
+    if args.scale_lr:
+        target = args.lr * size
+        warmup = int(round(args.lr_warmup_epochs * updates_per_epoch))
+        if warmup > 0:
+            # A built-in schedule keeps model.keras loadable by plain Keras:
+            # linear warm-up from lr to lr*size, then constant (alpha=1).
+            lr = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=1, alpha=1.0,
+                                                        warmup_target=target, warmup_steps=warmup)
+        else:
+            lr = target
+    if args.optimizer == "adam":
+        return keras.optimizers.Adam(lr)
+    if args.optimizer == "sgd":
+        return keras.optimizers.SGD(lr)
+    return keras.optimizers.SGD(lr, momentum=args.momentum, nesterov=args.optimizer == "nesterov")
+
+
+def _resolve_run_dir(args, comm):
+    """Rank 0 names the run directory; the other ranks take its name."""
+    name = args.run_dir or default_run_dir(args.strategy)
+    return comm.allgather_json(name)[0] if comm.size > 1 else name
+
+
+def _variable_signature(model):
+    return [[v.path, list(v.shape), str(v.dtype)] for v in model.variables]
+
+
+def _variable_size_dataset(dataset, seed, rank, size, start_epoch, epochs, steps):
+    """One image per micro-batch (images of different sizes cannot be stacked)."""
+    channels = dataset.x_train[0].shape[-1]
+    n = len(dataset.y_train)
+
+    def generate():
+        for epoch in range(start_epoch, epochs):
+            for i in epoch_indices(n, seed, epoch, rank, size, steps, 1):
+                yield dataset.x_train[i][None], dataset.y_train[i:i + 1]
+
+    signature = (tf.TensorSpec((1, None, None, channels), tf.float32), tf.TensorSpec((1,), tf.int64))
+    return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(2)
+
+
+def _variable_size_test(dataset):
+    channels = dataset.x_test[0].shape[-1]
+
+    def generate():
+        for x, y in zip(dataset.x_test, dataset.y_test):
+            yield x[None], np.array([y])
+
+    signature = (tf.TensorSpec((1, None, None, channels), tf.float32), tf.TensorSpec((1,), tf.int64))
+    return tf.data.Dataset.from_generator(generate, output_signature=signature)
+
+
+def train(args, config, dataset):
+    comm = runtime.init(threads_per_rank=args.threads_per_rank)
+    is_chief = comm.rank == 0
+    keras.utils.set_random_seed(args.seed)
+    strategy = make_strategy(args)
+    try:
+        strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+    # --- steps: every rank takes the same number, a multiple of k ------------
+    batch = 1 if dataset.variable_size else args.batch_size
+    if dataset.variable_size and args.batch_size != 32 and args.batch_size != 1:
+        raise UsageError("images of different sizes cannot be batched: use --batch-size 1 and --accumulate K")
+    steps = steps_per_epoch(len(dataset.y_train), batch, comm.size)
+    steps -= steps % args.accumulate  # windows never span an epoch boundary
+    if steps < 1:
+        raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
+                         f"samples: fewer than one update of {batch} x {args.accumulate}")
+    updates_per_epoch = steps // args.accumulate
+
+    # --- run directory --------------------------------------------------------
+    run_dir = _resolve_run_dir(args, comm)
+    config = dict(config, run_dir=run_dir)
+    if args.resume and not os.path.isdir(run_dir):
+        raise UsageError(f"--resume {run_dir}: no such run directory")
+    manifest = None
+    if args.resume:
+        manifest, ckpt_dir = checkpoint.latest(run_dir)
+        differs = config_differences(manifest["config"], config)
+        if manifest["num_ranks"] != comm.size:
+            differs = [f"number of ranks ({manifest['num_ranks']} saved, {comm.size} now)"] + differs
+        if differs:
+            raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: "
+                             + ", ".join(differs))
+
+    model = models.build(args.model, dataset.input_shape, dataset.num_classes)
+    comm.assert_same_across_ranks("the effective config", {
+        **{k: v for k, v in config.items() if k not in ("run_dir", "threads_per_rank")},
+        "model_signature": _variable_signature(model),
+    })
+    optimizer = DistributedOptimizer(_inner_optimizer(args, comm.size, updates_per_epoch), strategy=strategy,
+                                     comm=comm)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=False)
+
+    if is_chief:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+            yaml.safe_dump({"config": config, "num_ranks": comm.size, "versions": _compat.versions()}, f,
+                           sort_keys=True)
+
+    broadcast = callbacks.BroadcastInitialState()
+    start_epoch, previous = 0, []
+    if manifest is not None:
+        optimizer.attach(model)
+        optimizer.build(model.trainable_variables)
+        checkpoint.restore(ckpt_dir, manifest, model, optimizer, comm)
+        broadcast.skip = True  # each rank has its own state back; a broadcast would erase it
+        start_epoch = manifest["epoch"]
+        metrics_path = os.path.join(run_dir, "metrics.json")
+        if os.path.isfile(metrics_path):
+            import json
+
+            with open(metrics_path) as f:
+                previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
+
+    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, batch * comm.size, steps,
+                                     previous_epochs=previous, write=is_chief)
+    # Order matters: state first, metrics averaged before anything reads them.
+    cbs = [broadcast, callbacks.CenterSwap(), callbacks.MetricAverage(comm), recorder,
+           callbacks.AbortOnNonFinite(args.max_bad_steps),
+           callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints)]
+    if is_chief and args.tensorboard:
+        cbs.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
+                                               profile_batch=0))
+    verbose = 0
+    if is_chief:
+        # A progress bar only on a real terminal: launchers prefix every line.
+        interactive = sys.stdout.isatty() and not _compat.under_launcher()
+        verbose = args.verbose if args.verbose is not None else (1 if interactive else 2)
+
+    if dataset.variable_size:
+        train_ds = _variable_size_dataset(dataset, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
+        test_ds = _variable_size_test(dataset)
+    else:
+        train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs)
+        test_ds = test_dataset(dataset)
+
+    started = time.perf_counter()
+    if start_epoch < args.epochs:
+        model.fit(train_ds, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
+                  validation_data=test_ds, validation_freq=args.eval_every, callbacks=cbs, verbose=verbose,
+                  shuffle=False)
+    wall = time.perf_counter() - started
+
+    # --- final figures, on the center for EASGD ------------------------------------
+    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0, callbacks=[callbacks.CenterSwap()],
+                                              return_dict=False)
+    train_rows = [r for r in recorder.epochs if r["epoch"] > start_epoch]
+    seconds = sum(r["seconds"] for r in train_rows)
+    final = {
+        "test_accuracy": float(test_accuracy),
+        "test_loss": float(test_loss),
+        "samples_per_sec": (len(train_rows) * steps * batch * comm.size / seconds) if seconds else None,
+        "seconds": wall,
+    }
+    if is_chief:
+        recorder.save(final=final)
+        _save_model(model, optimizer, os.path.join(run_dir, "model.keras"))
+        print(f"final test accuracy: {test_accuracy:.4f}", flush=True)
+    return final
+
+
+def _save_model(model, optimizer, path):
+    """model.keras: the center for EASGD, loadable with plain keras.models.load_model."""
+    optimizer.attach(model)
+    tmp = path[: -len(".keras")] + ".tmp.keras"
+    center_holder = callbacks.center_strategy(optimizer)
+    if center_holder is not None and center_holder.built:
+        with callbacks.SwappedWeights(center_holder):
+            model.save(tmp)
+    else:
+        model.save(tmp)
+    os.replace(tmp, path)
