@@ -10,7 +10,7 @@ from . import _compat
 
 _compat.quiet_tensorflow()
 
-from . import callbacks  # noqa: E402
+from . import callbacks, data, models  # noqa: E402
 from .comm import Compression, LocalCommunicator  # noqa: E402
 from .optimizer import DistributedOptimizer, broadcast_initial_state  # noqa: E402
 from .runtime import communicator, init, local_rank, local_size, rank, size  # noqa: E402
@@ -20,5 +20,5 @@ from .version import __version__  # noqa: E402
 __all__ = [
     "EASGD", "Compression", "DistributedOptimizer", "GradientAccumulation", "LocalCommunicator",
     "SyncAverage", "SyncStrategy", "broadcast_initial_state", "callbacks", "communicator", "init",
-    "local_rank", "local_size", "rank", "registry", "size", "__version__",
+    "data", "local_rank", "local_size", "models", "rank", "registry", "size", "__version__",
 ]

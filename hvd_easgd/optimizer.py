@@ -87,6 +87,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             if compile_config is not None and compile_config.config.get("optimizer") is self:
                 compile_config.config["optimizer"] = self.inner_optimizer
 
+    @tf.autograph.experimental.do_not_convert
     def build(self, var_list):
         # Called eagerly or, on first apply, while tracing: init_scope lifts
         # variable creation and the cross-rank check out of the trace.
@@ -190,6 +191,10 @@ def broadcast_initial_state(model, optimizer, root_rank=0):
     (EASGD: x̃ ← x) from the synchronised weights.
     """
     comm = optimizer.comm
+    # Checked before any broadcast: ranks with different variable lists would
+    # otherwise wait in broadcasts the others never issue.
+    comm.assert_same_across_ranks("the model's variables (a model built differently on some rank?)",
+                                  {"model_variables": variable_signature(model.variables)})
     if isinstance(optimizer, DistributedOptimizer):
         optimizer.attach(model)
     comm.broadcast_variables(model.variables, root_rank)

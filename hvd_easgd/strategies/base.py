@@ -97,6 +97,7 @@ class SyncStrategy:
 
     def _build_state(self, trainable_variables, non_trainable_variables):
         """Subclass hook: create extra state variables."""
+        return None
 
     def state_variables(self):
         """Every variable the strategy owns; checkpoints must hold them."""
@@ -109,6 +110,7 @@ class SyncStrategy:
 
     def on_initial_state_synced(self):
         """Called once every rank holds rank 0's initial weights."""
+        return None
 
     def per_rank_state(self):
         """True when ranks hold different state (then each rank's is saved)."""

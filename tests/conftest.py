@@ -1,0 +1,51 @@
+"""Shared test helpers: the venv's interpreter and a bounded horovodrun launcher."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON = sys.executable
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+CONTROLLERS = ("gloo", "mpi")
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def quiet_env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def horovodrun(args, np=2, controller="gloo", timeout=240, cwd=None, env=None):
+    """Runs ``horovodrun -np N --gloo|--mpi python ARGS``; the timeout turns a
+    deadlock into a failure (and kills the whole process group)."""
+    cmd = [HOROVODRUN, "-np", str(np), f"--{controller}", PYTHON, *args]
+    return run(cmd, timeout=timeout, cwd=cwd, env=env)
+
+
+def run(cmd, timeout=240, cwd=None, env=None):
+    proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env or quiet_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s (deadlock?): {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def read_rank_results(directory, size):
+    results = []
+    for rank in range(size):
+        with open(os.path.join(directory, f"rank{rank}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def script(name):
+    return os.path.join(ROOT, "tests", "multiproc", "scripts", name)

@@ -1,0 +1,113 @@
+"""Strategy behaviour across real ranks: horovodrun -np 2, over Gloo and over MPI.
+
+One launch per controller runs every check (tests/multiproc/scripts/
+core_checks.py); the assertions below read what each rank recorded.
+"""
+import numpy as np
+import pytest
+
+from tests.conftest import CONTROLLERS, horovodrun, read_rank_results, script
+
+pytestmark = pytest.mark.multiproc
+SIZE = 2
+
+
+@pytest.fixture(scope="module", params=CONTROLLERS)
+def ranks(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"core-{request.param}")
+    proc = horovodrun([script("core_checks.py"), str(out)], np=SIZE, controller=request.param, timeout=280)
+    assert proc.returncode == 0, f"core_checks failed under --{request.param}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return read_rank_results(out, SIZE)
+
+
+def test_rank_values_are_averaged_and_summed(ranks):
+    for r in ranks:
+        assert r["avg_of_rank"] == [np.mean(range(SIZE))] * 3
+        assert r["sum_of_rank"] == [float(sum(range(SIZE)))] * 3
+
+
+def test_sync_average_keeps_ranks_bit_identical(ranks):
+    for r in ranks:
+        assert r["sync_identical_maxdiff"] == 0.0
+        assert r["custom_train_step_maxdiff"] == 0.0
+        assert r["fp16_identical_maxdiff"] == 0.0
+
+
+def test_sync_average_bytes_are_the_gradient_sizes_one_call_per_step(ranks):
+    for r in ranks:
+        assert r["sync_bytes_20_steps"] == 20 * 4 * r["sync_params"]
+        assert r["sync_calls_20_steps"] == 20
+        # fp16 on the wire: exactly half
+        assert r["fp16_bytes_5_steps"] == 5 * 2 * r["sync_params"]
+
+
+def test_sync_average_equals_one_process_on_the_concatenated_batch(ranks):
+    for r in ranks:
+        assert max(r["sync_vs_single_relerr"]) <= 1e-5, r["sync_vs_single_relerr"]
+
+
+def test_custom_train_step_calling_optimizer_apply_is_reduced(ranks):
+    for r in ranks:
+        assert r["custom_train_step_iterations"] == 10  # 200 samples / batch 20, one epoch
+
+
+def test_ranks_that_disagree_on_variables_get_an_error_not_a_hang(ranks):
+    for r in ranks:
+        assert r["disagree_error"] is not None
+        assert "model_variables" in r["disagree_error"] and "ranks [0]; ranks [1]" in r["disagree_error"]
+
+
+@pytest.mark.parametrize("case", ["easgd", "easgd_overlap", "easgd_warmup", "eamsgd", "easgd_rho"])
+def test_easgd_matches_the_numpy_reference(ranks, case):
+    for r in ranks:
+        got = r[case]
+        assert got["moving_rate"] == pytest.approx(0.9 / SIZE)
+        assert got["local_relerr"] <= 1e-5, got
+        assert got["center_relerr"] <= 1e-5, got
+        # the center is bit-identical across ranks after every communication step
+        assert got["center_maxdiff"] == 0.0
+
+
+def test_easgd_bytes_are_one_tau_th_of_sync_and_zero_between(ranks):
+    tau, dim = 3, 6
+    for r in ranks:
+        per_step = r["easgd"]["per_step_bytes"]
+        for t, sent in enumerate(per_step, start=1):
+            # the elastic differences (dim floats) + the 4-byte non-finite flag, every tau-th step only
+            assert sent == (4 * dim + 4 if t % tau == 0 else 0), (t, sent)
+        whole = len(per_step) // tau * tau
+        assert sum(per_step[:whole]) / whole == pytest.approx((4 * dim + 4) / tau)
+
+
+def test_accumulation_equals_one_process_on_2kb_with_k_times_fewer_calls(ranks):
+    k, dim = 3, 6
+    for r in ranks:
+        assert r["accumulate_relerr"] <= 1e-6
+        assert r["accumulate_calls"] == r["accumulate_micro_batches"] // k
+        # per call: the gradient bytes plus the 4-byte sample count
+        assert r["accumulate_bytes"] == r["accumulate_calls"] * (4 * dim + 4)
+
+
+def test_uneven_shards_finish_with_the_exact_rule(ranks):
+    for r in ranks:
+        assert r["uneven_windows"] == 3
+        assert r["uneven_updates"] == 3
+        assert r["uneven_relerr"] <= 1e-6
+
+
+def test_nan_on_one_rank_keeps_ranks_in_step(ranks):
+    for r in ranks:
+        assert r["nan_sync"] == {"skipped": 1, "maxdiff": 0.0, "finite": True}
+        easgd = r["nan_easgd"]
+        assert easgd["center_finite"] and easgd["center_maxdiff"] == 0.0
+        assert easgd["steps"] == 6  # the step counter advances on every rank
+        assert easgd["elastic_skipped"] == 2  # the bad rank's NaN weights void both elastic steps everywhere
+    assert ranks[0]["nan_easgd"]["local_skipped"] == 0
+    assert ranks[1]["nan_easgd"]["local_skipped"] >= 1
+
+
+def test_variable_size_images_do_not_retrace_per_shape(ranks):
+    for r in ranks:
+        assert r["image_traces"] <= 3
+        assert r["image_updates"] == 3  # 9 images, k = 3
+        assert r["image_identical_maxdiff"] == 0.0

@@ -1,0 +1,274 @@
+"""A real one-node SLURM cluster for the slurm tier, started by the tests.
+
+The session fixture ``slurm_cluster`` installs Debian's SLURM and MUNGE if
+they are missing, writes a one-node configuration for this host into a
+temporary directory, starts munged, slurmctld and slurmd there (all on
+loopback, on free ports), waits for the node to be idle and stops the three
+daemons by pid at the end. If SLURM cannot start, every test using the
+fixture errors with the daemons' logs: a tier that silently skipped would
+prove nothing.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# slurm-wlm: slurmctld, slurmd and the clients; munge: authentication;
+# libpmix-dev: SLURM's mpi_pmix plugin dlopens the unversioned libpmix.so,
+# which Debian ships only in the -dev package.
+APT_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
+START_TIMEOUT = 60     # seconds for the node to show up idle
+APT_TIMEOUT = 600      # apt-get update + install on a slow mirror
+COMMAND_TIMEOUT = 30   # any single SLURM client command
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                   "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+# ------------------------------------------------------------------ installing
+
+def _missing_packages():
+    if shutil.which("dpkg-query") is None:
+        pytest.fail("the slurm tier installs SLURM with apt and needs a Debian-like system; "
+                    "HINT: run it on Debian/Ubuntu, or install slurmctld, slurmd and munged yourself")
+    missing = []
+    for package in APT_PACKAGES:
+        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
+                                capture_output=True, text=True).stdout
+        if "install ok installed" not in status:
+            missing.append(package)
+    return missing
+
+
+def _install_packages():
+    missing = _missing_packages()
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        pytest.fail(f"SLURM packages missing: {' '.join(missing)}; HINT: sudo apt-get install -y {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    lock = ["-o", "DPkg::Lock::Timeout=120"]  # wait for a concurrent apt instead of failing at once
+    for cmd in (["apt-get", *lock, "update", "-qq"],
+                ["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *missing]):
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{' '.join(cmd)} took over {APT_TIMEOUT}s")
+        if done.returncode != 0:
+            pytest.fail(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+
+# ------------------------------------------------------------------ the cluster
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _node_hardware():
+    """'CPUs=2 Boards=1 ... RealMemory=24105' for this host, as slurmd sees it."""
+    out = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT).stdout
+    first = out.splitlines()[0] if out else ""
+    fields = dict(re.findall(r"(\w+)=(\S+)", first))
+    keys = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
+    if not all(key in fields for key in keys):
+        pytest.fail(f"cannot read this node's hardware from `slurmd -C`: {out!r}")
+    return " ".join(f"{key}={fields[key]}" for key in keys), int(fields["CPUs"])
+
+
+def _client_env(conf):
+    """The environment for SLURM clients and jobs: ours, minus any SLURM job we
+    might be running inside (its SLURM_* variables would steer sbatch/srun)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
+    env.update(SLURM_CONF=str(conf), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               # The jobs' MPI traffic stays on loopback too.
+               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+    return env
+
+
+class SlurmCluster:
+    """munged + slurmctld + slurmd for this host, rooted at ``root``."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = self.root / "slurm.conf"
+        self.env = _client_env(self.conf)
+        self.daemons = {}  # name -> Popen, in start order
+        self.cpus = 0
+
+    # --- set-up --------------------------------------------------------------------
+    def write_config(self):
+        for sub in ("state", "spool", "log", "munge"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # munged wants its socket directory reachable by everyone and its key private.
+        os.chmod(self.root, 0o755)
+        os.chmod(self.root / "munge", 0o711)
+        hardware, self.cpus = _node_hardware()
+        r = self.root
+        self.conf.write_text(f"""\
+# One-node cluster for hvd_easgd's slurm tier (written by tests/slurm/conftest.py).
+ClusterName=hvdeasgdtest
+SlurmctldHost={self.host}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={r}/munge/munge.socket
+# Bind to the node's own address (127.0.0.1 here), never to every interface.
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.pid
+SlurmctldLogFile={r}/log/slurmctld.log
+SlurmdLogFile={r}/log/slurmd.log
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# No cgroups: the tier must run inside containers and VMs without them.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MailProg=/bin/true
+ReturnToService=2
+InactiveLimit=0
+KillWait=5
+# Finished jobs stay visible to `scontrol show job` (there is no slurmdbd).
+MinJobAge=600
+NodeName={self.host} NodeHostname={self.host} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN
+PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+""")
+        subprocess.run(["mungekey", "--create", "--keyfile", str(r / "munge" / "munge.key")],
+                       check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
+
+    def _spawn(self, name, cmd):
+        log = open(self.root / "log" / f"{name}.console", "w")
+        self.daemons[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                              start_new_session=True)
+        log.close()
+
+    def start(self):
+        m = self.root / "munge"
+        # Foreground (-F/-D) daemons are our own children: we know their pids.
+        self._spawn("munged", ["munged", "-F", "--force", f"--socket={m}/munge.socket",
+                               f"--key-file={m}/munge.key", f"--log-file={m}/munged.log",
+                               f"--pid-file={m}/munged.pid", f"--seed-file={m}/munged.seed"])
+        self._wait_for(lambda: (m / "munge.socket").exists(), "munged's socket", timeout=15)
+        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
+        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.host])
+        self._wait_for(self._node_idle, f"node {self.host} to be idle in sinfo", timeout=START_TIMEOUT)
+        self._check_loopback_only()
+
+    def _node_idle(self):
+        out = self.run(["sinfo", "-h", "-N", "-n", self.host, "-o", "%T"], check=False).stdout.strip()
+        return out == "idle"
+
+    def _wait_for(self, ready, what, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.daemons.items():
+                if proc.poll() is not None:
+                    pytest.fail(f"{name} exited with status {proc.returncode} while waiting for {what}\n"
+                                + self.logs())
+            if ready():
+                return
+            time.sleep(0.5)
+        pytest.fail(f"SLURM did not start: no {what} after {timeout}s\n" + self.logs())
+
+    def _check_loopback_only(self):
+        import psutil
+
+        for name, proc in self.daemons.items():
+            for conn in psutil.Process(proc.pid).net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN and not conn.laddr.ip.startswith(("127.", "::1")):
+                    pytest.fail(f"{name} listens on {conn.laddr.ip}:{conn.laddr.port}, not on loopback; "
+                                f"HINT: make `{self.host}` resolve to 127.0.0.1 (e.g. in /etc/hosts)")
+
+    # --- tear-down -------------------------------------------------------------------
+    def stop(self):
+        if "slurmctld" in self.daemons and self.daemons["slurmctld"].poll() is None:
+            # Every job on this private cluster is ours: end them so no slurmstepd lingers.
+            self.run(["scancel", "--quiet", "--full", "--partition=debug"], check=False)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
+                time.sleep(0.5)
+        for name in reversed(list(self.daemons)):  # slurmd, slurmctld, munged
+            proc = self.daemons[name]
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+    def logs(self, lines=40):
+        parts = []
+        for path in sorted((self.root / "log").glob("*")) + [self.root / "munge" / "munged.log"]:
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                parts.append(f"--- {path} ---\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+    # --- clients -----------------------------------------------------------------------
+    def run(self, cmd, check=True, timeout=COMMAND_TIMEOUT, env=None, cwd=REPO):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                                  env=env or self.env)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`{' '.join(map(str, cmd))}` took over {timeout}s\n" + self.logs())
+        if check and done.returncode != 0:
+            pytest.fail(f"`{' '.join(map(str, cmd))}` failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def submit(self, script, sbatch_args=(), script_args=(), env=None):
+        """sbatch from the project root; returns the job id."""
+        done = self.run(["sbatch", "--parsable", *sbatch_args, str(script), *script_args],
+                        env=dict(self.env, **(env or {})))
+        return done.stdout.strip().split(";")[0]
+
+    def job(self, job_id):
+        """`scontrol show job` as a dict (values without spaces are enough here)."""
+        out = self.run(["scontrol", "-o", "show", "job", job_id]).stdout
+        return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def wait(self, job_id, timeout):
+        """Polls until the job ends; a job still running at ``timeout`` is cancelled and fails the test."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in TERMINAL_STATES:
+                return info
+            time.sleep(1)
+        self.run(["scancel", job_id], check=False)
+        info = self.job(job_id)
+        out = Path(info.get("StdOut", ""))
+        text = out.read_text(errors="replace")[-3000:] if out.is_file() else "(no output file)"
+        pytest.fail(f"job {job_id} still {info.get('JobState')} after {timeout}s; cancelled.\n{text}\n" + self.logs())
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    if os.geteuid() != 0:
+        pytest.fail("the slurm tier starts slurmd, which launches jobs and must run as root; HINT: run as root (CI does)")
+    _install_packages()
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.write_config()
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+

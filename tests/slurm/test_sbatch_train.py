@@ -1,0 +1,78 @@
+"""End to end on a real one-node SLURM: srun + PMIx ranks, and slurm/train.sbatch
+in both launch modes, submitted with sbatch and followed with scontrol."""
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
+
+JOB_TIMEOUT = 150  # seconds; a 2-rank, 8-epoch digits run takes about 30 s on 2 cores
+ACCURACY_LINE = re.compile(r"^(?:\[\d+,\d+\]<stdout>:)?final test accuracy: (\d+(?:\.\d+)?)\s*$", re.MULTILINE)
+
+RANK_PROBE = """
+import json, horovod.tensorflow as hvd
+from hvd_easgd.slurm import SlurmEnvironment
+hvd.init()
+env = SlurmEnvironment()
+print(json.dumps({"hvd": [hvd.rank(), hvd.size(), hvd.local_rank()], "mpi": hvd.mpi_enabled(),
+                  "slurm": [env.rank, env.world_size, env.local_rank], "hosts": env.hosts_string()}), flush=True)
+"""
+
+
+def _sbatch_args(cluster, tmp_path, ntasks=2):
+    return ["--nodes=1", f"--ntasks={ntasks}", f"--ntasks-per-node={ntasks}",
+            f"--cpus-per-task={max(1, cluster.cpus // ntasks)}", "--time=00:05:00",
+            f"--output={tmp_path}/slurm-%x-%j.out"]
+
+
+def _output(info):
+    path = Path(info["StdOut"])
+    return path.read_text(errors="replace") if path.is_file() else f"(no output file {path})"
+
+
+def test_srun_pmix_ranks_agree_with_horovod(slurm_cluster):
+    """Two srun tasks become one Horovod world over MPI/PMIx, and the ranks
+    hvd_easgd.slurm reads from SLURM's environment are Horovod's ranks."""
+    done = slurm_cluster.run(["srun", "--nodes=1", "--ntasks=2", "--mpi=pmix", "--kill-on-bad-exit=1",
+                              "--time=00:03:00", sys.executable, "-c", RANK_PROBE], timeout=120, check=False)
+    assert done.returncode == 0, f"srun --mpi=pmix failed ({done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}"
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["hvd"][0] for r in reports) == [0, 1], done.stdout
+    for report in reports:
+        assert report["mpi"] is True
+        rank, size, local_rank = report["hvd"]
+        assert report["slurm"] == [rank, size, local_rank] and size == 2
+        assert report["hosts"] == "localhost:2"
+
+
+@pytest.mark.parametrize("launch", ["srun", "horovodrun"])
+def test_train_sbatch_completes(slurm_cluster, launch, tmp_path):
+    run_dir = tmp_path / f"run-{launch}"
+    job_id = slurm_cluster.submit(
+        REPO / "slurm" / "train.sbatch", _sbatch_args(slurm_cluster, tmp_path),
+        ["--epochs", "8", "--run-dir", str(run_dir)],
+        env={"HVD_EASGD_LAUNCH": launch, "HVD_EASGD_VENV": sys.prefix})
+    info = slurm_cluster.wait(job_id, timeout=JOB_TIMEOUT)
+    output = _output(info)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
+        f"job {job_id} ({launch}): JobState={info['JobState']} ExitCode={info['ExitCode']}\n{output[-4000:]}")
+    assert f"launch={launch}" in output
+    accuracies = [float(a) for a in ACCURACY_LINE.findall(output)]
+    assert len(accuracies) == 1, f"expected one 'final test accuracy' line (rank 0's):\n{output[-4000:]}"
+    assert accuracies[0] >= 0.9, output[-4000:]
+    assert run_dir.is_dir(), f"--run-dir after the script name did not reach train.py:\n{output[-2000:]}"
+
+
+def test_train_sbatch_without_venv_fails_with_hint(slurm_cluster, tmp_path):
+    job_id = slurm_cluster.submit(REPO / "slurm" / "train.sbatch", _sbatch_args(slurm_cluster, tmp_path),
+                                  env={"HVD_EASGD_VENV": str(tmp_path / "no-such-venv")})
+    info = slurm_cluster.wait(job_id, timeout=60)
+    output = _output(info)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0", output
+    assert f"no virtual environment at {tmp_path / 'no-such-venv'}" in output
+    assert "HINT:" in output
