@@ -119,7 +119,7 @@ class EASGD(SyncStrategy):
         self._warmup_sync.bind(self.comm)
         self._warmup_sync.build(trainable_variables)
         self.variables = trainable_variables
-        self.averaged_state = [v for v in non_trainable_variables if v.dtype.is_floating]
+        self.averaged_state = [v for v in non_trainable_variables if tf.as_dtype(v.dtype).is_floating]
         # x̃ starts equal to x, which is identical on all ranks after the
         # initial broadcast (and after warm-up, re-copied from x).
         self.center = [tf.Variable(v, trainable=False, name="center/" + v.name.replace(":", "_"))

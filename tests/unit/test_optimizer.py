@@ -1,0 +1,86 @@
+"""The Keras 3 optimizer wrapper: every way in, delegation, saving."""
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_easgd
+from hvd_easgd import EASGD, LocalCommunicator, SyncAverage
+
+pytestmark = pytest.mark.unit
+
+
+def wrapped(inner=None, strategy=None):
+    return hvd_easgd.DistributedOptimizer(inner or keras.optimizers.SGD(0.5), strategy or SyncAverage(),
+                                          comm=LocalCommunicator())
+
+
+def test_apply_apply_gradients_and_minimize_all_go_through_the_strategy():
+    w = tf.Variable([1.0, 2.0])
+    opt = wrapped()
+    opt.apply([tf.constant([1.0, 1.0])], [w])
+    opt.apply_gradients([(tf.constant([1.0, 1.0]), w)])
+    opt.minimize(lambda: tf.reduce_sum(w), [w])
+    assert w.numpy().tolist() == [-0.5, 0.5]
+    assert opt.comm.account()["calls"] == 3
+    assert int(opt.iterations.numpy()) == 3
+
+
+def test_learning_rate_and_iterations_are_the_inner_optimizers():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    inner = keras.optimizers.SGD(schedule)
+    opt = wrapped(inner)
+    w = tf.Variable([0.0])
+    opt.apply([tf.constant([1.0])], [w])  # lr 0.1 at step 0
+    opt.apply([tf.constant([1.0])], [w])  # lr 0.05 at step 1
+    assert w.numpy()[0] == pytest.approx(-0.15)
+    assert opt.iterations is inner.iterations
+    plain_inner = keras.optimizers.SGD(0.5)
+    settable = wrapped(plain_inner)
+    settable.learning_rate = 0.25
+    assert float(plain_inner.learning_rate.numpy()) == 0.25
+
+
+def test_get_config_round_trips_inner_optimizer_and_strategy():
+    opt = wrapped(keras.optimizers.Adam(0.003), EASGD(communication_period=7, beta=0.5))
+    again = hvd_easgd.DistributedOptimizer.from_config(opt.get_config())
+    assert isinstance(again.inner_optimizer, keras.optimizers.Adam)
+    assert again.inner_optimizer.get_config()["learning_rate"] == pytest.approx(0.003)
+    assert again.strategy.get_config() == opt.strategy.get_config()
+
+
+def test_fit_trains_and_model_save_loads_with_plain_keras(tmp_path):
+    digits = hvd_easgd.data.digits()
+    keras.utils.set_random_seed(0)
+    model = hvd_easgd.models.build("cnn", digits.input_shape, 10)
+    model.compile(optimizer=wrapped(keras.optimizers.SGD(0.05, momentum=0.9)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(digits.x_train, digits.y_train, batch_size=32, epochs=3, verbose=0,
+              callbacks=hvd_easgd.callbacks.defaults())
+    _, accuracy = model.evaluate(digits.x_test, digits.y_test, verbose=0)
+    assert accuracy >= 0.9
+    path = str(tmp_path / "plain.keras")
+    model.save(path)
+    # A fresh interpreter that never imports hvd_easgd loads and evaluates it.
+    code = ("import sys, numpy as np, keras; m = keras.models.load_model(sys.argv[1]); "
+            "d = np.load(sys.argv[2]); print(m.evaluate(d['x'], d['y'], verbose=0)[1]); "
+            "print(type(m.optimizer).__name__, 'hvd_easgd' in sys.modules)")
+    np.savez(tmp_path / "test.npz", x=digits.x_test, y=digits.y_test)
+    out = subprocess.run([sys.executable, "-c", code, path, str(tmp_path / "test.npz")], capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path), env=dict(os.environ, PYTHONPATH=""))
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded_accuracy, description = out.stdout.strip().splitlines()[-2:]
+    assert float(loaded_accuracy) == pytest.approx(accuracy, abs=1e-6)
+    assert description == "SGD False"
+
+
+def test_xla_is_turned_off_with_a_warning():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer=wrapped(), loss="mse", jit_compile=True)
+    with pytest.warns(UserWarning, match="XLA"):
+        model.optimizer.attach(model)
+    assert model.jit_compile is False
