@@ -19,7 +19,7 @@ $(STAMP): requirements.txt tools/setup_env.sh setup.py
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/horovodrun -np 2 $(PY) train.py --run-dir runs/demo
+	$(VENV)/bin/horovodrun -np 2 $(PY) train.py
 
 test: $(STAMP)
 	$(PYTEST) -m "unit or multiproc or slurm" tests

@@ -126,6 +126,8 @@ def _config_to_defaults(config, parser, source):
     """Maps config keys (flag names with _ or -, strategy options by their flag) to parser dests."""
     by_flag = {}
     for action in parser._actions:
+        if "__" not in action.dest:  # plain options are also known by their dest
+            by_flag[action.dest] = action.dest
         for flag in action.option_strings:
             if flag.startswith("--"):
                 by_flag[flag[2:].replace("-", "_")] = action.dest
@@ -272,6 +274,18 @@ def main(argv=None):
     except NonFiniteTrainingError as err:
         print(f"train.py: error (rank {_compat.launcher_rank()}): {err}", file=sys.stderr, flush=True)
         sys.exit(EXIT_FAILURE)
+    except Exception as err:  # a collective failed because another rank died or stalled
+        if not _is_collective_failure(err):
+            raise
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"train.py: error (rank {_compat.launcher_rank()}): a collective failed, most likely because "
+              f"another rank died or stopped answering: {first_line[:300]}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_FAILURE)
+
+
+def _is_collective_failure(err):
+    text = f"{type(err).__name__} {err}"
+    return any(marker in text for marker in ("Horovod", "horovod", "Gloo", "gloo", "MPI_"))
 
 
 def default_run_dir(strategy_name):

@@ -168,9 +168,13 @@ def accumulation_windows(shard_sizes, k):
     return -(-max(shard_sizes) // k)
 
 
-def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs):
-    """A tf.data pipeline over epochs [start_epoch, epochs) for this rank's shards."""
-    steps = steps_per_epoch(len(data.y_train), batch_size, size)
+def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, steps=None):
+    """A tf.data pipeline over epochs [start_epoch, epochs) for this rank's shards.
+
+    ``steps`` (default: ``steps_per_epoch``) is exactly what each epoch holds,
+    so epoch e always starts at its own permutation, also on resume.
+    """
+    steps = steps_per_epoch(len(data.y_train), batch_size, size) if steps is None else steps
     index = np.concatenate([epoch_indices(len(data.y_train), seed, e, rank, size, steps, batch_size)
                             for e in range(start_epoch, epochs)]) if epochs > start_epoch else np.zeros(0, int)
     ds = tf.data.Dataset.from_tensor_slices((data.x_train[index], data.y_train[index]))

@@ -129,15 +129,16 @@ class SlurmEnvironment:
         env = os.environ if environ is None else environ
         return "SLURM_JOB_ID" in env or "SLURM_JOBID" in env
 
-    def _get(self, names, hint):
+    def _get(self, names, hint, problem="not inside a SLURM allocation"):
+        """The first of ``names`` (current name, then older spellings) that is set."""
         for name in names:
             value = self._env.get(name)
             if value not in (None, ""):
                 return value
-        raise SlurmEnvironmentError(f"not inside a SLURM allocation: {names[0]} is not set", hint)
+        raise SlurmEnvironmentError(f"{problem}: {names[0]} is not set", hint)
 
-    def _get_int(self, names, hint):
-        value = self._get(names, hint)
+    def _get_int(self, names, hint, problem="not inside a SLURM allocation"):
+        value = self._get(names, hint, problem)
         if not value.strip().isdigit():
             raise SlurmEnvironmentError(f"{names[0]}={value!r} is not a non-negative integer", hint)
         return int(value)
@@ -163,11 +164,13 @@ class SlurmEnvironment:
 
     @property
     def rank(self):
-        return self._get_int(["SLURM_PROCID"], "SLURM_PROCID is set per task: launch the ranks with srun")
+        return self._get_int(["SLURM_PROCID"], "SLURM_PROCID is set per task: launch the ranks with srun",
+                             problem="not a SLURM task")
 
     @property
     def local_rank(self):
-        return self._get_int(["SLURM_LOCALID"], "SLURM_LOCALID is set per task: launch the ranks with srun")
+        return self._get_int(["SLURM_LOCALID"], "SLURM_LOCALID is set per task: launch the ranks with srun",
+                             problem="not a SLURM task")
 
     @property
     def node_rank(self):

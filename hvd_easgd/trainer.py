@@ -76,7 +76,10 @@ def _variable_size_test(dataset):
 def train(args, config, dataset):
     comm = runtime.init(threads_per_rank=args.threads_per_rank)
     is_chief = comm.rank == 0
+    # Same seed and data order give the same weights, run after run: the
+    # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
     strategy = make_strategy(args)
     try:
         strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
@@ -100,6 +103,10 @@ def train(args, config, dataset):
     if args.resume and not os.path.isdir(run_dir):
         raise UsageError(f"--resume {run_dir}: no such run directory")
     manifest = None
+    if not args.resume and checkpoint.complete_checkpoints(run_dir):
+        # Never train over a run's checkpoints: they would be pruned as "older".
+        raise UsageError(f"--run-dir {run_dir} already holds checkpoints; continue it with --resume {run_dir} "
+                         "or choose another --run-dir")
     if args.resume:
         manifest, ckpt_dir = checkpoint.latest(run_dir)
         differs = config_differences(manifest["config"], config)
@@ -159,7 +166,8 @@ def train(args, config, dataset):
         train_ds = _variable_size_dataset(dataset, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
         test_ds = _variable_size_test(dataset)
     else:
-        train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs)
+        train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs,
+                                       steps)
         test_ds = test_dataset(dataset)
 
     started = time.perf_counter()

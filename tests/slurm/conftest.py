@@ -88,8 +88,9 @@ def _client_env(conf):
     might be running inside (its SLURM_* variables would steer sbatch/srun)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
     env.update(SLURM_CONF=str(conf), TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               # The jobs' MPI traffic stays on loopback too.
-               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+               # One node: MPI ranks talk through shared memory and open no TCP
+               # listener (horovodrun's own `-mca btl` flags override this).
+               OMPI_MCA_btl="self,vader", OMPI_MCA_oob_tcp_if_include="lo")
     return env
 
 
@@ -262,7 +263,8 @@ PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     if os.geteuid() != 0:
-        pytest.fail("the slurm tier starts slurmd, which launches jobs and must run as root; HINT: run as root (CI does)")
+        pytest.fail("the slurm tier starts slurmd, which launches jobs and must run as root; "
+                    "HINT: run as root (CI does)")
     _install_packages()
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:

@@ -76,3 +76,13 @@ def test_image_folder_reads_mixed_sizes(tmp_path):
 def test_unknown_data_spec():
     with pytest.raises(data.DataError, match="--data must be"):
         data.load("mnist")
+
+
+def test_each_epoch_of_the_pipeline_starts_at_its_own_permutation():
+    # steps below the maximum (as when rounding down to whole accumulation windows)
+    d = data.digits()
+    ds, steps = data.training_dataset(d, 32, seed=1, rank=0, size=2, start_epoch=0, epochs=3, steps=21)
+    labels = np.concatenate([y.numpy() for _, y in ds])
+    assert steps == 21 and len(labels) == 3 * 21 * 32
+    resumed, _ = data.training_dataset(d, 32, seed=1, rank=0, size=2, start_epoch=2, epochs=3, steps=21)
+    np.testing.assert_array_equal(np.concatenate([y.numpy() for _, y in resumed]), labels[2 * 21 * 32:])

@@ -139,6 +139,11 @@ def test_missing_variable(missing, attribute, hint):
         getattr(SlurmEnvironment(environ), attribute)
 
 
+def test_missing_rank_says_not_a_task():
+    with pytest.raises(SlurmEnvironmentError, match="^not a SLURM task: SLURM_PROCID is not set; HINT"):
+        SlurmEnvironment({k: v for k, v in JOB.items() if k != "SLURM_PROCID"}).rank
+
+
 def test_malformed_values():
     with pytest.raises(SlurmEnvironmentError, match=r"SLURM_PROCID='x' is not a non-negative integer; HINT"):
         SlurmEnvironment(dict(JOB, SLURM_PROCID="x")).rank

@@ -1,0 +1,9 @@
+"""train.py with one option that differs by rank (`--lr 0.0<rank+1>`): how a
+node with another config file, or a stale copy of the job script, looks."""
+import os
+import sys
+
+from hvd_easgd import _compat, cli
+
+rank = _compat.launcher_rank()
+cli.main(sys.argv[1:] + ["--lr", f"0.0{rank + 1}"])

@@ -1,0 +1,179 @@
+"""train.py end to end under horovodrun -np 2: the run directory, accuracy,
+resume (exact), bad input, and ranks that disagree or die."""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import HOROVODRUN, PYTHON, ROOT, horovodrun, quiet_env, run, script
+
+pytestmark = pytest.mark.multiproc
+TRAIN = os.path.join(ROOT, "train.py")
+FINAL = re.compile(r"final test accuracy: (\d\.\d{4})")
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`horovodrun -np 2 python train.py` with no options but the run directory."""
+    run_dir = str(tmp_path_factory.mktemp("default") / "run")
+    proc = horovodrun([TRAIN, "--run-dir", run_dir], controller="mpi", timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc
+
+
+def test_defaults_reach_095_and_write_the_run_directory(default_run):
+    run_dir, proc = default_run
+    last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
+    match = FINAL.search(last)
+    assert match and last.startswith("[1,0]<stdout>:"), last  # rank 0's line, with the launcher's prefix
+    accuracy = float(match.group(1))
+    assert accuracy >= 0.95
+    # one progress report, from rank 0 only
+    assert "Epoch 10/10" in proc.stdout
+    assert not re.search(r"\[1,1\]<stdout>:.*(Epoch|accuracy)", proc.stdout)
+
+    config = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
+    assert config["num_ranks"] == 2 and config["config"]["strategy"] == "sync"
+    assert set(config["versions"]) >= {"python", "tensorflow", "keras", "horovod", "hvd_easgd"}
+    assert config["versions"]["horovod"] == "0.28.1" and config["versions"]["tensorflow"].startswith("2.18")
+
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert len(metrics["epochs"]) == 10
+    keys = {"epoch", "loss", "accuracy", "test_loss", "test_accuracy", "samples_per_sec", "bytes_sent_per_step",
+            "collective_calls_per_step", "seconds"}
+    for row in metrics["epochs"]:
+        assert set(row) == keys and all(row[k] is not None for k in keys)
+        assert row["collective_calls_per_step"] == 1.0
+        assert row["bytes_sent_per_step"] == 4 * 38282  # the digits CNN's gradients
+    assert metrics["final"]["test_accuracy"] == pytest.approx(accuracy, abs=1e-4)
+    assert set(metrics["final"]) == {"test_accuracy", "test_loss", "samples_per_sec", "seconds"}
+
+    assert os.listdir(os.path.join(run_dir, "tensorboard"))
+    kept = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    assert kept == ["epoch-000008", "epoch-000009", "epoch-000010"]  # --keep-checkpoints 3
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints", kept[-1]))) == [
+        "manifest.json", "rank-00000.npz", "rank-00001.npz"]
+
+
+def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run, tmp_path):
+    run_dir, _ = default_run
+    from hvd_easgd import data
+
+    digits = data.digits()
+    np.savez(tmp_path / "test.npz", x=digits.x_test, y=digits.y_test)
+    code = ("import sys, numpy as np, keras; m = keras.models.load_model(sys.argv[1]); d = np.load(sys.argv[2]); "
+            "print(m.evaluate(d['x'], d['y'], verbose=0)[1], 'hvd_easgd' in sys.modules)")
+    out = run([PYTHON, "-c", code, os.path.join(run_dir, "model.keras"), str(tmp_path / "test.npz")],
+              env=quiet_env(PYTHONPATH=""), cwd=str(tmp_path), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    accuracy, imported = out.stdout.split()[-2:]
+    final = json.load(open(os.path.join(run_dir, "metrics.json")))["final"]["test_accuracy"]
+    assert float(accuracy) == pytest.approx(final, abs=1e-6) and imported == "False"
+
+
+def test_resume_is_refused_with_another_strategy_or_rank_count(default_run):
+    run_dir, _ = default_run
+    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "12"], timeout=120)
+    assert out.returncode == 2 and "differs: number of ranks (2 saved, 1 now)" in out.stderr
+    out = horovodrun([TRAIN, "--resume", run_dir, "--strategy", "easgd", "--epochs", "12"], timeout=120)
+    assert out.returncode != 0
+    messages = [line for line in (out.stdout + out.stderr).splitlines() if "train.py: error:" in line]
+    assert len(messages) == 1 and "differs: strategy" in messages[0]
+    assert "Exit code: 2" in out.stderr or "exit code: 2" in out.stderr.lower()
+
+
+def shard_arrays(run_dir, epoch):
+    directory = os.path.join(run_dir, "checkpoints", f"epoch-{epoch:06d}")
+    arrays = {}
+    for rank in range(2):
+        with np.load(os.path.join(directory, f"rank-{rank:05d}.npz")) as shard:
+            arrays.update({f"{rank}:{k}": shard[k] for k in shard.files})
+    return arrays
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("options", [
+    ["--strategy", "sync"],
+    ["--strategy", "easgd", "--tau", "4"],
+    ["--strategy", "sync", "--accumulate", "3"],
+], ids=["sync", "easgd", "accumulate"])
+def test_resume_is_bit_identical_to_an_uninterrupted_run(options, tmp_path):
+    common = [TRAIN, *options, "--threads-per-rank", "1", "--eval-every", "2", "--seed", "3"]
+    straight, broken = str(tmp_path / "a"), str(tmp_path / "b")
+    a = horovodrun(common + ["--epochs", "4", "--run-dir", straight], timeout=150)
+    assert a.returncode == 0, a.stderr[-2000:]
+    # run B stops after epoch 2 (its last checkpoint), then resumes to epoch 4
+    first = horovodrun(common + ["--epochs", "2", "--run-dir", broken], timeout=150)
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = horovodrun([TRAIN, "--resume", broken, "--epochs", "4"], timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    expected, got = shard_arrays(straight, 4), shard_arrays(broken, 4)
+    assert expected.keys() == got.keys()
+    differing = [k for k in expected if not np.array_equal(expected[k], got[k])]
+    assert not differing, differing[:5]
+    # under EASGD the local weights really differ per rank: a rank-0-only checkpoint would lose them
+    if "easgd" in options:
+        model_keys = [k for k in expected if k.startswith("0:model/")]
+        assert any(not np.array_equal(expected[k], expected["1" + k[1:]]) for k in model_keys)
+    metrics = json.load(open(os.path.join(broken, "metrics.json")))
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3, 4]
+
+
+def test_bad_input_under_horovodrun_every_rank_exits_2_one_message():
+    out = horovodrun([TRAIN, "--tau", "5"], controller="gloo", timeout=120)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    messages = [line for line in text.splitlines() if "train.py: error:" in line]
+    assert len(messages) == 1 and "--tau is an option of --strategy easgd" in messages[0]
+    # no rank printed a traceback (the launcher's own summary may follow, unprefixed)
+    assert not re.search(r"^\[\d+(,\d+)?\]<std(err|out)>:\s*Traceback", text, re.M), text[-3000:]
+    exit_codes = re.findall(r"Process (\d+) exit with status code (\d+)", text)  # the Gloo launcher's summary
+    assert exit_codes and {code for _, code in exit_codes} <= {"2", "143"}, exit_codes  # 143: stopped by the launcher
+
+
+def test_ranks_with_different_configs_stop_before_training(tmp_path):
+    out = horovodrun([script("rank_dependent_argv.py"), "--run-dir", str(tmp_path / "r"), "--epochs", "1"],
+                     timeout=120)
+    assert out.returncode != 0
+    messages = [line for line in (out.stdout + out.stderr).splitlines() if "train.py: error:" in line]
+    assert len(messages) == 1
+    assert "ranks disagree on the effective config: `lr` differs between ranks [0]; ranks [1]" in messages[0]
+    assert "Epoch 1/1" not in out.stdout
+
+
+@pytest.mark.timeout(200)
+def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    run_dir = tmp_path / "run"
+    cmd = [HOROVODRUN, "-np", "2", "--gloo", PYTHON, script("record_pid_then_train.py"), str(pid_dir),
+           "--run-dir", str(run_dir), "--epochs", "400", "--threads-per-rank", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoints").is_dir() and time.time() < deadline:
+            time.sleep(0.5)
+        assert (run_dir / "checkpoints").is_dir(), "training never reached its first checkpoint"
+        os.kill(int((pid_dir / "pid1").read_text()), signal.SIGKILL)
+        killed_at = time.time()
+        out, _ = proc.communicate(timeout=90)
+        elapsed = time.time() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode != 0
+    assert elapsed <= 60, f"the job took {elapsed:.0f}s to end after a rank died"
+    assert "Process 1 exit with status code" in out or "exited with non-zero status" in out, out[-2000:]
+    # the checkpoints written before the kill are complete and usable
+    from hvd_easgd import checkpoint
+
+    manifest, _ = checkpoint.latest(str(run_dir))
+    assert manifest["num_ranks"] == 2 and manifest["epoch"] >= 1

@@ -1,0 +1,84 @@
+"""Checkpoints: complete (every rank's state), atomic, and refused when they do not fit."""
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_easgd
+from hvd_easgd import EASGD, GradientAccumulation, LocalCommunicator, checkpoint
+
+pytestmark = pytest.mark.unit
+
+
+def trained(strategy, steps=5, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), strategy, comm=LocalCommunicator())
+    hvd_easgd.broadcast_initial_state(model, opt)
+    x = np.random.default_rng(seed).standard_normal((8, 4)).astype(np.float32)
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x) ** 2)
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return model, opt
+
+
+def test_round_trip_restores_model_optimizer_and_strategy_state(tmp_path):
+    # 5 micro-batches with k = 2: the save happens mid-window, with a non-empty accumulator
+    model, opt = trained(GradientAccumulation(2, strategy=EASGD(communication_period=2, moving_rate=0.3)))
+    comm = opt.comm
+    checkpoint.save(str(tmp_path), 1, model, opt, comm, {"strategy": "easgd"})
+    fresh, fresh_opt = trained(GradientAccumulation(2, strategy=EASGD(communication_period=2, moving_rate=0.3)),
+                               steps=0, seed=1)
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    checkpoint.restore(directory, manifest, fresh, fresh_opt, comm)
+    for group in ("model", "optimizer", "strategy"):
+        saved = checkpoint.state_groups(model, opt)[group]
+        loaded = checkpoint.state_groups(fresh, fresh_opt)[group]
+        assert len(saved) == len(loaded) > 0
+        for a, b in zip(saved, loaded):
+            np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    assert float(np.abs(opt.strategy.accumulators[0].numpy()).sum()) > 0  # mid-window state was there to save
+    assert manifest["num_ranks"] == 1 and manifest["config"] == {"strategy": "easgd"}
+
+
+def test_a_write_killed_midway_leaves_the_previous_checkpoint_usable(tmp_path, monkeypatch):
+    model, opt = trained(EASGD(communication_period=2, moving_rate=0.3))
+    checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {})
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed during the write")
+
+    monkeypatch.setattr(checkpoint.np, "savez", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(str(tmp_path), 2, model, opt, opt.comm, {})
+    leftovers = os.listdir(tmp_path / "checkpoints" / "epoch-000002")
+    assert "manifest.json" not in leftovers and "rank-00000.npz" not in leftovers
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    assert manifest["epoch"] == 1
+    checkpoint.restore(directory, manifest, model, opt, opt.comm)
+
+
+def test_keeps_the_last_k(tmp_path):
+    model, opt = trained(EASGD(communication_period=2, moving_rate=0.3), steps=1)
+    for epoch in range(1, 6):
+        checkpoint.save(str(tmp_path), epoch, model, opt, opt.comm, {}, keep=2)
+    assert [e for e, _ in checkpoint.complete_checkpoints(str(tmp_path))] == [4, 5]
+
+
+def test_refuses_another_rank_count_or_another_model(tmp_path):
+    model, opt = trained(EASGD(communication_period=2, moving_rate=0.3), steps=1)
+    checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {})
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match="written by 4 ranks; this run has 1"):
+        checkpoint.restore(directory, dict(manifest, num_ranks=4), model, opt, opt.comm)
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    other_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                               EASGD(communication_period=2, moving_rate=0.3), comm=opt.comm)
+    hvd_easgd.broadcast_initial_state(other, other_opt)
+    with pytest.raises(checkpoint.CheckpointError, match="does not fit"):
+        checkpoint.restore(directory, manifest, other, other_opt, opt.comm)
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
+        checkpoint.latest(str(tmp_path / "elsewhere"))

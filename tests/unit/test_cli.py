@@ -1,0 +1,96 @@
+"""train.py's command line: options, config files, and one-line errors with exit 2."""
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from hvd_easgd import cli
+from tests.conftest import PYTHON, ROOT, quiet_env
+
+pytestmark = pytest.mark.unit
+
+
+def exit_and_stderr(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    return exc.value.code, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy", "ps"], "invalid choice: 'ps'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--batch-size", "0"], "--batch-size must be > 0. Received: --batch-size=0"),
+    (["--batch-size", "-4"], "--batch-size must be > 0"),
+    (["--lr", "0"], "--lr must be > 0. Received: --lr=0.0"),
+    (["--lr", "-0.1"], "--lr must be > 0"),
+    (["--tau", "5"], "--tau is an option of --strategy easgd, not --strategy sync"),
+    (["--strategy", "easgd", "--clip-norm", "1"], "--clip-norm is an option of --strategy sync"),
+    (["--strategy", "easgd", "--tau", "0"], "`communication_period` (tau) must be an integer >= 1. Received: communication_period=0"),
+    (["--strategy", "easgd", "--tau", "-3"], "Received: communication_period=-3"),
+    (["--accumulate", "0"], "--accumulate must be > 0"),
+    (["--data", "npz:/nonexistent/data.npz"], "--data npz:/nonexistent/data.npz: no such file"),
+    (["--data", "images:/nonexistent"], "no such directory"),
+    (["--data", "mnist"], "--data must be digits, synthetic, npz:PATH or images:DIR"),
+    (["--image-shape", "32,32"], "--image-shape must be H,W,C"),
+    (["--model", "vgg"], "--model must be one of"),
+    (["--lr-warmup-epochs", "2"], "--lr-warmup-epochs goes with --scale-lr"),
+    (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    code, err = exit_and_stderr(argv, capsys)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("train.py: error: ") and message in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_npz_without_x_and_y(tmp_path, capsys):
+    path = tmp_path / "d.npz"
+    np.savez(path, images=np.zeros((4, 3, 3)))
+    code, err = exit_and_stderr(["--data", f"npz:{path}"], capsys)
+    assert code == 2 and "missing array(s) ['x', 'y']" in err
+
+
+def test_config_file_sets_options_and_flags_override(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"strategy": "easgd", "tau": 4, "lr": 0.1, "batch-size": 16}))
+    args = cli.parse_args(["--config", str(path), "--lr", "0.3"])
+    config = cli.effective_config(args)
+    assert (config["strategy"], config["tau"], config["lr"], config["batch_size"]) == ("easgd", 4, 0.3, 16)
+    assert cli.strategy_kwargs(args) == {"communication_period": 4}
+
+
+def test_config_file_with_unknown_key(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rate: 0.1\n")
+    code, err = exit_and_stderr(["--config", str(path)], capsys)
+    assert code == 2 and "unknown option 'learning_rate'" in err
+
+
+def test_help_lists_strategies_from_the_registry(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    for text in ("--strategy {easgd,sync}", "--tau", "--moving-rate", "--overlap", "--clip-norm",
+                 "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every"):
+        assert text in out
+
+
+def test_accumulation_composes_with_any_strategy():
+    args = cli.parse_args(["--strategy", "easgd", "--tau", "3", "--accumulate", "4",
+                           "--accumulate-reduction", "sum"])
+    strategy = cli.make_strategy(args)
+    assert (strategy.k, strategy.average, strategy.strategy.communication_period) == (4, False, 3)
+
+
+def test_a_real_process_exits_2_without_traceback():
+    out = subprocess.run([PYTHON, "train.py", "--strategy", "easgd", "--moving-rate", "1.5"], cwd=ROOT,
+                         env=quiet_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == ("train.py: error: `moving_rate` (alpha) must satisfy p * alpha < 1 "
+                                                   "with p ranks (p=1). Received: moving_rate=1.5")
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,55 @@
+"""Plain `python train.py` (one process, no launcher) on each kind of data."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import PYTHON, ROOT, run
+
+pytestmark = pytest.mark.unit
+TRAIN = os.path.join(ROOT, "train.py")
+
+
+def train(tmp_path, *options, timeout=180):
+    run_dir = str(tmp_path / "run")
+    out = run([PYTHON, TRAIN, "--run-dir", run_dir, "--threads-per-rank", "2", *options], timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        return json.load(f), out, run_dir
+
+
+def test_digits_one_process_reaches_095(tmp_path):
+    metrics, out, _ = train(tmp_path)  # the defaults
+    assert metrics["final"]["test_accuracy"] >= 0.95
+    assert out.stdout.strip().splitlines()[-1] == f"final test accuracy: {metrics['final']['test_accuracy']:.4f}"
+
+
+def test_synthetic_images_for_throughput(tmp_path):
+    metrics, _, _ = train(tmp_path, "--data", "synthetic", "--image-shape", "16,16,3", "--num-classes", "4",
+                          "--epochs", "1", "--batch-size", "64")
+    row = metrics["epochs"][0]
+    assert row["samples_per_sec"] > 0 and row["collective_calls_per_step"] == 1.0
+    assert 0.0 <= metrics["final"]["test_accuracy"] <= 1.0
+
+
+def test_npz_data_learns_a_separable_problem(tmp_path):
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    x = rng.normal(0, 0.3, (400, 6, 6)).astype(np.float32)
+    x[y == 1, :3] += 1.0  # class 1 is bright on top
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    metrics, _, _ = train(tmp_path, "--data", f"npz:{tmp_path / 'd.npz'}", "--epochs", "4")
+    assert metrics["final"]["test_accuracy"] >= 0.9
+
+
+def test_resume_continues_from_the_last_checkpoint(tmp_path):
+    _, _, run_dir = train(tmp_path, "--epochs", "2", "--strategy", "easgd", "--tau", "5")
+    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "3"], timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        epochs = [row["epoch"] for row in json.load(f)["epochs"]]
+    assert epochs == [1, 2, 3]
+    assert "Epoch 3/3" in out.stdout and "Epoch 1/3" not in out.stdout
+    again = run([PYTHON, TRAIN, "--run-dir", run_dir], timeout=120)
+    assert again.returncode == 2 and "already holds checkpoints; continue it with --resume" in again.stderr
