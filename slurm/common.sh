@@ -1,0 +1,75 @@
+# Shared set-up for the slurm/*.sbatch templates; sourced, never run directly.
+#
+# SLURM runs a copy of the batch script from its spool directory, so this
+# file is found through $SLURM_SUBMIT_DIR: submit from the project root.
+#
+# Variables (set them in the shell before sbatch; SLURM passes them on):
+#   HVD_EASGD_LAUNCH  srun (default) | horovodrun   how the ranks are started
+#   HVD_EASGD_VENV    virtual environment to use     (default: $SLURM_SUBMIT_DIR/.venv)
+#   HVD_EASGD_SRUN_MPI  srun's --mpi plugin          (default: pmix; see `srun --mpi=list`)
+
+die() { printf 'hvd_easgd sbatch: error: %s\n' "$*" >&2; exit 2; }
+
+[ -n "${SLURM_JOB_ID:-}" ] \
+  || die "not inside a SLURM job; HINT: submit with sbatch, e.g. sbatch slurm/train.sbatch --epochs 3"
+cd "$SLURM_SUBMIT_DIR"
+[ -f train.py ] && [ -d hvd_easgd ] \
+  || die "$SLURM_SUBMIT_DIR is not the hvd_easgd project root; HINT: cd to the clone, then sbatch slurm/<name>.sbatch"
+
+HVD_EASGD_VENV=${HVD_EASGD_VENV:-$SLURM_SUBMIT_DIR/.venv}
+[ -x "$HVD_EASGD_VENV/bin/python" ] \
+  || die "no virtual environment at $HVD_EASGD_VENV;" \
+         "HINT: run 'make setup' in $SLURM_SUBMIT_DIR, or export HVD_EASGD_VENV=/path/to/venv before sbatch"
+# Puts the venv's python and horovodrun first on PATH for every rank.
+export VIRTUAL_ENV=$HVD_EASGD_VENV
+export PATH="$HVD_EASGD_VENV/bin:$PATH"
+
+HVD_EASGD_LAUNCH=${HVD_EASGD_LAUNCH:-srun}
+case "$HVD_EASGD_LAUNCH" in
+  srun|horovodrun) ;;
+  *) die "HVD_EASGD_LAUNCH=$HVD_EASGD_LAUNCH; HINT: use srun or horovodrun" ;;
+esac
+
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# OpenMPI refuses to start as root unless told twice; containers and CI run as root.
+if [ "$(id -u)" = 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+# Slurm 22.05 stopped passing the job's --cpus-per-task on to srun (23.11
+# restored it); without this, every rank of a step could get a single core.
+if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then
+  export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+fi
+
+echo "hvd_easgd: job $SLURM_JOB_ID ($SLURM_JOB_NAME) on ${SLURM_JOB_NODELIST:-?}," \
+     "${SLURM_NTASKS:-1} task(s), ${SLURM_CPUS_PER_TASK:-1} cpu(s) per task," \
+     "launch=$HVD_EASGD_LAUNCH, venv=$HVD_EASGD_VENV, started $(date -Is)"
+
+# launch_ranks ARGS...: starts one rank per SLURM task running `python ARGS...`.
+launch_ranks() {
+  if [ "$HVD_EASGD_LAUNCH" = srun ]; then
+    # One task per rank; Horovod's MPI picks up the ranks through PMIx.
+    # --kill-on-bad-exit stops the other ranks at once if one fails, instead
+    # of leaving them blocked in an allreduce until the time limit.
+    srun --mpi="${HVD_EASGD_SRUN_MPI:-pmix}" --kill-on-bad-exit=1 python "$@"
+  else
+    # horovodrun runs inside this single batch task and starts the ranks
+    # itself (over ssh on the other nodes of a multi-node allocation).
+    local hosts
+    hosts=$(python -m hvd_easgd.slurm hosts) || die "could not build the horovodrun host list"
+    horovodrun -np "$SLURM_NTASKS" -H "$hosts" python "$@"
+  fi
+}
+
+# run_dir_default ARGS...: prints `--run-dir runs/<job name>-<job id>` unless
+# ARGS already choose the run directory (--run-dir, --resume or --config), so
+# every job writes to its own directory and two jobs never share one.
+run_dir_default() {
+  local arg
+  for arg in "$@"; do
+    case "$arg" in
+      --run-dir|--run-dir=*|--resume|--resume=*|--config|--config=*) return 0 ;;
+    esac
+  done
+  printf '%s\n' --run-dir "runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"
+}
