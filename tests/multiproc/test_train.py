@@ -152,7 +152,7 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     run_dir = tmp_path / "run"
-    cmd = [HOROVODRUN, "-np", "2", "--gloo", PYTHON, script("record_pid_then_train.py"), str(pid_dir),
+    cmd = [HOROVODRUN, "-np", "2", "--gloo", "--network-interface", "lo", PYTHON, script("record_pid_then_train.py"), str(pid_dir),
            "--run-dir", str(run_dir), "--epochs", "400", "--threads-per-rank", "1"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
