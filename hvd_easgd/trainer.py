@@ -74,13 +74,13 @@ def _variable_size_test(dataset):
 
 
 def train(args, config, dataset):
+    strategy = make_strategy(args)  # bad hyperparameters fail before Horovod starts
     comm = runtime.init(threads_per_rank=args.threads_per_rank)
     is_chief = comm.rank == 0
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)
     tf.config.experimental.enable_op_determinism()
-    strategy = make_strategy(args)
     try:
         strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
     except ValueError as err:

@@ -73,8 +73,6 @@ if [ ! -f "$stamp" ]; then
   say "installing the pinned stack ($VARIANT) into $VENV"
   $PIP install --upgrade "pip<25" "setuptools<76" wheel
   $PIP install -r "$resolved_reqs"
-  # Horovod's own runtime requirements, so its wheel can go in with --no-deps.
-  $PIP install cloudpickle psutil packaging cffi
   touch "$stamp"
 fi
 

@@ -80,7 +80,8 @@ def test_fit_trains_and_model_save_loads_with_plain_keras(tmp_path):
 
 def test_xla_is_turned_off_with_a_warning():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    model.compile(optimizer=wrapped(), loss="mse", jit_compile=True)
+    model.compile(optimizer=wrapped(), loss="mse")
+    model._jit_compile = True  # what jit_compile="auto" resolves to on a GPU machine
     with pytest.warns(UserWarning, match="XLA"):
         model.optimizer.attach(model)
     assert model.jit_compile is False

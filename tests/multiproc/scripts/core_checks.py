@@ -19,6 +19,7 @@ from tests import reference as ref
 OUT = sys.argv[1]
 comm = hvd_easgd.init(threads_per_rank=1)
 RANK, SIZE = comm.rank, comm.size
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 results = {"rank": RANK, "size": SIZE}
 
 
@@ -43,6 +44,16 @@ def linear_model(w0):
     return model
 
 
+def classifier_step_fn(model, opt):
+    """One tf.function step of the classification loss; works for plain Keras optimizers too."""
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return step
+
+
 def lsq_step_fn(model, opt):
     @tf.function
     def step(x, y, sample_count=None):
@@ -64,16 +75,7 @@ keras.utils.set_random_seed(100 + RANK)  # different init per rank: the broadcas
 cnn = hvd_easgd.models.build("cnn", digits.input_shape, 10)
 opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), hvd_easgd.SyncAverage(), comm=comm)
 hvd_easgd.broadcast_initial_state(cnn, opt)
-loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-@tf.function
-def cnn_step(x, y):
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, cnn(x, training=True))
-    opt.apply(tape.gradient(loss, cnn.trainable_variables), cnn.trainable_variables)
-
-
+cnn_step = classifier_step_fn(cnn, opt)
 comm.reset_account()
 for t in range(20):
     idx = np.arange(t * 16, t * 16 + 16) * SIZE + RANK  # each rank its own shard
@@ -89,15 +91,7 @@ opt16 = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05), hvd_easgd.Syn
                                        comm=comm)
 model16 = hvd_easgd.models.build("cnn", digits.input_shape, 10)
 hvd_easgd.broadcast_initial_state(model16, opt16)
-
-
-@tf.function
-def step16(x, y):
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, model16(x, training=True))
-    opt16.apply(tape.gradient(loss, model16.trainable_variables), model16.trainable_variables)
-
-
+step16 = classifier_step_fn(model16, opt16)
 comm.reset_account()
 for t in range(5):
     step16(digits.x_train[t * 8:(t + 1) * 8], digits.y_train[t * 8:(t + 1) * 8])
@@ -113,22 +107,7 @@ opt_mlp = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), comm=comm)
 opt_single = keras.optimizers.SGD(0.1)
 xs = digits.x_train.reshape(-1, 64)
 b = 8
-
-
-@tf.function
-def dist_step(x, y):
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, mlp(x))
-    opt_mlp.apply(tape.gradient(loss, mlp.trainable_variables), mlp.trainable_variables)
-
-
-@tf.function
-def single_step(x, y):
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y, single(x))
-    opt_single.apply(tape.gradient(loss, single.trainable_variables), single.trainable_variables)
-
-
+dist_step, single_step = classifier_step_fn(mlp, opt_mlp), classifier_step_fn(single, opt_single)
 for t in range(10):
     lo = t * b * SIZE
     dist_step(xs[lo + RANK * b: lo + (RANK + 1) * b], digits.y_train[lo + RANK * b: lo + (RANK + 1) * b])
