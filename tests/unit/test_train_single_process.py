@@ -51,5 +51,15 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
         epochs = [row["epoch"] for row in json.load(f)["epochs"]]
     assert epochs == [1, 2, 3]
     assert "Epoch 3/3" in out.stdout and "Epoch 1/3" not in out.stdout
+    # model.keras is the EASGD center: it reproduces the final (center) test accuracy
+    import keras
+
+    from hvd_easgd import data
+
+    digits = data.digits()
+    saved = keras.models.load_model(os.path.join(run_dir, "model.keras"))
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        final = json.load(f)["final"]["test_accuracy"]
+    assert saved.evaluate(digits.x_test, digits.y_test, verbose=0)[1] == pytest.approx(final, abs=1e-6)
     again = run([PYTHON, TRAIN, "--run-dir", run_dir], timeout=120)
     assert again.returncode == 2 and "already holds checkpoints; continue it with --resume" in again.stderr

@@ -1,0 +1,66 @@
+"""Callbacks: NaN abort, the center swap, and the learning-rate warm-up the CLI builds."""
+import argparse
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_easgd
+from hvd_easgd import EASGD, LocalCommunicator, SyncAverage
+from hvd_easgd.callbacks import AbortOnNonFinite, CenterSwap, NonFiniteTrainingError
+
+pytestmark = pytest.mark.unit
+
+
+def compiled(strategy, lr=0.1):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr), strategy, comm=LocalCommunicator()),
+                  loss="mse")
+    return model
+
+
+def test_training_aborts_after_n_consecutive_non_finite_steps():
+    model = compiled(SyncAverage())
+    x = np.full((64, 3), np.nan, np.float32)
+    y = np.zeros((64, 1), np.float32)
+    with pytest.raises(NonFiniteTrainingError, match=r"10 consecutive optimizer steps had NaN/Inf.*--max-bad-steps=5"):
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0,
+                  callbacks=hvd_easgd.callbacks.defaults() + [AbortOnNonFinite(max_consecutive=5, check_every=10)])
+    assert np.all(np.isfinite(model.layers[0].kernel.numpy()))  # nothing non-finite was applied
+
+
+def test_center_swap_evaluates_on_the_center_and_restores_local_weights():
+    model = compiled(EASGD(communication_period=1000, moving_rate=0.5))
+    x = np.random.default_rng(0).standard_normal((32, 3)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=hvd_easgd.callbacks.defaults())
+    local = [v.numpy().copy() for v in model.trainable_variables]
+    center = [c.numpy().copy() for c in model.optimizer.strategy.center]
+    assert any(not np.array_equal(a, b) for a, b in zip(local, center))  # no elastic step yet: they differ
+    seen = {}
+
+    class Spy(keras.callbacks.Callback):
+        def on_test_batch_begin(self, batch, logs=None):
+            seen["weights"] = [v.numpy().copy() for v in self.model.trainable_variables]
+
+    model.evaluate(x, y, verbose=0, callbacks=[CenterSwap(), Spy()])
+    for a, b in zip(seen["weights"], center):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(model.trainable_variables, local):
+        np.testing.assert_array_equal(a.numpy(), b)
+
+
+def test_scale_lr_with_warmup_ramps_linearly_to_lr_times_ranks():
+    from hvd_easgd.trainer import _inner_optimizer
+
+    args = argparse.Namespace(lr=0.1, scale_lr=True, lr_warmup_epochs=1.0, optimizer="sgd", momentum=0.0)
+    config = _inner_optimizer(args, size=4, updates_per_epoch=10).get_config()["learning_rate"]
+    # a built-in Keras schedule: model.keras stays loadable without hvd_easgd
+    assert config["module"] == "keras.optimizers.schedules"
+    schedule = keras.optimizers.schedules.deserialize(config)
+    values = [float(schedule(step)) for step in (0, 5, 10, 50)]
+    assert values == pytest.approx([0.1, 0.25, 0.4, 0.4])
+    args.lr_warmup_epochs = 0.0
+    assert float(_inner_optimizer(args, size=4, updates_per_epoch=10).learning_rate.numpy()) == pytest.approx(0.4)
