@@ -81,7 +81,8 @@ def build_parser():
     train.add_argument("--optimizer", default="momentum", choices=OPTIMIZERS)
     train.add_argument("--momentum", type=float, default=0.9, help="for momentum and nesterov")
     train.add_argument("--lr", type=float, default=0.02, help="learning rate of the inner optimizer")
-    train.add_argument("--batch-size", type=int, default=32, help="per rank (per micro-batch with --accumulate)")
+    train.add_argument("--batch-size", type=int, default=None,
+                       help="per rank, per micro-batch with --accumulate (default 32; images:DIR takes 1)")
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0, help="weights and data order (not the train/test split)")
     train.add_argument("--scale-lr", action="store_true", help="multiply --lr by the number of ranks")
@@ -167,6 +168,12 @@ def parse_args(argv=None):
 
 
 def _validate(args):
+    variable_size = args.data.startswith("images:")
+    if args.batch_size is None:
+        args.batch_size = 1 if variable_size else 32
+    elif variable_size and args.batch_size != 1:
+        raise UsageError("images of different sizes cannot be stacked into a batch: use --batch-size 1 "
+                         "with --accumulate K (one image per micro-batch)")
     positive = {"--batch-size": args.batch_size, "--epochs": args.epochs, "--lr": args.lr,
                 "--accumulate": args.accumulate, "--num-classes": args.num_classes,
                 "--eval-every": args.eval_every, "--max-bad-steps": args.max_bad_steps}

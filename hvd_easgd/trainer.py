@@ -87,9 +87,7 @@ def train(args, config, dataset):
         raise UsageError(str(err)) from None
 
     # --- steps: every rank takes the same number, a multiple of k ------------
-    batch = 1 if dataset.variable_size else args.batch_size
-    if dataset.variable_size and args.batch_size != 32 and args.batch_size != 1:
-        raise UsageError("images of different sizes cannot be batched: use --batch-size 1 and --accumulate K")
+    batch = args.batch_size
     steps = steps_per_epoch(len(dataset.y_train), batch, comm.size)
     steps -= steps % args.accumulate  # windows never span an epoch boundary
     if steps < 1:

@@ -39,26 +39,29 @@ class Communicator:
     local_size = 1
 
     def __init__(self):
-        # Created eagerly (not in a trace) so a step function can update them.
+        # [payload bytes, collective calls], in one variable so that a step
+        # pays one update for its account. Created eagerly (not in a trace)
+        # so that a step function can update it.
         with tf.init_scope():
-            self._bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="comm_bytes_sent")
-            self._collective_calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="comm_collective_calls")
+            self._account = tf.Variable([0, 0], dtype=tf.int64, trainable=False, name="comm_account")
 
     # --- the account ------------------------------------------------------
     def account(self):
         """``{"bytes": payload bytes handed to collectives, "calls": collective calls}`` so far."""
-        return {"bytes": int(self._bytes_sent.numpy()), "calls": int(self._collective_calls.numpy())}
+        sent, calls = self._account.numpy().tolist()
+        return {"bytes": int(sent), "calls": int(calls)}
 
     def reset_account(self):
-        self._bytes_sent.assign(0)
-        self._collective_calls.assign(0)
+        self._account.assign([0, 0])
 
     def _record(self, tensors):
         total = 0
         for t in tensors:
             total = total + _nbytes(t)
-        self._bytes_sent.assign_add(tf.cast(total, tf.int64))
-        self._collective_calls.assign_add(1)
+        if isinstance(total, int):  # static shapes: a constant, known at trace time
+            self._account.assign_add(tf.constant([total, 1], tf.int64))
+        else:
+            self._account.assign_add(tf.stack([tf.cast(total, tf.int64), tf.constant(1, tf.int64)]))
 
     # --- collectives --------------------------------------------------------
     def allreduce(self, tensors, op="average", compression=Compression.none, record=True):

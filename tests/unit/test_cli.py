@@ -34,6 +34,7 @@ def exit_and_stderr(argv, capsys):
     (["--data", "images:/nonexistent"], "no such directory"),
     (["--data", "mnist"], "--data must be digits, synthetic, npz:PATH or images:DIR"),
     (["--image-shape", "32,32"], "--image-shape must be H,W,C"),
+    (["--data", "images:/tmp", "--batch-size", "8"], "images of different sizes cannot be stacked"),
     (["--model", "vgg"], "--model must be one of"),
     (["--lr-warmup-epochs", "2"], "--lr-warmup-epochs goes with --scale-lr"),
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
