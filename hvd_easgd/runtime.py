@@ -89,6 +89,10 @@ def init(threads_per_rank=None, use_horovod=None):
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
+    # Horovod's background thread enters MPI every cycle; Open MPI busy-polls
+    # there by default and takes CPU from the training threads when ranks
+    # share cores (measured: 11.7-13.6k vs 17-19k samples/s at np=2 on 2 cores).
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if use_horovod is None:
         use_horovod = _compat.horovod_available()
     if use_horovod:

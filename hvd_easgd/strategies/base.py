@@ -66,8 +66,7 @@ class SyncStrategy:
         self.comm = None
         self._built = False
         self.step_counter = None
-        self.skipped_steps = None
-        self.consecutive_skips = None
+        self.skip_counts = None
 
     # --- wiring ---------------------------------------------------------------
     def bind(self, comm):
@@ -89,9 +88,10 @@ class SyncStrategy:
         with tf.init_scope():
             # Optimizer steps taken (or skipped) through this strategy.
             self.step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{type(self).__name__}_step")
-            # Steps whose update was dropped because it held NaN/Inf.
-            self.skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{type(self).__name__}_skipped")
-            self.consecutive_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{type(self).__name__}_bad_run")
+            # [steps whose update was dropped because it held NaN/Inf, the
+            # current run of such steps]: one variable, so a step pays one update.
+            self.skip_counts = tf.Variable([0, 0], dtype=tf.int64, trainable=False,
+                                           name=f"{type(self).__name__}_skips")
             self._build_state(list(trainable_variables), list(non_trainable_variables))
         self._built = True
 
@@ -103,7 +103,17 @@ class SyncStrategy:
         """Every variable the strategy owns; checkpoints must hold them."""
         if not self._built:
             return []
-        return [self.step_counter, self.skipped_steps, self.consecutive_skips] + self._extra_state()
+        return [self.step_counter, self.skip_counts] + self._extra_state()
+
+    @property
+    def skipped_steps(self):
+        """Steps skipped because their update held NaN/Inf."""
+        return self.skip_counts[0]
+
+    @property
+    def consecutive_skips(self):
+        """The current run of such steps (0 after any finite step)."""
+        return self.skip_counts[1]
 
     def _extra_state(self):
         return []
@@ -129,17 +139,17 @@ class SyncStrategy:
 
         def apply():
             apply_update(grads)
+            # A finite step ends any run of skipped ones.
+            self.skip_counts.assign(self.skip_counts * tf.constant([1, 0], tf.int64))
             return tf.constant(True)
 
         def skip():
+            # Not wanted (no samples anywhere) is not a fault; non-finite is.
+            bad = tf.cast(tf.logical_not(finite), tf.int64)
+            self.skip_counts.assign((self.skip_counts + bad) * tf.stack([tf.constant(1, tf.int64), bad]))
             return tf.constant(False)
 
-        applied = tf.cond(finite_and_wanted, apply, skip)
-        self.skipped_steps.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
-        self.consecutive_skips.assign(
-            tf.where(finite, tf.constant(0, tf.int64), self.consecutive_skips + 1)
-        )
-        return applied
+        return tf.cond(finite_and_wanted, apply, skip)
 
     # --- configuration ---------------------------------------------------------
     def get_config(self):

@@ -1,0 +1,413 @@
+"""The benchmark suite: ``python -m benchmarks.compare [--quick] [--out DIR]``.
+
+Runs one horovodrun launch per (np, controller), each running every
+configuration interleaved (``benchmarks.worker``), then the MWMS baseline
+(``benchmarks.mwms``), and writes ``results.json``, ``results.md`` (also
+printed) and PNG plots to ``benchmarks/results/<timestamp>/`` or ``--out``.
+
+``--quick``: np=2, one controller, 3 repeats, digits CNN only, no MWMS, no
+ResNet, no time-to-accuracy (about two minutes on two cores).
+
+This process never imports TensorFlow: it launches, waits (every launch
+with a timeout, after which its whole process group is ended) and reports.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from . import machine, mwms, plots, report
+from .curves import mean_over_seeds, summarise
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
+CONTROLLERS = ("gloo", "mpi")
+
+
+def default_np_list():
+    """1 and 2, and powers of two up to the usable cores beyond that."""
+    cores = machine.describe()["cores_usable"] or 1
+    found, n = [1, 2], 4
+    while n <= cores:
+        found.append(n)
+        n *= 2
+    return found
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="np=2, one controller, 3 repeats, digits CNN only; no MWMS, ResNet or time-to-accuracy")
+    p.add_argument("--out", metavar="DIR", help="output directory (default benchmarks/results/<timestamp>)")
+    p.add_argument("--np", help="comma-separated rank counts (default 1,2[,4,...] up to the cores; quick: 2)")
+    p.add_argument("--controllers", help="comma-separated, from gloo,mpi (default both; quick: mpi)")
+    p.add_argument("--mpi-binding", choices=("none", "core"), default="none",
+                   help="MPI process binding: none (horovodrun's default) or one core per rank")
+    p.add_argument("--mpi-busy-poll", action="store_true",
+                   help="leave Open MPI busy-polling (by default MPI launches set OMPI_MCA_mpi_yield_when_idle=1)")
+    p.add_argument("--repeats", type=int,
+                   help="timed repeats per configuration (default 6, one balanced cycle of the 6 configurations; "
+                        "quick: 3)")
+    p.add_argument("--steps", type=int, default=400, help="digits-CNN steps per timed repeat")
+    p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
+    p.add_argument("--steps-per-call", type=int, default=20,
+                   help="steps per tf.function call and model.fit steps_per_execution (a multiple of 20)")
+    p.add_argument("--epochs", type=int, default=20, help="time-to-accuracy epochs")
+    p.add_argument("--seeds", type=int, default=3, help="time-to-accuracy seeds")
+    p.add_argument("--target", type=float, default=0.95, help="time-to-accuracy target test accuracy")
+    p.add_argument("--no-fit", action="store_true", help="skip the model.fit comparison")
+    p.add_argument("--no-allreduce", action="store_true", help="skip the allreduce microbenchmark")
+    p.add_argument("--no-mwms", action="store_true", help="skip the MultiWorkerMirroredStrategy baseline")
+    p.add_argument("--no-resnet", action="store_true", help="skip the synthetic-image ResNet")
+    p.add_argument("--no-tta", action="store_true", help="skip time-to-accuracy")
+    p.add_argument("--launch-timeout", type=int, help="seconds per launch (default 170 quick, 600 full)")
+    p.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
+                   help="before each launch, wait up to this long for other processes to leave the CPUs idle")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.np_list = [int(n) for n in args.np.split(",")] if args.np else ([2] if quick else default_np_list())
+    args.controller_list = (args.controllers.split(",") if args.controllers
+                            else (["mpi"] if quick else list(CONTROLLERS)))
+    if set(args.controller_list) - set(CONTROLLERS):
+        p.error(f"--controllers must be chosen from {CONTROLLERS}")
+    args.repeats = args.repeats or (3 if quick else 6)
+    args.models = ["cnn"] if (quick or args.no_resnet) else ["cnn", "resnet"]
+    args.run_mwms = not (quick or args.no_mwms)
+    args.run_tta = not (quick or args.no_tta) and args.seeds > 0
+    args.launch_timeout = args.launch_timeout or (170 if quick else 600)
+    return args
+
+
+# --- the machine around us ---------------------------------------------------------------------
+def _cpu_times():
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields), idle
+
+
+def foreign_cpu_busy(seconds=1.0):
+    """Share of all CPUs busy over ``seconds`` while none of our workers runs:
+    other people's processes, which the suite cannot control but reports."""
+    try:
+        total0, idle0 = _cpu_times()
+        time.sleep(seconds)
+        total1, idle1 = _cpu_times()
+    except OSError:
+        return None
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_until_idle(limit, threshold=0.2):
+    busy = foreign_cpu_busy()
+    deadline = time.monotonic() + limit
+    while busy is not None and busy > threshold and time.monotonic() < deadline:
+        print(f"[compare] other processes keep {busy:.0%} of the CPUs busy; waiting", flush=True)
+        time.sleep(5)
+        busy = foreign_cpu_busy()
+    return busy
+
+
+# --- launching ------------------------------------------------------------------------------------
+def horovodrun():
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return beside if os.path.exists(beside) else "horovodrun"
+
+
+def worker_command(args, np_, controller, out_json, tta):
+    """The horovodrun command line, the binding it gives, and extra environment."""
+    cmd = [horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}"]
+    binding, env = "none", {}
+    if controller == "mpi" and args.mpi_binding == "core":
+        cmd.append("--binding-args=--bind-to core --map-by core")
+        binding = "core"
+    if controller == "mpi" and not args.mpi_busy_poll:
+        # Horovod's background thread waits in MPI every cycle; Open MPI
+        # busy-polls there unless told to yield, taking CPU from the compute
+        # thread whenever ranks (plus that thread) outnumber the cores.
+        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    cmd += [sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", controller,
+            "--binding", binding, "--models", ",".join(args.models), "--repeats", str(args.repeats),
+            "--steps", str(args.steps), "--resnet-steps", str(args.resnet_steps),
+            "--steps-per-call", str(args.steps_per_call)]
+    if not args.no_fit:
+        cmd.append("--fit")
+    if not args.no_allreduce:
+        cmd.append("--allreduce")
+    if args.quick:
+        cmd.append("--quick")
+    if tta:
+        cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target)]
+    return cmd, binding, env
+
+
+def run_bounded(cmd, log_path, timeout, extra_env=None):
+    """Runs ``cmd`` in its own process group, output to ``log_path``; on
+    timeout ends that group (the launcher and every rank it started)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1",
+               **(extra_env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(f"{k}={v}" for k, v in (extra_env or {}).items()) + " " + shlex.join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=10)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            return None
+        finally:
+            if proc.poll() is None:  # interrupted: leave nothing behind
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+_RANK_TAG = re.compile(r"\[\d+(,\d+)?\]<std(out|err)>:")
+
+
+def _progress(log_path):
+    """The worker's own progress lines from a launch log, launcher tags removed."""
+    try:
+        with open(log_path) as f:
+            return [_RANK_TAG.sub("", line).strip() for line in f if "[worker" in line]
+    except OSError:
+        return []
+
+
+def _tail(path, chars=2500):
+    try:
+        with open(path) as f:
+            return f.read()[-chars:]
+    except OSError:
+        return ""
+
+
+# --- raw MPI and memcpy references for the allreduce microbenchmark --------------------------------
+def run_raw_references(args, out_dir, results):
+    """One small MPI launch per rank count (mpi4py + numpy only), merged
+    into every controller's Horovod figures at that rank count."""
+    from . import allreduce  # numpy only at import
+
+    for n in sorted({r["n"] for r in results["allreduce"]}):
+        same_n = [r for r in results["allreduce"] if r["n"] == n]
+        out_json = os.path.join(out_dir, f"raw-mpi-np{n}.json")
+        log_path = os.path.join(out_dir, "logs", f"raw-mpi-np{n}.log")
+        cmd = [horovodrun(), "-np", str(n), "-H", f"localhost:{n}", "--mpi"]
+        if args.mpi_binding == "core":
+            cmd.append("--binding-args=--bind-to core --map-by core")
+        cmd += [sys.executable, "-m", "benchmarks.allreduce", "--raw", "--out", out_json,
+                "--gradient-bytes", str(same_n[0]["gradients"]["bytes"])] + (["--quick"] if args.quick else [])
+        env = {} if args.mpi_busy_poll else {"OMPI_MCA_mpi_yield_when_idle": "1"}
+        print(f"[compare] raw MPI (mpi4py) and memcpy references, np={n}", flush=True)
+        code = run_bounded(cmd, log_path, min(args.launch_timeout, 180), env)
+        raw = None
+        if code == 0 and os.path.exists(out_json):
+            with open(out_json) as f:
+                raw = json.load(f)
+        else:
+            results["failures"].append(f"raw MPI references np={n}: "
+                                       f"{'timed out' if code is None else f'exit status {code}'} "
+                                       f"(log: logs/{os.path.basename(log_path)})")
+        results["allreduce"] = [allreduce.combine(r, raw) if r["n"] == n else r for r in results["allreduce"]]
+
+
+# --- MWMS ------------------------------------------------------------------------------------------
+def run_mwms(args, out_dir, results):
+    reason = mwms.ensure_tf_keras()
+    if reason:
+        results["failures"].append(f"MWMS baseline skipped: {reason}")
+        return
+    for np_ in args.np_list:
+        tta = args.run_tta and np_ == tta_np(args)
+        worker_args = ["--repeats", str(args.repeats), "--steps", str(args.steps),
+                       "--steps-per-call", str(args.steps_per_call)]
+        if tta:
+            worker_args += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs)]
+        busy = wait_until_idle(args.wait_idle) if args.wait_idle else foreign_cpu_busy()
+        print(f"[compare] MWMS np={np_} (tf_keras, RING, TF_CONFIG on 127.0.0.1)", flush=True)
+        started = time.perf_counter()
+        try:
+            with machine.ForeignLoad() as foreign:
+                workers = mwms.launch(np_, os.path.join(out_dir, "mwms", f"np{np_}"),
+                                      os.path.join(out_dir, "logs", f"mwms-np{np_}.log"), args.launch_timeout,
+                                      worker_args)
+        except RuntimeError as err:
+            results["failures"].append(f"MWMS np={np_}: {str(err).splitlines()[0]}")
+            print(f"[compare] MWMS np={np_} failed: {err}", flush=True)
+            continue
+        merged = mwms.merge(workers)
+        results["launches"].append({"np": np_, "controller": "grpc-ring", "binding": "none", "kind": "mwms",
+                                    "foreign_cpu_busy": busy, "foreign_cpu_share_during": foreign.share,
+                                    "seconds": time.perf_counter() - started})
+        results["versions"].setdefault("tf_keras", merged["versions"].get("tf_keras"))
+        sps = merged["samples_per_sec"]
+        results["rows"].append({
+            "config": "mwms_fit", "model": "cnn", "loop": "fit", "np": np_, "controller": "grpc-ring",
+            "binding": "none", "batch_per_rank": merged["batch_per_rank"],
+            "steps_per_repeat": merged["steps_per_repeat"],
+            "steps_per_call": merged["steps_per_execution"], "steps_per_execution": merged["steps_per_execution"],
+            "timed_steps_per_repeat": merged["timed_steps_per_repeat"],
+            "samples_per_sec": {"median": _median(sps), "min": min(sps), "max": max(sps), "repeats": sps},
+            "bytes_per_sample": None, "calls_per_step": None,
+            "expected_bytes_per_sample": 4 * merged["trainable_params"] / merged["batch_per_rank"],
+            "expected_calls_per_step": 1.0,
+            "account_source": "not measured (TensorFlow collectives keep no account)",
+            "final_test_accuracy": None,
+        })
+        if merged["time_to_accuracy"]:
+            runs = [summarise(r["seed"], r["curve"], args.target) for r in merged["time_to_accuracy"]]
+            results.setdefault("_mwms_tta", mean_over_seeds(runs))
+        print(f"[compare] MWMS np={np_}: {_median(sps):,.0f} samples/s", flush=True)
+
+
+def _median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def tta_np(args):
+    return 2 if 2 in args.np_list else max(args.np_list)
+
+
+# --- main ---------------------------------------------------------------------------------------------
+def method_notes(args):
+    notes = [
+        f"Throughput: samples/s = steps × per-rank batch (32) × np ÷ the slowest rank's time for {args.steps} "
+        f"steps (ResNet: {args.resnet_steps}) after one discarded warm-up run (trace, first collectives); "
+        f"median of {args.repeats} repeats with min–max. Within a launch the configurations run round-robin "
+        "in a balanced order (rows of a Williams design: each configuration first, and directly after each "
+        "other, equally often), so noise and after-effects hit them alike.",
+        f"Custom loop: one tf.function takes {args.steps_per_call} steps in a tf.range loop over pre-sharded "
+        "tensors, collectives inside; the same for every configuration. model.fit rows use steps_per_execution="
+        f"{args.steps_per_call} and are timed from the end of the first execution.",
+        "One TF intra-op and one inter-op thread per rank (hvd_easgd.init(threads_per_rank=1)); same model, seed, "
+        "SGD(lr=0.05, momentum=0.9) and per-rank batch for every configuration; data sharded as hvd_easgd.data does.",
+        "Bytes/sample: payload bytes a rank hands to collectives per sample it trains on, from comm.account() "
+        "(raw_horovod: one grouped allreduce of all gradients per step, by construction); analytic value in brackets.",
+        "Scaling efficiency: samples/s at np=n ÷ (n × samples/s at np=1), same configuration and controller.",
+        "Ratios come only from figures measured in this invocation; 'per repeat' ranges pair the interleaved "
+        "repeats of the same launch.",
+        "Other processes: the share of the machine's CPU time used by processes other than the suite's, "
+        "sampled for 1 s before each launch and measured over each launch (all CPUs' busy time from /proc/stat "
+        "minus our launches' own CPU time), is listed per launch above; the suite cannot stop them.",
+    ]
+    if args.run_mwms:
+        notes.append("MWMS: tf.distribute.MultiWorkerMirroredStrategy with RING collectives in tf_keras 2.18 "
+                     "(Keras 3 model.fit fails under MWMS), workers started with TF_CONFIG on 127.0.0.1, the same "
+                     "CNN layer for layer, shards, batch and SGD; its repeats are consecutive within its own launch.")
+    if "mpi" in args.controller_list:
+        notes.append(f"MPI launches: horovodrun --mpi, binding {args.mpi_binding} "
+                     "(none = horovodrun's '-bind-to none -map-by slot'), "
+                     + ("Open MPI busy-polling (--mpi-busy-poll)" if args.mpi_busy_poll else
+                        "OMPI_MCA_mpi_yield_when_idle=1 (Horovod's background thread waits in MPI every cycle; "
+                        "busy-polling there takes CPU from the ranks' compute threads on a machine with no spare core)")
+                     + "; mpi4py uses the same Open MPI.")
+    return notes
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = os.path.abspath(args.out or os.path.join(RESULTS_ROOT, stamp))
+    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+    command = "python -m benchmarks.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
+    results = {"timestamp": stamp, "command": command.strip(), "quick": args.quick, "machine": machine.describe(),
+               "versions": {}, "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
+               "launches": [], "rows": [], "allreduce": [], "time_to_accuracy": None, "failures": []}
+    results["versions"]["mpi_library"] = machine.mpi_library()
+    started = time.perf_counter()
+    tta_pending = args.run_tta
+    for np_ in args.np_list:
+        for controller in args.controller_list:
+            tta = tta_pending and np_ == tta_np(args)
+            tta_pending = tta_pending and not tta
+            out_json = os.path.join(out_dir, f"launch-np{np_}-{controller}.json")
+            log_path = os.path.join(out_dir, "logs", f"hvd-np{np_}-{controller}.log")
+            cmd, binding, extra_env = worker_command(args, np_, controller, out_json, tta)
+            busy = wait_until_idle(args.wait_idle) if args.wait_idle else foreign_cpu_busy()
+            print(f"[compare] horovodrun np={np_} --{controller} (binding {binding})"
+                  + (" + time-to-accuracy" if tta else ""), flush=True)
+            t0 = time.perf_counter()
+            with machine.ForeignLoad() as foreign:
+                code = run_bounded(cmd, log_path, args.launch_timeout, extra_env)
+            for line in _progress(log_path):
+                print("   ", line, flush=True)
+            if code != 0 or not os.path.exists(out_json):
+                why = "timed out" if code is None else f"exit status {code}"
+                results["failures"].append(f"np={np_} {controller}: {why} (log: logs/{os.path.basename(log_path)})")
+                print(f"[compare] np={np_} {controller} {why}; log tail:\n{_tail(log_path)}", flush=True)
+                continue
+            with open(out_json) as f:
+                launch = json.load(f)
+            results["launches"].append({"np": np_, "controller": controller, "binding": binding, "kind": "horovodrun",
+                                        "command": " ".join([*(f"{k}={v}" for k, v in extra_env.items()),
+                                                             shlex.join(cmd)]),
+                                        "env": extra_env, "foreign_cpu_busy": busy,
+                                        "foreign_cpu_share_during": foreign.share,
+                                        "cpu_affinity_per_rank": launch["cpu_affinity_per_rank"],
+                                        "threads_per_rank": launch["threads_per_rank"],
+                                        "loadavg_before": launch["loadavg_before"],
+                                        "loadavg_after": launch["loadavg_after"],
+                                        "seconds": time.perf_counter() - t0})
+            for key, value in launch["versions"].items():
+                results["versions"].setdefault(key, value)
+            results["rows"] += launch["rows"]
+            if launch.get("allreduce"):
+                results["allreduce"].append(launch["allreduce"])
+            if launch.get("time_to_accuracy"):
+                results["time_to_accuracy"] = launch["time_to_accuracy"]
+    if results["allreduce"]:
+        run_raw_references(args, out_dir, results)
+    if args.run_mwms:
+        run_mwms(args, out_dir, results)
+    finish(results, args, out_dir, started)
+    return 0 if results["rows"] else 1
+
+
+def finish(results, args, out_dir, started):
+    rows = results["rows"]
+    report.add_scaling_efficiency(rows)
+    tta = results["time_to_accuracy"]
+    mwms_tta = results.pop("_mwms_tta", None)
+    if tta and mwms_tta:
+        tta["per_config"]["mwms_fit"] = mwms_tta
+    if tta:
+        for name, res in tta["per_config"].items():
+            row = report.find(rows, config=name, model="cnn", np=tta["np"],
+                              controller="grpc-ring" if name == "mwms_fit" else tta["controller"])
+            if row is not None:
+                row["final_test_accuracy"] = res["final_accuracy"]
+                row["time_to_accuracy"] = {k: res[k] for k in ("epochs_to_target", "seconds_to_target",
+                                                               "seeds_reaching_target", "train_seconds")}
+    results["headlines"] = report.headline_ratios(rows, results["allreduce"])
+    results["method"] = method_notes(args)
+    results["seconds"] = time.perf_counter() - started
+    results["plots"] = plots.write_all(results, out_dir)
+    text = report.markdown(results) + f"\nTotal wall time of the suite: {results['seconds']:.0f} s.\n"
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text)
+    print(text, flush=True)
+    print(f"[compare] wrote {out_dir}/results.json, results.md, {', '.join(results['plots'])}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The configurations the suite compares in a custom training loop.
+
+Every configuration gets the same model (same seed, so the same initial
+weights), the same inner optimizer and the same per-rank batch. They differ
+only in how ranks combine their work:
+
+* ``no_comm``      each rank trains alone: no collective at all (the ceiling);
+* ``raw_horovod``  a hand-written step calling ``hvd.grouped_allreduce`` itself;
+* ``sync``, ``easgd_tau4``, ``easgd_tau10``, ``accum4_sync``: hvd_easgd.
+
+A configuration's ``run(xs, ys)`` is one ``tf.function`` that takes
+``xs.shape[0]`` training steps in a ``tf.range`` loop over pre-sharded
+batches, so Python dispatch is paid once per call and equally for all.
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvd_easgd
+
+STRATEGIES = ("sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
+BASELINES = ("no_comm", "raw_horovod")
+ALL = BASELINES + STRATEGIES
+
+# Every timed run must hold whole EASGD periods and accumulation windows, or
+# the measured calls per step would depend on where the window started.
+STEP_MULTIPLE = 20
+
+DESCRIPTIONS = {
+    "no_comm": "each rank trains alone, no communication (ceiling)",
+    "raw_horovod": "hand-written step, hvd.grouped_allreduce inside the tf.function",
+    "sync": "hvd_easgd SyncAverage",
+    "easgd_tau4": "hvd_easgd EASGD tau=4",
+    "easgd_tau10": "hvd_easgd EASGD tau=10",
+    "accum4_sync": "hvd_easgd GradientAccumulation k=4 over SyncAverage",
+}
+
+
+def make_strategy(name):
+    if name == "sync":
+        return hvd_easgd.SyncAverage()
+    if name.startswith("easgd_tau"):
+        return hvd_easgd.EASGD(communication_period=int(name[len("easgd_tau"):]))
+    if name == "accum4_sync":
+        return hvd_easgd.GradientAccumulation(4, strategy=hvd_easgd.SyncAverage())
+    raise ValueError(f"not an hvd_easgd configuration: {name!r}")
+
+
+def trainable_count(model):
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+def floating_state_bytes(model):
+    """Bytes of floating non-trainable state (BatchNorm statistics) as EASGD
+    sends it: cast to the weights' dtype (float32)."""
+    return int(sum(4 * np.prod(v.shape) for v in model.non_trainable_variables if "float" in str(v.dtype)))
+
+
+def expected_traffic(name, model):
+    """Analytic payload bytes and collective calls per training step (per rank).
+
+    SyncAverage: all gradients (4·P bytes) in one call every step.
+    EASGD τ: the elastic differences (4·P), the floating non-trainable state
+      and a 4-byte non-finite flag in one call every τ-th step.
+    Accumulation k over SyncAverage: the gradient sums and a 4-byte sample
+      count in one call every k-th micro-step.
+    """
+    weights = 4 * trainable_count(model)
+    if name == "no_comm":
+        return {"bytes_per_step": 0.0, "calls_per_step": 0.0}
+    if name in ("raw_horovod", "sync"):
+        return {"bytes_per_step": float(weights), "calls_per_step": 1.0}
+    if name.startswith("easgd_tau"):
+        tau = int(name[len("easgd_tau"):])
+        return {"bytes_per_step": (weights + floating_state_bytes(model) + 4) / tau, "calls_per_step": 1.0 / tau}
+    if name == "accum4_sync":
+        return {"bytes_per_step": (weights + 4) / 4, "calls_per_step": 0.25}
+    raise ValueError(name)
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class Configuration:
+    """One model trained one way; ``run`` takes many steps per call."""
+
+    def __init__(self, name, model_name, input_shape, num_classes, batch, comm, lr=0.05, seed=0):
+        self.name = name
+        self.comm = comm
+        keras.utils.set_random_seed(seed)  # same initial weights for every configuration
+        self.model = hvd_easgd.models.build(model_name, input_shape, num_classes)
+        inner = keras.optimizers.SGD(lr, momentum=0.9)
+        self.expected = expected_traffic(name, self.model)
+        self._steps_since_reset = 0
+        variables = self.model.trainable_variables
+        loss_fn = _loss()
+        spec = (tf.TensorSpec((None, batch, *input_shape), tf.float32), tf.TensorSpec((None, batch), tf.int64))
+
+        if name in STRATEGIES:
+            self.optimizer = hvd_easgd.DistributedOptimizer(inner, strategy=make_strategy(name), comm=comm)
+            hvd_easgd.broadcast_initial_state(self.model, self.optimizer)
+            reduce = None
+        elif name == "raw_horovod":
+            import horovod.tensorflow as hvd
+
+            self.optimizer = inner
+            self.optimizer.build(variables)
+            # Raw Horovod: rank 0's weights everywhere, then one grouped
+            # allreduce of all gradients per step, nothing else.
+            for v in self.model.variables:
+                v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=0))
+
+            def reduce(grads):
+                return hvd.grouped_allreduce(grads, op=hvd.Average)
+        elif name == "no_comm":
+            self.optimizer = inner
+            self.optimizer.build(variables)
+
+            def reduce(grads):
+                return grads
+        else:
+            raise ValueError(f"unknown configuration {name!r}; choose from {ALL}")
+        self._grad_bytes = 4 * trainable_count(self.model)
+
+        model, optimizer = self.model, self.optimizer
+
+        @tf.function(input_signature=spec, jit_compile=False)
+        def run(xs, ys):
+            loss = tf.constant(0.0)
+            for i in tf.range(tf.shape(xs)[0]):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(ys[i], model(xs[i], training=True))
+                grads = tape.gradient(loss, variables)
+                if reduce is not None:
+                    grads = reduce(grads)
+                optimizer.apply(grads, variables)
+            return loss
+
+        self._run = run
+
+    # --- training ------------------------------------------------------------
+    def trace(self):
+        """Traces ``run`` without executing it (no collective is issued)."""
+        self._run.get_concrete_function()
+
+    def run(self, xs, ys):
+        """Takes ``len(xs)`` steps; returns the last loss (read it to wait)."""
+        self._steps_since_reset += int(xs.shape[0])
+        return self._run(xs, ys)
+
+    # --- communication account --------------------------------------------------
+    def reset_account(self):
+        self._steps_since_reset = 0
+        if self.name in STRATEGIES:
+            self.comm.reset_account()
+
+    def account(self):
+        """``{"bytes", "calls", "source"}`` since ``reset_account``, per rank."""
+        if self.name in STRATEGIES:
+            return dict(self.comm.account(), source="comm.account()")
+        if self.name == "raw_horovod":
+            # Exact by construction: the step issues exactly one grouped
+            # allreduce of all gradients; no counter inside the raw step.
+            steps = self._steps_since_reset
+            return {"bytes": steps * self._grad_bytes, "calls": steps, "source": "by construction"}
+        return {"bytes": 0, "calls": 0, "source": "no collectives"}
+
+    # --- evaluation ---------------------------------------------------------------
+    def test_accuracy(self, x_test, y_test):
+        """Top-1 accuracy; for EASGD on the center x̃ (the model users keep)."""
+        holder = hvd_easgd.callbacks.center_strategy(self.optimizer)
+        if holder is not None and holder.built:
+            with hvd_easgd.callbacks.SwappedWeights(holder):
+                return _accuracy(self.model, x_test, y_test)
+        return _accuracy(self.model, x_test, y_test)
+
+
+def _accuracy(model, x, y):
+    logits = model(x, training=False)
+    return float(np.mean(np.argmax(logits.numpy(), axis=1) == y))

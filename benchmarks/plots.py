@@ -1,0 +1,109 @@
+"""PNG plots of a results.json (matplotlib, Agg backend: no display needed).
+
+* ``throughput_<model>.png``: samples/s per configuration, one bar per
+  (np, controller), error bars from the min to the max repeat;
+* ``accuracy_vs_time.png``: test accuracy against training wall time, mean
+  over seeds, one line per strategy;
+* ``bytes_per_sample.png``: measured payload bytes per sample next to the
+  analytic expectation.
+"""
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .curves import mean_curve  # noqa: E402
+
+ORDER = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync",
+         "raw_horovod_fit", "sync_fit", "mwms_fit")
+
+
+def _configs(rows):
+    present = {r["config"] for r in rows}
+    return [c for c in ORDER if c in present] + sorted(present - set(ORDER))
+
+
+def throughput(rows, model, path):
+    rows = [r for r in rows if r["model"] == model]
+    if not rows:
+        return None
+    configs = _configs(rows)
+    groups = sorted({(r["np"], r["controller"]) for r in rows})
+    width = 0.8 / len(groups)
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(configs)), 4.5))
+    for g, (np_, controller) in enumerate(groups):
+        xs, heights, low, high = [], [], [], []
+        for i, config in enumerate(configs):
+            row = next((r for r in rows if r["config"] == config and (r["np"], r["controller"]) == (np_, controller)),
+                       None)
+            if row is None:
+                continue
+            s = row["samples_per_sec"]
+            xs.append(i - 0.4 + width * (g + 0.5))
+            heights.append(s["median"])
+            low.append(s["median"] - s["min"])
+            high.append(s["max"] - s["median"])
+        ax.bar(xs, heights, width, yerr=[low, high], capsize=3, label=f"np={np_} {controller}")
+    ax.set_xticks(range(len(configs)))
+    ax.set_xticklabels(configs, rotation=30, ha="right")
+    ax.set_ylabel("samples/s (median; bars: min–max)")
+    ax.set_title(f"Throughput, {model}")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_vs_time(tta, path):
+    if not tta:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, res in tta["per_config"].items():
+        seconds, accuracy = mean_curve(res["runs"])
+        ax.plot(seconds, accuracy, marker="o", markersize=3, label=name)
+    ax.axhline(tta["target"], color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("training wall time, s (mean over seeds)")
+    ax.set_ylabel("test accuracy (EASGD: center)")
+    ax.set_title(f"Digits CNN, np={tta['np']} {tta['controller']}, {tta['seeds']} seeds")
+    ax.set_ylim(max(0.0, min(ax.get_ylim()[0], 0.5)), 1.0)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def bytes_per_sample(rows, path):
+    rows = [r for r in rows if r["np"] > 1 and r["bytes_per_sample"] is not None and r["loop"] == "custom"]
+    if not rows:
+        return None
+    first = min((r["np"], r["controller"]) for r in rows)
+    rows = [r for r in rows if (r["np"], r["controller"]) == first]
+    labels = [f"{r['config']}\n{r['model']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(rows)), 4.5))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["bytes_per_sample"] for r in rows], 0.4, label="measured (comm.account())")
+    ax.bar([x + 0.2 for x in xs], [r["expected_bytes_per_sample"] for r in rows], 0.4, label="analytic")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("payload bytes per sample, per rank")
+    ax.set_title(f"Communication, np={first[0]} {first[1]}")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(results, out_dir):
+    made = [throughput(results["rows"], model, os.path.join(out_dir, f"throughput_{model}.png"))
+            for model in ("cnn", "resnet")]
+    made.append(accuracy_vs_time(results.get("time_to_accuracy"), os.path.join(out_dir, "accuracy_vs_time.png")))
+    made.append(bytes_per_sample(results["rows"], os.path.join(out_dir, "bytes_per_sample.png")))
+    return [os.path.basename(p) for p in made if p]

@@ -1,0 +1,191 @@
+"""From measured rows to the headline ratios and the Markdown report.
+
+Every ratio is computed here from rows measured in the same invocation:
+nothing is typed in. Rows from the same launch ran interleaved, repeat by
+repeat, so their ratio is also given per repeat (paired) as a min–max
+range; a ratio against another launch (MWMS) is of medians only.
+"""
+import statistics
+
+# (numerator, denominator, loop, goal, what the goal is)
+HEADLINES = (
+    ("sync", "raw_horovod", "custom", 0.97, "SyncAverage ÷ raw Horovod (custom loop)"),
+    ("sync_fit", "raw_horovod_fit", "fit", 0.97, "SyncAverage ÷ raw Horovod (model.fit)"),
+    ("easgd_tau10", "sync", "custom", 1.8, "EASGD τ=10 ÷ SyncAverage"),
+    ("easgd_tau10", "no_comm", "custom", 0.7, "EASGD τ=10 ÷ no communication"),
+    ("accum4_sync", "sync", "custom", 1.0, "accumulation k=4 ÷ SyncAverage"),
+)
+MWMS_HEADLINES = (
+    ("sync_fit", "SyncAverage (model.fit) ÷ MWMS (model.fit)"),
+    ("sync", "SyncAverage (custom loop) ÷ MWMS (model.fit)"),
+)
+
+
+def find(rows, **match):
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def ratio(a, b):
+    """Ratio of medians, and per-repeat ratios when the rows were interleaved."""
+    value = a["samples_per_sec"]["median"] / b["samples_per_sec"]["median"]
+    ra, rb = a["samples_per_sec"]["repeats"], b["samples_per_sec"]["repeats"]
+    same_launch = (a["np"], a["controller"]) == (b["np"], b["controller"]) and len(ra) == len(rb)
+    paired = [x / y for x, y in zip(ra, rb)] if same_launch else None
+    return {"value": value, "paired_min": min(paired) if paired else None,
+            "paired_max": max(paired) if paired else None,
+            "paired_median": statistics.median(paired) if paired else None}
+
+
+def add_scaling_efficiency(rows):
+    """samples/s at np=n ÷ (n × samples/s at np=1), same config, model, loop and controller."""
+    for row in rows:
+        row["scaling_efficiency"] = None
+        if row["np"] > 1:
+            base = find(rows, config=row["config"], model=row["model"], loop=row["loop"],
+                        controller=row["controller"], np=1)
+            if base is not None:
+                row["scaling_efficiency"] = row["samples_per_sec"]["median"] / (
+                    row["np"] * base["samples_per_sec"]["median"])
+
+
+def headline_ratios(rows, allreduce_results):
+    out = []
+    multi = sorted({(r["np"], r["controller"]) for r in rows if r["np"] > 1 and r["controller"] != "grpc-ring"})
+    for np_, controller in multi:
+        for num, den, loop, goal, label in HEADLINES:
+            a = find(rows, config=num, model="cnn", loop=loop, np=np_, controller=controller)
+            b = find(rows, config=den, model="cnn", loop=loop, np=np_, controller=controller)
+            if a and b:
+                out.append(dict(ratio(a, b), label=label, np=np_, controller=controller, goal=goal,
+                                met=ratio(a, b)["value"] >= goal))
+        mwms = find(rows, config="mwms_fit", model="cnn", np=np_)
+        for num, label in MWMS_HEADLINES:
+            a = find(rows, config=num, model="cnn", np=np_, controller=controller)
+            if a and mwms:
+                out.append(dict(ratio(a, mwms), label=label, np=np_, controller=controller, goal=None, met=None))
+    for result in allreduce_results:
+        for size in result["sizes"]:
+            if "hvd_fraction_of_mpi4py" in size:
+                out.append({"label": f"hvd.allreduce busbw ÷ mpi4py Allreduce busbw, {size['mbytes']} MB",
+                            "np": result["n"], "controller": result["controller"],
+                            "value": size["hvd_fraction_of_mpi4py"], "goal": None, "met": None})
+            if "hvd_fraction_of_memcpy" in size:
+                out.append({"label": f"hvd.allreduce busbw ÷ memcpy bandwidth, {size['mbytes']} MB",
+                            "np": result["n"], "controller": result["controller"],
+                            "value": size["hvd_fraction_of_memcpy"], "goal": None, "met": None})
+    return out
+
+
+# --- Markdown ----------------------------------------------------------------------------------
+def _sps(row):
+    s = row["samples_per_sec"]
+    return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
+
+
+def _num(value, fmt="{:,.1f}"):
+    return "—" if value is None else fmt.format(value)
+
+
+def _share(value):
+    return "?" if value is None else f"{value:.0%}"
+
+
+def _ratio_cell(r):
+    if r.get("paired_min") is None:
+        return f"{r['value']:.2f}"
+    return f"{r['value']:.2f} (per repeat {r['paired_min']:.2f}–{r['paired_max']:.2f})"
+
+
+def throughput_table(rows, model):
+    lines = ["| config | np | controller | loop | samples/s median (min–max) | scaling eff. "
+             "| bytes/sample (expected) | calls/step (expected) | final test acc. |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    order = {name: i for i, name in enumerate(
+        ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync",
+         "raw_horovod_fit", "sync_fit", "mwms_fit"))}
+    for row in sorted((r for r in rows if r["model"] == model),
+                      key=lambda r: (r["np"], r["controller"], r["loop"], order.get(r["config"], 99))):
+        lines.append(
+            f"| {row['config']} | {row['np']} | {row['controller']} | {row['loop']} | {_sps(row)} "
+            f"| {_num(row.get('scaling_efficiency'), '{:.2f}')} "
+            f"| {_num(row['bytes_per_sample'])} ({_num(row['expected_bytes_per_sample'])}) "
+            f"| {_num(row['calls_per_step'], '{:.3f}')} ({_num(row['expected_calls_per_step'], '{:.3f}')}) "
+            f"| {_num(row.get('final_test_accuracy'), '{:.3f}')} |")
+    return "\n".join(lines)
+
+
+def tta_table(tta):
+    lines = [f"Digits CNN, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
+             f"SGD lr={tta['lr']} momentum 0.9, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; "
+             "wall time = training only (slowest rank), no evaluation or tracing; EASGD evaluated on its center.",
+             "",
+             f"| config | epochs to {tta['target']} | seconds to {tta['target']} | seeds reaching it "
+             f"| final test acc. | training seconds ({tta['epochs']} epochs) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, res in tta["per_config"].items():
+        lines.append(f"| {name} | {_num(res['epochs_to_target'])} | {_num(res['seconds_to_target'], '{:.2f}')} "
+                     f"| {res['seeds_reaching_target']}/{len(res['runs'])} | {res['final_accuracy']:.3f} "
+                     f"| {res['train_seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+def allreduce_tables(results):
+    lines = ["| size | np | controller | hvd.allreduce busbw GB/s | mpi4py busbw GB/s | memcpy GB/s "
+             "| hvd ÷ mpi4py | hvd ÷ memcpy |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for res in results:
+        for s in res["sizes"]:
+            mpi, copy = s.get("mpi4py"), s.get("memcpy")
+            lines.append(f"| {s['mbytes']} MB | {res['n']} | {res['controller']} | {s['hvd']['busbw_gbs']:.2f} "
+                         f"| {_num(mpi['busbw_gbs'] if mpi else None, '{:.2f}')} "
+                         f"| {_num(copy['gbs'] if copy else None, '{:.2f}')} "
+                         f"| {_num(s.get('hvd_fraction_of_mpi4py'), '{:.2f}')} "
+                         f"| {_num(s.get('hvd_fraction_of_memcpy'), '{:.3f}')} |")
+    lines += ["", "mpi4py and memcpy ran in their own MPI launch without Horovod or TensorFlow (memcpy: rank 0 "
+              "alone). One model's gradients (digits CNN) in one call, median µs per call (min–max):", "",
+              "| np | controller | bytes | hvd.grouped_allreduce in tf.function | hvd_easgd comm.allreduce "
+              "in tf.function | mpi4py Allreduce | memcpy |", "|---:|---|---:|---:|---:|---:|---:|"]
+    cell = lambda d: "—" if d is None else f"{d['median']:,.0f} ({d['min']:,.0f}–{d['max']:,.0f})"  # noqa: E731
+    for res in results:
+        g = res["gradients"]
+        lines.append(f"| {res['n']} | {res['controller']} | {g['bytes']:,} | {cell(g['hvd_grouped_allreduce_us'])} "
+                     f"| {cell(g['hvd_easgd_comm_allreduce_us'])} | {cell(g.get('mpi4py_allreduce_us'))} "
+                     f"| {cell(g.get('memcpy_us'))} |")
+    return "\n".join(lines)
+
+
+def headline_table(headlines):
+    lines = ["| ratio | np | controller | value | goal |", "|---|---:|---|---:|---|"]
+    for h in headlines:
+        goal = "" if h["goal"] is None else f"≥ {h['goal']} {'met' if h['met'] else 'NOT met'}"
+        lines.append(f"| {h['label']} | {h['np']} | {h['controller']} | {_ratio_cell(h)} | {goal} |")
+    return "\n".join(lines)
+
+
+def markdown(results):
+    m, v = results["machine"], results["versions"]
+    parts = [f"# hvd_easgd benchmarks, {results['timestamp']}", "",
+             f"Command: `{results['command']}`", "",
+             f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), "
+             f"{m['memory_gib']} GiB; load average at start {', '.join(f'{x:.2f}' for x in m['loadavg'])}.",
+             "Versions: " + ", ".join(f"{k} {val}" for k, val in sorted(v.items()) if val) + ".", "",
+             "Launches (one per np × controller, all repeats inside), with the share of the machine's CPU "
+             "time that other processes used before / during each:", "",
+             *[f"- np={L['np']} {L['controller']}, binding {L['binding']}"
+               + (f", {' '.join(f'{k}={v}' for k, v in L['env'].items())}" if L.get("env") else "")
+               + f": {_share(L.get('foreign_cpu_busy'))} / {_share(L.get('foreign_cpu_share_during'))}, "
+               f"{L['seconds']:.0f} s" for L in results["launches"]], ""]
+    if results.get("failures"):
+        parts += ["**Failures:** " + "; ".join(results["failures"]), ""]
+    parts += ["## Headline ratios", "", headline_table(results["headlines"]), ""]
+    for model, title in (("cnn", "digits CNN (8×8×1)"), ("resnet", "ResNet, synthetic 32×32×3")):
+        if any(r["model"] == model for r in results["rows"]):
+            parts += [f"## Throughput: {title}", "", throughput_table(results["rows"], model), ""]
+    if results.get("time_to_accuracy"):
+        parts += ["## Time to accuracy", "", tta_table(results["time_to_accuracy"]), ""]
+    if results.get("allreduce"):
+        parts += ["## Allreduce microbenchmark", "", allreduce_tables(results["allreduce"]), ""]
+    parts += ["## Method", "", *[f"- {note}" for note in results["method"]], ""]
+    return "\n".join(parts)

@@ -1,0 +1,324 @@
+"""One horovodrun launch of the suite: every configuration, interleaved.
+
+``benchmarks.compare`` starts it as
+``horovodrun -np N --gloo|--mpi python -m benchmarks.worker --out FILE ...``.
+Start-up and tracing are paid once per launch; then repeats run
+round-robin over the configurations in a balanced order (each round a row
+of a Williams design), so a burst of noise from elsewhere on the machine,
+or a configuration's after-effects, hits them alike. Rank 0 writes
+everything measured to ``--out`` as JSON.
+
+Throughput is samples/s over a fixed number of steps after a discarded
+warm-up run (the trace, the first collective), timed on every rank between
+a barrier and the end of its last step; the slowest rank's time counts.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import hvd_easgd
+from hvd_easgd.data import epoch_indices, steps_per_epoch
+
+from . import allreduce, configurations, curves, fit_variants, machine
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    p.add_argument("--controller", required=True, choices=("gloo", "mpi"))
+    p.add_argument("--binding", default="none", help="process binding of this launch (recorded as given)")
+    p.add_argument("--models", default="cnn", help="comma-separated: cnn (digits) and/or resnet (synthetic 32x32x3)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=400, help="digits-CNN steps per timed repeat")
+    p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
+    p.add_argument("--steps-per-call", type=int, default=20,
+                   help="steps per tf.function call (custom loop) and steps_per_execution (model.fit)")
+    p.add_argument("--batch", type=int, default=32, help="per-rank batch")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--fit", action="store_true", help="also compare SyncAverage and raw Horovod through model.fit")
+    p.add_argument("--tta-seeds", type=int, default=0, help="time-to-accuracy seeds (0: skip)")
+    p.add_argument("--tta-epochs", type=int, default=20)
+    p.add_argument("--tta-target", type=float, default=0.95)
+    p.add_argument("--allreduce", action="store_true", help="run the allreduce microbenchmark (np > 1)")
+    p.add_argument("--quick", action="store_true", help="fewer microbenchmark iterations")
+    args = p.parse_args(argv)
+    multiple = configurations.STEP_MULTIPLE
+    if args.steps_per_call % multiple:
+        p.error(f"--steps-per-call must be a multiple of {multiple} (whole EASGD periods and accumulation windows)")
+    for flag in ("steps", "resnet_steps"):
+        if getattr(args, flag) % args.steps_per_call:
+            p.error(f"--{flag.replace('_', '-')} must be a multiple of --steps-per-call")
+    if args.steps < 2 * args.steps_per_call:
+        p.error("--steps must be at least twice --steps-per-call (model.fit times all but the first execution)")
+    return args
+
+
+class Launch:
+    """The launch's communicator and the small eager collectives around timed runs."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.started = time.perf_counter()
+
+    def barrier(self):
+        import tensorflow as tf
+
+        self.comm.allreduce([tf.zeros([1])], op="sum", record=False)
+
+    def slowest(self, seconds):
+        return max(self.comm.allgather_json(seconds))
+
+    def say(self, message):
+        if self.rank == 0:
+            print(f"[worker np={self.size} {time.perf_counter() - self.started:5.0f}s] {message}", flush=True)
+
+
+def rotated(items, by):
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+def balanced_order(items, round_index):
+    """Round ``round_index`` of a Williams design: over n rounds (2n for odd
+    n) every item runs first equally often and directly after every other
+    item equally often, so neither position nor the predecessor (its caches,
+    Horovod's idle time) favours a configuration."""
+    n = len(items)
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    cycle = round_index % (n if n % 2 == 0 else 2 * n)
+    order = [items[(i + cycle) % n] for i in first]
+    return order[::-1] if n % 2 and cycle >= n else order
+
+
+def pre_sharded(data, batch, rank, size, steps, seed=0):
+    """``steps`` batches of this rank's shard as arrays of shape (steps, batch, ...):
+    successive epochs of hvd_easgd's own sharding until there are enough."""
+    n = len(data.y_train)
+    per_epoch = steps_per_epoch(n, batch, size)
+    if per_epoch < 1:
+        raise SystemExit(f"{n} training samples cannot give {size} ranks a batch of {batch}")
+    parts, epoch = [], 0
+    while sum(len(p) for p in parts) < steps * batch:
+        parts.append(epoch_indices(n, seed, epoch, rank, size, per_epoch, batch))
+        epoch += 1
+    index = np.concatenate(parts)[: steps * batch]
+    return (data.x_train[index].reshape(steps, batch, *data.x_train.shape[1:]),
+            data.y_train[index].reshape(steps, batch))
+
+
+def _summary(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "repeats": list(values)}
+
+
+def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, traffic, expected):
+    per_sample = traffic["bytes"] / traffic["samples"]
+    return {
+        "config": name, "model": model_name, "loop": loop, "np": launch.size,
+        "controller": args.controller, "binding": args.binding,
+        "batch_per_rank": batch, "steps_per_repeat": steps, "steps_per_call": args.steps_per_call,
+        "samples_per_sec": _summary(samples_per_sec),
+        "bytes_per_sample": per_sample,
+        "calls_per_step": traffic["calls"] / traffic["steps"],
+        "expected_bytes_per_sample": expected["bytes_per_step"] / batch,
+        "expected_calls_per_step": expected["calls_per_step"],
+        "account_source": traffic["source"],
+        "final_test_accuracy": None,
+    }
+
+
+# --- throughput, custom loop ------------------------------------------------------------
+def throughput(launch, args, model_name):
+    import tensorflow as tf
+
+    data = (hvd_easgd.data.digits() if model_name == "cnn"
+            else hvd_easgd.data.synthetic((32, 32, 3), 10))
+    steps = args.steps if model_name == "cnn" else args.resnet_steps
+    batch, k = args.batch, args.steps_per_call
+    xs, ys = pre_sharded(data, batch, launch.rank, launch.size, steps)
+    chunks = [(tf.constant(xs[i:i + k]), tf.constant(ys[i:i + k])) for i in range(0, steps, k)]
+    configs = [configurations.Configuration(name, model_name, data.input_shape, data.num_classes, batch,
+                                            launch.comm, lr=args.lr) for name in configurations.ALL]
+
+    def timed(config, calls=chunks):
+        launch.barrier()
+        config.reset_account()
+        start = time.perf_counter()
+        for x, y in calls:
+            loss = config.run(x, y)
+        loss = float(loss.numpy())  # waits for the last step
+        seconds = launch.slowest(time.perf_counter() - start)
+        return len(calls) * k * batch * launch.size / seconds, config.account(), loss
+
+    launch.say(f"{model_name}: tracing and warming up {len(configs)} configurations")
+    for config in configs:
+        config.trace()
+        timed(config, chunks[:2])  # discarded: first collectives, caches, allocator
+    results = {c.name: {"sps": [], "bytes": 0, "calls": 0, "losses": [], "source": None} for c in configs}
+    for r in range(args.repeats):
+        for config in balanced_order(configs, r):
+            sps, account, loss = timed(config)
+            res = results[config.name]
+            res["sps"].append(sps)
+            res["bytes"] += account["bytes"]
+            res["calls"] += account["calls"]
+            res["source"] = account["source"]
+            res["losses"].append(loss)
+        launch.say(f"{model_name}: repeat {r + 1}/{args.repeats}: "
+                   + ", ".join(f"{n}={v['sps'][-1]:.0f}" for n, v in results.items()))
+    rows = []
+    for config in configs:
+        res = results[config.name]
+        traffic = {"bytes": res["bytes"], "calls": res["calls"], "source": res["source"],
+                   "steps": steps * args.repeats, "samples": steps * args.repeats * batch}
+        row = _row(launch, args, config.name, model_name, "custom", batch, steps, res["sps"], traffic, config.expected)
+        row["last_losses"] = res["losses"]  # a diverging configuration would show here
+        rows.append(row)
+    gradient_shapes = [list(v.shape) for v in configs[0].model.trainable_variables]
+    return rows, gradient_shapes
+
+
+# --- throughput, model.fit ----------------------------------------------------------------
+def fit_throughput(launch, args):
+    data = hvd_easgd.data.digits()
+    batch, steps = args.batch, args.steps
+    xs, ys = pre_sharded(data, batch, launch.rank, launch.size, steps)
+    ds = fit_variants.dataset(xs, ys, batch)
+    configs = [fit_variants.FitConfiguration(name, "cnn", data.input_shape, data.num_classes, batch, launch.comm,
+                                             args.steps_per_call, lr=args.lr) for name in fit_variants.FIT_CONFIGS]
+
+    def timed(config):
+        launch.barrier()
+        seconds, timed_steps = config.fit_once(ds, steps)
+        seconds = launch.slowest(seconds)
+        return timed_steps * batch * launch.size / seconds, config.account(), timed_steps
+
+    launch.say("model.fit: tracing and warming up")
+    for config in configs:
+        timed(config)  # traces
+        timed(config)  # a second untimed fit: the first timed ones ran slow without it
+    results = {c.name: {"sps": [], "bytes": 0, "calls": 0, "steps": 0, "source": None} for c in configs}
+    for r in range(args.repeats):
+        for config in balanced_order(configs, r):
+            sps, account, timed_steps = timed(config)
+            res = results[config.name]
+            res["sps"].append(sps)
+            res["bytes"] += account["bytes"]
+            res["calls"] += account["calls"]
+            res["steps"] += timed_steps
+            res["source"] = account["source"]
+    rows = []
+    for config in configs:
+        res = results[config.name]
+        traffic = {"bytes": res["bytes"], "calls": res["calls"], "source": res["source"],
+                   "steps": res["steps"], "samples": res["steps"] * batch}
+        row = _row(launch, args, config.name, "cnn", "fit", batch, steps, res["sps"], traffic,
+                   fit_variants.expected_traffic(config.model))
+        row["steps_per_execution"] = args.steps_per_call
+        row["timed_steps_per_repeat"] = steps - args.steps_per_call
+        rows.append(row)
+    launch.say("model.fit: " + ", ".join(f"{n}={statistics.median(v['sps']):.0f}" for n, v in results.items()))
+    return rows
+
+
+# --- time to accuracy ---------------------------------------------------------------------
+def time_to_accuracy(launch, args):
+    """Trains each strategy ``--tta-epochs`` epochs per seed, epochs interleaved
+    across strategies; wall time counts training only (the slowest rank's),
+    not evaluation or tracing."""
+    import tensorflow as tf
+
+    data = hvd_easgd.data.digits()
+    batch = args.batch
+    n = len(data.y_train)
+    per_epoch = steps_per_epoch(n, batch, launch.size)
+    results = {name: [] for name in configurations.STRATEGIES}
+    for seed in range(args.tta_seeds):
+        configs = [configurations.Configuration(name, "cnn", data.input_shape, data.num_classes, batch,
+                                                launch.comm, lr=args.lr, seed=seed)
+                   for name in configurations.STRATEGIES]
+        for config in configs:
+            config.trace()
+        points = {c.name: [] for c in configs}
+        wall = {c.name: 0.0 for c in configs}
+        for epoch in range(args.tta_epochs):
+            index = epoch_indices(n, seed, epoch, launch.rank, launch.size, per_epoch, batch)
+            for config in rotated(configs, epoch):
+                # Accumulation windows never span an epoch (as hvd_easgd's trainer does).
+                steps = per_epoch - per_epoch % 4 if config.name.startswith("accum4") else per_epoch
+                x = tf.constant(data.x_train[index[: steps * batch]].reshape(steps, batch, *data.input_shape))
+                y = tf.constant(data.y_train[index[: steps * batch]].reshape(steps, batch))
+                launch.barrier()
+                start = time.perf_counter()
+                config.run(x, y).numpy()
+                wall[config.name] += launch.slowest(time.perf_counter() - start)
+                accuracy = config.test_accuracy(data.x_test, data.y_test)
+                points[config.name].append({"epoch": epoch + 1, "seconds": wall[config.name],
+                                            "accuracy": accuracy})
+        for name, curve in points.items():
+            results[name].append(curves.summarise(seed, curve, args.tta_target))
+        launch.say(f"time-to-accuracy seed {seed}: "
+                   + ", ".join(f"{n}={c[-1]['accuracy']:.3f}" for n, c in points.items()))
+    return {"target": args.tta_target, "epochs": args.tta_epochs, "seeds": args.tta_seeds, "np": launch.size,
+            "controller": args.controller, "batch_per_rank": batch, "lr": args.lr,
+            "per_config": {name: curves.mean_over_seeds(runs) for name, runs in results.items()}}
+
+
+# --- main ------------------------------------------------------------------------------------
+def main(argv=None):
+    args = parse_args(argv)
+    load_before = os.getloadavg()
+    comm = hvd_easgd.init(threads_per_rank=1)
+    import tensorflow as tf
+
+    launch = Launch(comm)
+    affinity = comm.allgather_json(sorted(os.sched_getaffinity(0)))
+    out = {
+        "np": comm.size, "controller": args.controller, "binding": args.binding,
+        "cpu_affinity_per_rank": affinity,
+        "threads_per_rank": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                             "inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
+        "versions": machine.versions(), "rows": [], "allreduce": None, "time_to_accuracy": None,
+        "loadavg_before": load_before,
+    }
+    started = time.perf_counter()
+    gradient_shapes = None
+    for model_name in args.models.split(","):
+        rows, shapes = throughput(launch, args, model_name)
+        out["rows"] += rows
+        if model_name == "cnn":
+            gradient_shapes = shapes
+    if args.fit:
+        out["rows"] += fit_throughput(launch, args)
+    if args.tta_seeds:
+        out["time_to_accuracy"] = time_to_accuracy(launch, args)
+    if args.allreduce and comm.size > 1:
+        if gradient_shapes is None:
+            model = hvd_easgd.models.build("cnn", (8, 8, 1), 10)
+            gradient_shapes = [list(v.shape) for v in model.trainable_variables]
+        launch.say("allreduce microbenchmark")
+        out["allreduce"] = allreduce.horovod(comm, args.controller, gradient_shapes, quick=args.quick)
+    out["loadavg_after"] = os.getloadavg()
+    out["seconds"] = time.perf_counter() - started
+    if comm.rank == 0:
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(tmp, args.out)
+    launch.say(f"done in {out['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
