@@ -20,6 +20,16 @@ ORDER = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_
          "raw_horovod_fit", "sync_fit", "mwms_fit")
 
 
+def _save(fig, ax, path, axis="both"):
+    """The finish every plot shares: legend, grid, tight layout, PNG, close."""
+    ax.legend(fontsize=8)
+    ax.grid(axis=axis, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _configs(rows):
     present = {r["config"] for r in rows}
     return [c for c in ORDER if c in present] + sorted(present - set(ORDER))
@@ -50,12 +60,7 @@ def throughput(rows, model, path):
     ax.set_xticklabels(configs, rotation=30, ha="right")
     ax.set_ylabel("samples/s (median; bars: min–max)")
     ax.set_title(f"Throughput, {model}")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, axis="y")
 
 
 def accuracy_vs_time(tta, path):
@@ -70,12 +75,7 @@ def accuracy_vs_time(tta, path):
     ax.set_ylabel("test accuracy (EASGD: center)")
     ax.set_title(f"Digits CNN, np={tta['np']} {tta['controller']}, {tta['seeds']} seeds")
     ax.set_ylim(max(0.0, min(ax.get_ylim()[0], 0.5)), 1.0)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def bytes_per_sample(rows, path):
@@ -93,12 +93,7 @@ def bytes_per_sample(rows, path):
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("payload bytes per sample, per rank")
     ax.set_title(f"Communication, np={first[0]} {first[1]}")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, axis="y")
 
 
 def write_all(results, out_dir):
