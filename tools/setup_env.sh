@@ -99,8 +99,10 @@ if ! have_horovod; then
       build_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
       [ -n "$nccl_home" ] && build_env+=(HOROVOD_NCCL_HOME="$nccl_home")
     fi
+    # --no-cache-dir: pip's own wheel cache is keyed by the sdist alone and
+    # would hand back a build made against another TensorFlow.
     log="$WHEEL_DIR/build.log"
-    if ! env "${build_env[@]}" "$VENV/bin/python" -m pip wheel --no-deps --no-build-isolation \
+    if ! env "${build_env[@]}" "$VENV/bin/python" -m pip wheel --no-deps --no-build-isolation --no-cache-dir \
          --no-binary horovod "horovod==$HOROVOD_VERSION" -w "$WHEEL_DIR" >"$log" 2>&1; then
       tail -n 30 "$log" >&2
       die "the Horovod build failed; full log: $log"
