@@ -6,7 +6,8 @@ only in how ranks combine their work:
 
 * ``no_comm``      each rank trains alone: no collective at all (the ceiling);
 * ``raw_horovod``  a hand-written step calling ``hvd.grouped_allreduce`` itself;
-* ``sync``, ``easgd_tau4``, ``easgd_tau10``, ``accum4_sync``: hvd_easgd.
+* ``sync``, ``easgd_tau4``, ``easgd_tau10``, ``easgd_tau10_overlap``,
+  ``accum4_sync``: hvd_easgd.
 
 A configuration's ``run(xs, ys)`` is one ``tf.function`` that takes
 ``xs.shape[0]`` training steps in a ``tf.range`` loop over pre-sharded
@@ -18,7 +19,7 @@ import tensorflow as tf
 
 import hvd_easgd
 
-STRATEGIES = ("sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
+STRATEGIES = ("sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync")
 BASELINES = ("no_comm", "raw_horovod")
 ALL = BASELINES + STRATEGIES
 
@@ -32,15 +33,23 @@ DESCRIPTIONS = {
     "sync": "hvd_easgd SyncAverage",
     "easgd_tau4": "hvd_easgd EASGD tau=4",
     "easgd_tau10": "hvd_easgd EASGD tau=10",
+    "easgd_tau10_overlap": "hvd_easgd EASGD tau=10, overlap=True (allreduce issued before the inner update)",
     "accum4_sync": "hvd_easgd GradientAccumulation k=4 over SyncAverage",
 }
+
+
+def easgd_settings(name):
+    """``easgd_tau10_overlap`` → (10, True)."""
+    tau, _, variant = name[len("easgd_tau"):].partition("_")
+    return int(tau), variant == "overlap"
 
 
 def make_strategy(name):
     if name == "sync":
         return hvd_easgd.SyncAverage()
     if name.startswith("easgd_tau"):
-        return hvd_easgd.EASGD(communication_period=int(name[len("easgd_tau"):]))
+        tau, overlap = easgd_settings(name)
+        return hvd_easgd.EASGD(communication_period=tau, overlap=overlap)
     if name == "accum4_sync":
         return hvd_easgd.GradientAccumulation(4, strategy=hvd_easgd.SyncAverage())
     raise ValueError(f"not an hvd_easgd configuration: {name!r}")
@@ -71,7 +80,7 @@ def expected_traffic(name, model):
     if name in ("raw_horovod", "sync"):
         return {"bytes_per_step": float(weights), "calls_per_step": 1.0}
     if name.startswith("easgd_tau"):
-        tau = int(name[len("easgd_tau"):])
+        tau, _ = easgd_settings(name)
         return {"bytes_per_step": (weights + floating_state_bytes(model) + 4) / tau, "calls_per_step": 1.0 / tau}
     if name == "accum4_sync":
         return {"bytes_per_step": (weights + 4) / 4, "calls_per_step": 0.25}

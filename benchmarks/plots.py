@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from .curves import mean_curve  # noqa: E402
 
-ORDER = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync",
+ORDER = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync",
          "raw_horovod_fit", "sync_fit", "mwms_fit")
 
 

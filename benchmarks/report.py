@@ -13,6 +13,7 @@ HEADLINES = (
     ("sync_fit", "raw_horovod_fit", "fit", 0.97, "SyncAverage ÷ raw Horovod (model.fit)"),
     ("easgd_tau10", "sync", "custom", 1.8, "EASGD τ=10 ÷ SyncAverage"),
     ("easgd_tau10", "no_comm", "custom", 0.7, "EASGD τ=10 ÷ no communication"),
+    ("easgd_tau10_overlap", "no_comm", "custom", 0.7, "EASGD τ=10 overlap ÷ no communication"),
     ("accum4_sync", "sync", "custom", 1.0, "accumulation k=4 ÷ SyncAverage"),
 )
 MWMS_HEADLINES = (
@@ -104,7 +105,7 @@ def throughput_table(rows, model):
              "| bytes/sample (expected) | calls/step (expected) | final test acc. |",
              "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     order = {name: i for i, name in enumerate(
-        ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync",
+        ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync",
          "raw_horovod_fit", "sync_fit", "mwms_fit"))}
     for row in sorted((r for r in rows if r["model"] == model),
                       key=lambda r: (r["np"], r["controller"], r["loop"], order.get(r["config"], 99))):

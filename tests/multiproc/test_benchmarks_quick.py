@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.multiproc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CUSTOM_LOOP = {"no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync"}
+CUSTOM_LOOP = {"no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync"}
 FIT = {"raw_horovod_fit", "sync_fit"}
 MEASURED = ("config", "np", "controller", "samples_per_sec", "bytes_per_sample", "calls_per_step",
             "expected_bytes_per_sample", "expected_calls_per_step")
