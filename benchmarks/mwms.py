@@ -146,20 +146,6 @@ def merge(workers):
 
 
 # --- the worker (runs with TF_USE_LEGACY_KERAS=1) ---------------------------------------------
-def _cnn(keras, input_shape, num_classes):
-    """hvd_easgd.models.cnn, layer for layer, in Keras 2."""
-    layers = keras.layers
-    return keras.Sequential([
-        keras.Input(input_shape),
-        layers.Conv2D(16, 3, padding="same", activation="relu"),
-        layers.Conv2D(32, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Flatten(),
-        layers.Dense(64, activation="relu"),
-        layers.Dense(num_classes),
-    ])
-
-
 def worker(args):
     import numpy as np
     import tensorflow as tf
@@ -172,6 +158,7 @@ def worker(args):
     import tf_keras as keras
 
     from hvd_easgd.data import digits, epoch_indices, steps_per_epoch
+    from hvd_easgd.models import cnn
 
     from .machine import versions
 
@@ -196,7 +183,7 @@ def worker(args):
     def build(seed):
         keras.utils.set_random_seed(seed)
         with strategy.scope():
-            model = _cnn(keras, data.input_shape, data.num_classes)
+            model = cnn(data.input_shape, data.num_classes, keras_api=keras)
             model.compile(optimizer=keras.optimizers.SGD(args.lr, momentum=0.9),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           steps_per_execution=args.steps_per_call)
@@ -231,7 +218,7 @@ def worker(args):
 
     # --- time to accuracy: trace first, then restore the initial state ---
     if args.tta_seeds:
-        evaluator = _cnn(keras, data.input_shape, data.num_classes)
+        evaluator = cnn(data.input_shape, data.num_classes, keras_api=keras)
         out["tta"] = []
         for seed in range(args.tta_seeds):
             model = build(seed)

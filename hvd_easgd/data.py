@@ -168,18 +168,38 @@ def accumulation_windows(shard_sizes, k):
     return -(-max(shard_sizes) // k)
 
 
+def _one_image_per_batch(images, labels, index):
+    """Images of different sizes cannot be stacked: each becomes a batch of one,
+    with None height and width so the step is not retraced per shape."""
+    channels = images[0].shape[-1]
+
+    def generate():
+        for i in index:
+            yield images[i][None], labels[i:i + 1]
+
+    signature = (tf.TensorSpec((1, None, None, channels), tf.float32), tf.TensorSpec((1,), tf.int64))
+    return tf.data.Dataset.from_generator(generate, output_signature=signature)
+
+
 def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, steps=None):
     """A tf.data pipeline over epochs [start_epoch, epochs) for this rank's shards.
 
     ``steps`` (default: ``steps_per_epoch``) is exactly what each epoch holds,
     so epoch e always starts at its own permutation, also on resume.
+    Variable-size images take ``batch_size`` 1.
     """
     steps = steps_per_epoch(len(data.y_train), batch_size, size) if steps is None else steps
     index = np.concatenate([epoch_indices(len(data.y_train), seed, e, rank, size, steps, batch_size)
                             for e in range(start_epoch, epochs)]) if epochs > start_epoch else np.zeros(0, int)
+    if data.variable_size:
+        if batch_size != 1:
+            raise ValueError(f"images of different sizes need batch_size 1. Received: batch_size={batch_size}")
+        return _one_image_per_batch(data.x_train, data.y_train, index).prefetch(2), steps
     ds = tf.data.Dataset.from_tensor_slices((data.x_train[index], data.y_train[index]))
     return ds.batch(batch_size, drop_remainder=True).prefetch(2), steps
 
 
 def test_dataset(data, batch_size=256):
+    if data.variable_size:
+        return _one_image_per_batch(data.x_test, data.y_test, range(len(data.y_test)))
     return tf.data.Dataset.from_tensor_slices((data.x_test, data.y_test)).batch(batch_size)

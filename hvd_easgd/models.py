@@ -4,16 +4,21 @@ import keras
 from keras import layers
 
 
-def cnn(input_shape, num_classes):
-    """The digits CNN (~38k parameters at 8×8×1): the default model."""
-    return keras.Sequential([
-        keras.Input(input_shape),
-        layers.Conv2D(16, 3, padding="same", activation="relu"),
-        layers.Conv2D(32, 3, padding="same", activation="relu"),
-        layers.MaxPooling2D(2),
-        layers.Flatten(),
-        layers.Dense(64, activation="relu"),
-        layers.Dense(num_classes),
+def cnn(input_shape, num_classes, keras_api=keras):
+    """The digits CNN (~38k parameters at 8×8×1): the default model.
+
+    ``keras_api`` lets the benchmark's MWMS baseline build the same network
+    with ``tf_keras`` (Keras 2), layer for layer.
+    """
+    api_layers = keras_api.layers
+    return keras_api.Sequential([
+        keras_api.Input(input_shape),
+        api_layers.Conv2D(16, 3, padding="same", activation="relu"),
+        api_layers.Conv2D(32, 3, padding="same", activation="relu"),
+        api_layers.MaxPooling2D(2),
+        api_layers.Flatten(),
+        api_layers.Dense(64, activation="relu"),
+        api_layers.Dense(num_classes),
     ], name="cnn")
 
 

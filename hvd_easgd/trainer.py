@@ -4,18 +4,18 @@ Only rank 0 prints progress and writes shared files (config.yaml,
 metrics.json, tensorboard/, model.keras, checkpoint manifests); every rank
 writes its own checkpoint shard.
 """
+import json
 import os
 import sys
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 import yaml
 
 from . import _compat, callbacks, checkpoint, models, runtime
 from .cli import UsageError, config_differences, default_run_dir, make_strategy
-from .data import steps_per_epoch, test_dataset, training_dataset, epoch_indices
+from .data import steps_per_epoch, test_dataset, training_dataset
 from .optimizer import DistributedOptimizer
 
 
@@ -46,31 +46,6 @@ def _resolve_run_dir(args, comm):
 
 def _variable_signature(model):
     return [[v.path, list(v.shape), str(v.dtype)] for v in model.variables]
-
-
-def _variable_size_dataset(dataset, seed, rank, size, start_epoch, epochs, steps):
-    """One image per micro-batch (images of different sizes cannot be stacked)."""
-    channels = dataset.x_train[0].shape[-1]
-    n = len(dataset.y_train)
-
-    def generate():
-        for epoch in range(start_epoch, epochs):
-            for i in epoch_indices(n, seed, epoch, rank, size, steps, 1):
-                yield dataset.x_train[i][None], dataset.y_train[i:i + 1]
-
-    signature = (tf.TensorSpec((1, None, None, channels), tf.float32), tf.TensorSpec((1,), tf.int64))
-    return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(2)
-
-
-def _variable_size_test(dataset):
-    channels = dataset.x_test[0].shape[-1]
-
-    def generate():
-        for x, y in zip(dataset.x_test, dataset.y_test):
-            yield x[None], np.array([y])
-
-    signature = (tf.TensorSpec((1, None, None, channels), tf.float32), tf.TensorSpec((1,), tf.int64))
-    return tf.data.Dataset.from_generator(generate, output_signature=signature)
 
 
 def train(args, config, dataset):
@@ -140,8 +115,6 @@ def train(args, config, dataset):
         start_epoch = manifest["epoch"]
         metrics_path = os.path.join(run_dir, "metrics.json")
         if os.path.isfile(metrics_path):
-            import json
-
             with open(metrics_path) as f:
                 previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
 
@@ -160,13 +133,8 @@ def train(args, config, dataset):
         interactive = sys.stdout.isatty() and not _compat.under_launcher()
         verbose = args.verbose if args.verbose is not None else (1 if interactive else 2)
 
-    if dataset.variable_size:
-        train_ds = _variable_size_dataset(dataset, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
-        test_ds = _variable_size_test(dataset)
-    else:
-        train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs,
-                                       steps)
-        test_ds = test_dataset(dataset)
+    train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
+    test_ds = test_dataset(dataset)
 
     started = time.perf_counter()
     if start_epoch < args.epochs:

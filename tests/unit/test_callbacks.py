@@ -4,7 +4,6 @@ import argparse
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import hvd_easgd
 from hvd_easgd import EASGD, LocalCommunicator, SyncAverage

@@ -1,6 +1,5 @@
 """train.py with one option that differs by rank (`--lr 0.0<rank+1>`): how a
 node with another config file, or a stale copy of the job script, looks."""
-import os
 import sys
 
 from hvd_easgd import _compat, cli
