@@ -8,6 +8,7 @@ import argparse
 import datetime
 import os
 import sys
+import time
 
 import yaml
 
@@ -21,15 +22,31 @@ RESUMABLE_KEYS = frozenset({
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
+# How long a non-zero rank waits for the launcher to stop it after rank 0 has reported
+# a usage error (see _exit_with_usage_error).
+USAGE_ERROR_GRACE_SECONDS = 15
 
 
 class UsageError(Exception):
     """Bad input: one line on rank 0, exit status 2."""
 
 
-def _say(message, stream=sys.stdout):
-    if _compat.launcher_rank() == 0:
-        print(message, file=stream, flush=True)
+def _exit_with_usage_error(message):
+    """Rank 0 says `message` and exits 2; every other rank exits 2 after it.
+
+    Why the other ranks wait: launchers (horovodrun, mpirun, srun --kill-on-bad-exit)
+    stop every rank as soon as the first one fails. Had rank 1 exited first, rank 0
+    could be killed before its message got out, and the user would see nothing. So
+    only rank 0 exits at once; the others wait to be stopped. A rank still alive after
+    the grace period found an error rank 0 did not (its input differed), and says it.
+    """
+    rank = _compat.launcher_rank()
+    if rank == 0:
+        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_USAGE)
+    time.sleep(USAGE_ERROR_GRACE_SECONDS)
+    print(f"train.py: error (rank {rank}): {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USAGE)
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -272,12 +289,8 @@ def main(argv=None):
         from .trainer import train
 
         train(args, effective_config(args), dataset)
-    except UsageError as err:
-        _say(f"train.py: error: {err}", sys.stderr)
-        sys.exit(EXIT_USAGE)
-    except (RanksDisagreeError, checkpoint.CheckpointError) as err:
-        _say(f"train.py: error: {err}", sys.stderr)
-        sys.exit(EXIT_USAGE)
+    except (UsageError, RanksDisagreeError, checkpoint.CheckpointError) as err:
+        _exit_with_usage_error(err)
     except NonFiniteTrainingError as err:
         print(f"train.py: error (rank {_compat.launcher_rank()}): {err}", file=sys.stderr, flush=True)
         sys.exit(EXIT_FAILURE)

@@ -48,6 +48,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert "Traceback" not in err
 
 
+def test_other_ranks_leave_rank_0_time_to_speak_then_speak_themselves(monkeypatch, capsys):
+    # a launcher stops all ranks when the first one fails: a non-zero rank must not exit
+    # before rank 0 has printed; if nobody stops it, rank 0 did not see the error and it speaks
+    sleeps = []
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setattr(cli.time, "sleep", sleeps.append)
+    code, err = exit_and_stderr(["--tau", "5"], capsys)
+    assert code == 2 and sleeps == [cli.USAGE_ERROR_GRACE_SECONDS]
+    assert err == "train.py: error (rank 1): --tau is an option of --strategy easgd, not --strategy sync\n"
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    code, err = exit_and_stderr(["--tau", "5"], capsys)
+    assert code == 2 and len(sleeps) == 1 and err.startswith("train.py: error: --tau")
+
+
 def test_npz_without_x_and_y(tmp_path, capsys):
     path = tmp_path / "d.npz"
     np.savez(path, images=np.zeros((4, 3, 3)))
