@@ -121,9 +121,20 @@ def horovodrun():
     return beside if os.path.exists(beside) else "horovodrun"
 
 
+# The suite runs every rank on this host, so ranks talk over loopback, whatever
+# other interfaces the machine has (and in a namespace with lo alone, where
+# Open MPI would otherwise find no network for its out-of-band channel).
+LOOPBACK_ENV = {"OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_btl_tcp_if_include": "lo"}
+
+
+def local_launch(np_, controller):
+    """``horovodrun`` for np_ ranks on this host, over loopback."""
+    return [horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--network-interface", "lo", f"--{controller}"]
+
+
 def worker_command(args, np_, controller, out_json, tta):
     """The horovodrun command line, the binding it gives, and extra environment."""
-    cmd = [horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}"]
+    cmd = local_launch(np_, controller)
     binding, env = "none", {}
     if controller == "mpi" and args.mpi_binding == "core":
         cmd.append("--binding-args=--bind-to core --map-by core")
@@ -152,7 +163,8 @@ def run_bounded(cmd, log_path, timeout, extra_env=None):
     """Runs ``cmd`` in its own process group, output to ``log_path``; on
     timeout ends that group (the launcher and every rank it started)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1",
-               **(extra_env or {}))
+               **LOOPBACK_ENV)
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(f"{k}={v}" for k, v in (extra_env or {}).items()) + " " + shlex.join(cmd) + "\n")
@@ -208,7 +220,7 @@ def run_raw_references(args, out_dir, results):
         same_n = [r for r in results["allreduce"] if r["n"] == n]
         out_json = os.path.join(out_dir, f"raw-mpi-np{n}.json")
         log_path = os.path.join(out_dir, "logs", f"raw-mpi-np{n}.log")
-        cmd = [horovodrun(), "-np", str(n), "-H", f"localhost:{n}", "--mpi"]
+        cmd = local_launch(n, "mpi")
         if args.mpi_binding == "core":
             cmd.append("--binding-args=--bind-to core --map-by core")
         cmd += [sys.executable, "-m", "benchmarks.allreduce", "--raw", "--out", out_json,

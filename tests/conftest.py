@@ -6,12 +6,23 @@ import sys
 
 import pytest
 
+from tests import loopback_network
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CONTROLLERS = ("gloo", "mpi")
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def pytest_configure(config):
+    # Before any test starts a server: see tests/loopback_network.py for why.
+    config.hvd_easgd_network = loopback_network.enter()
+
+
+def pytest_report_header(config):
+    return f"test network: {config.hvd_easgd_network}"
 
 
 def quiet_env(**extra):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything hvd_easgd needs on a fresh Debian machine, and nothing
 # that is already there:
-#   1. Debian packages (OpenMPI 4.1, cmake, g++), with one `apt-get update`;
+#   1. Debian packages (OpenMPI 4.1, cmake, g++; SLURM and iproute2 for the
+#      tests), with one `apt-get update`;
 #   2. the virtual environment .venv with the pinned stack from requirements.txt;
 #   3. Horovod 0.28.1 built from source against that TensorFlow, with MPI and
 #      Gloo (and NCCL where CUDA is present). The built wheel is cached outside
@@ -34,7 +35,11 @@ else
 fi
 
 # --- 1. Debian packages -----------------------------------------------------
-APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make"
+# MPI and the Horovod build; then what `make test` needs: a one-node SLURM
+# cluster (slurm-wlm, munge, PMIx for srun --mpi=pmix) and `ip`, which sets up
+# the tests' loopback-only network namespace (tests/loopback_network.py). The
+# tests run without network access, so nothing can be installed from there.
+APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make slurm-wlm munge libpmix-dev iproute2"
 command -v "$PYTHON" >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES python3 python3-venv python3-dev"
 missing=""
 for p in $APT_PACKAGES; do

@@ -1,7 +1,7 @@
 """A real one-node SLURM cluster for the slurm tier, started by the tests.
 
-The session fixture ``slurm_cluster`` installs Debian's SLURM and MUNGE if
-they are missing, writes a one-node configuration for this host into a
+The session fixture ``slurm_cluster`` checks that Debian's SLURM and MUNGE
+are installed (`make setup` installs them), writes a one-node configuration for this host into a
 temporary directory, starts munged, slurmctld and slurmd there (all on
 loopback, on free ports), waits for the node to be idle and stops the three
 daemons by pid at the end. If SLURM cannot start, every test using the
@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 # which Debian ships only in the -dev package.
 APT_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
 START_TIMEOUT = 60     # seconds for the node to show up idle
-APT_TIMEOUT = 600      # apt-get update + install on a slow mirror
 COMMAND_TIMEOUT = 30   # any single SLURM client command
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -46,22 +45,13 @@ def _missing_packages():
     return missing
 
 
-def _install_packages():
+def _require_packages():
+    # `make setup` installs them: the tests run in a network namespace with
+    # loopback alone (tests/loopback_network.py), where apt cannot reach a mirror.
     missing = _missing_packages()
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        pytest.fail(f"SLURM packages missing: {' '.join(missing)}; HINT: sudo apt-get install -y {' '.join(missing)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    lock = ["-o", "DPkg::Lock::Timeout=120"]  # wait for a concurrent apt instead of failing at once
-    for cmd in (["apt-get", *lock, "update", "-qq"],
-                ["apt-get", *lock, "install", "-y", "-qq", "--no-install-recommends", *missing]):
-        try:
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"{' '.join(cmd)} took over {APT_TIMEOUT}s")
-        if done.returncode != 0:
-            pytest.fail(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    if missing:
+        pytest.fail(f"SLURM packages missing: {' '.join(missing)}; HINT: `make setup` installs them "
+                    f"(or: sudo apt-get install -y {' '.join(missing)})")
 
 
 # ------------------------------------------------------------------ the cluster
@@ -265,7 +255,7 @@ def slurm_cluster(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the slurm tier starts slurmd, which launches jobs and must run as root; "
                     "HINT: run as root (CI does)")
-    _install_packages()
+    _require_packages()
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.write_config()
