@@ -23,6 +23,7 @@ import sys
 import time
 
 from . import machine, mwms, plots, report
+from .processes import log_tail, stop_process_groups
 from .curves import mean_over_seeds, summarise
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,16 +175,7 @@ def run_bounded(cmd, log_path, timeout, extra_env=None):
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=10)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            stop_process_groups([proc])
             return None
         finally:
             if proc.poll() is None:  # interrupted: leave nothing behind
@@ -202,12 +194,6 @@ def _progress(log_path):
         return []
 
 
-def _tail(path, chars=2500):
-    try:
-        with open(path) as f:
-            return f.read()[-chars:]
-    except OSError:
-        return ""
 
 
 # --- raw MPI and memcpy references for the allreduce microbenchmark --------------------------------
@@ -364,7 +350,7 @@ def main(argv=None):
             if code != 0 or not os.path.exists(out_json):
                 why = "timed out" if code is None else f"exit status {code}"
                 results["failures"].append(f"np={np_} {controller}: {why} (log: logs/{os.path.basename(log_path)})")
-                print(f"[compare] np={np_} {controller} {why}; log tail:\n{_tail(log_path)}", flush=True)
+                print(f"[compare] np={np_} {controller} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)
                 continue
             with open(out_json) as f:
                 launch = json.load(f)

@@ -15,11 +15,12 @@ intra-op thread per worker, and the same timing rule as ``fit_variants``
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
+
+from .processes import log_tail, stop_process_groups
 
 TF_KERAS = "tf_keras==2.18.0"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,20 +61,6 @@ def free_ports(count):
             s.close()
 
 
-def _stop(procs):
-    """Ends the worker process groups this launcher started (and only those)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [p for p in procs if p.poll() is None]
-        for p in alive:
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
-            time.sleep(0.2)
-
-
 def launch(num_workers, out_dir, log_path, timeout, worker_args, python=sys.executable):
     """Runs ``num_workers`` MWMS workers on loopback; returns their JSON results.
 
@@ -103,19 +90,13 @@ def launch(num_workers, out_dir, log_path, timeout, worker_args, python=sys.exec
             if any(p.returncode != 0 for p in procs):
                 raise RuntimeError("an MWMS worker failed")
         except RuntimeError as err:
-            _stop(procs)
-            raise RuntimeError(f"{err}; log tail:\n{_tail(log_path)}") from None
+            stop_process_groups(procs)
+            raise RuntimeError(f"{err}; log tail:\n{log_tail(log_path)}") from None
         finally:
-            _stop(procs)
+            stop_process_groups(procs)
     return [json.load(open(os.path.join(out_dir, f"worker{i}.json"))) for i in range(num_workers)]
 
 
-def _tail(path, chars=3000):
-    try:
-        with open(path) as f:
-            return f.read()[-chars:]
-    except OSError:
-        return ""
 
 
 def merge(workers):

@@ -102,6 +102,24 @@ def balanced_order(items, round_index):
     return order[::-1] if n % 2 and cycle >= n else order
 
 
+def interleaved_repeats(configs, repeats, timed, after_repeat=None):
+    """``timed(config)`` for every configuration, ``repeats`` rounds in
+    balanced order; returns ``{name: [what timed returned, per round]}``."""
+    results = {c.name: [] for c in configs}
+    for r in range(repeats):
+        for config in balanced_order(configs, r):
+            results[config.name].append(timed(config))
+        if after_repeat is not None:
+            after_repeat(r, results)
+    return results
+
+
+def summed_traffic(accounts):
+    """One configuration's communication account over all its repeats."""
+    return {"bytes": sum(a["bytes"] for a in accounts), "calls": sum(a["calls"] for a in accounts),
+            "source": accounts[-1]["source"]}
+
+
 def pre_sharded(data, batch, rank, size, steps, seed=0):
     """``steps`` batches of this rank's shard as arrays of shape (steps, batch, ...):
     successive epochs of hvd_easgd's own sharding until there are enough."""
@@ -165,25 +183,20 @@ def throughput(launch, args, model_name):
     for config in configs:
         config.trace()
         timed(config, chunks[:2])  # discarded: first collectives, caches, allocator
-    results = {c.name: {"sps": [], "bytes": 0, "calls": 0, "losses": [], "source": None} for c in configs}
-    for r in range(args.repeats):
-        for config in balanced_order(configs, r):
-            sps, account, loss = timed(config)
-            res = results[config.name]
-            res["sps"].append(sps)
-            res["bytes"] += account["bytes"]
-            res["calls"] += account["calls"]
-            res["source"] = account["source"]
-            res["losses"].append(loss)
+
+    def progress(r, results):
         launch.say(f"{model_name}: repeat {r + 1}/{args.repeats}: "
-                   + ", ".join(f"{n}={v['sps'][-1]:.0f}" for n, v in results.items()))
+                   + ", ".join(f"{name}={runs[-1][0]:.0f}" for name, runs in results.items()))
+
+    results = interleaved_repeats(configs, args.repeats, timed, progress)
     rows = []
     for config in configs:
-        res = results[config.name]
-        traffic = {"bytes": res["bytes"], "calls": res["calls"], "source": res["source"],
-                   "steps": steps * args.repeats, "samples": steps * args.repeats * batch}
-        row = _row(launch, args, config.name, model_name, "custom", batch, steps, res["sps"], traffic, config.expected)
-        row["last_losses"] = res["losses"]  # a diverging configuration would show here
+        runs = results[config.name]  # (samples/s, account, last loss) per repeat
+        traffic = dict(summed_traffic([account for _, account, _ in runs]),
+                       steps=steps * args.repeats, samples=steps * args.repeats * batch)
+        row = _row(launch, args, config.name, model_name, "custom", batch, steps, [sps for sps, _, _ in runs],
+                   traffic, config.expected)
+        row["last_losses"] = [loss for _, _, loss in runs]  # a diverging configuration would show here
         rows.append(row)
     gradient_shapes = [list(v.shape) for v in configs[0].model.trainable_variables]
     return rows, gradient_shapes
@@ -208,27 +221,20 @@ def fit_throughput(launch, args):
     for config in configs:
         timed(config)  # traces
         timed(config)  # a second untimed fit: the first timed ones ran slow without it
-    results = {c.name: {"sps": [], "bytes": 0, "calls": 0, "steps": 0, "source": None} for c in configs}
-    for r in range(args.repeats):
-        for config in balanced_order(configs, r):
-            sps, account, timed_steps = timed(config)
-            res = results[config.name]
-            res["sps"].append(sps)
-            res["bytes"] += account["bytes"]
-            res["calls"] += account["calls"]
-            res["steps"] += timed_steps
-            res["source"] = account["source"]
+    results = interleaved_repeats(configs, args.repeats, timed)
     rows = []
     for config in configs:
-        res = results[config.name]
-        traffic = {"bytes": res["bytes"], "calls": res["calls"], "source": res["source"],
-                   "steps": res["steps"], "samples": res["steps"] * batch}
-        row = _row(launch, args, config.name, "cnn", "fit", batch, steps, res["sps"], traffic,
+        runs = results[config.name]  # (samples/s, account, timed steps) per repeat
+        timed_steps = sum(n for _, _, n in runs)
+        traffic = dict(summed_traffic([account for _, account, _ in runs]), steps=timed_steps,
+                       samples=timed_steps * batch)
+        row = _row(launch, args, config.name, "cnn", "fit", batch, steps, [sps for sps, _, _ in runs], traffic,
                    fit_variants.expected_traffic(config.model))
         row["steps_per_execution"] = args.steps_per_call
         row["timed_steps_per_repeat"] = steps - args.steps_per_call
         rows.append(row)
-    launch.say("model.fit: " + ", ".join(f"{n}={statistics.median(v['sps']):.0f}" for n, v in results.items()))
+    launch.say("model.fit: " + ", ".join(f"{name}={statistics.median(sps for sps, _, _ in runs):.0f}"
+                                         for name, runs in results.items()))
     return rows
 
 
