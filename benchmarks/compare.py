@@ -52,7 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--mpi-binding", choices=("none", "core"), default="none",
                    help="MPI process binding: none (horovodrun's default) or one core per rank")
     p.add_argument("--mpi-busy-poll", action="store_true",
-                   help="leave Open MPI busy-polling (by default MPI launches set OMPI_MCA_mpi_yield_when_idle=1)")
+                   help="let Open MPI busy-poll (OMPI_MCA_mpi_yield_when_idle=0; by default MPI launches yield, =1)")
     p.add_argument("--repeats", type=int,
                    help="timed repeats per configuration (default 6, one balanced cycle of the 6 configurations; "
                         "quick: 3)")
@@ -133,6 +133,19 @@ def local_launch(np_, controller):
     return [horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--network-interface", "lo", f"--{controller}"]
 
 
+def mpi_polling_env(args):
+    """How MPI ranks wait, for every MPI launch of the suite.
+
+    Horovod's background thread enters MPI every cycle; Open MPI busy-polls
+    there unless told to yield, taking CPU from the compute thread whenever
+    ranks (plus that thread) outnumber the cores. hvd_easgd.init() makes ranks
+    yield unless the variable is set, so busy-polling must be asked for
+    explicitly (0); the mpi4py reference launch does not call init() and gets
+    the same value from here.
+    """
+    return {"OMPI_MCA_mpi_yield_when_idle": "0" if args.mpi_busy_poll else "1"}
+
+
 def worker_command(args, np_, controller, out_json, tta):
     """The horovodrun command line, the binding it gives, and extra environment."""
     cmd = local_launch(np_, controller)
@@ -140,11 +153,8 @@ def worker_command(args, np_, controller, out_json, tta):
     if controller == "mpi" and args.mpi_binding == "core":
         cmd.append("--binding-args=--bind-to core --map-by core")
         binding = "core"
-    if controller == "mpi" and not args.mpi_busy_poll:
-        # Horovod's background thread waits in MPI every cycle; Open MPI
-        # busy-polls there unless told to yield, taking CPU from the compute
-        # thread whenever ranks (plus that thread) outnumber the cores.
-        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    if controller == "mpi":
+        env = mpi_polling_env(args)
     cmd += [sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", controller,
             "--binding", binding, "--models", ",".join(args.models), "--repeats", str(args.repeats),
             "--steps", str(args.steps), "--resnet-steps", str(args.resnet_steps),
@@ -211,7 +221,7 @@ def run_raw_references(args, out_dir, results):
             cmd.append("--binding-args=--bind-to core --map-by core")
         cmd += [sys.executable, "-m", "benchmarks.allreduce", "--raw", "--out", out_json,
                 "--gradient-bytes", str(same_n[0]["gradients"]["bytes"])] + (["--quick"] if args.quick else [])
-        env = {} if args.mpi_busy_poll else {"OMPI_MCA_mpi_yield_when_idle": "1"}
+        env = mpi_polling_env(args)
         print(f"[compare] raw MPI (mpi4py) and memcpy references, np={n}", flush=True)
         code = run_bounded(cmd, log_path, min(args.launch_timeout, 180), env)
         raw = None
@@ -313,7 +323,7 @@ def method_notes(args):
     if "mpi" in args.controller_list:
         notes.append(f"MPI launches: horovodrun --mpi, binding {args.mpi_binding} "
                      "(none = horovodrun's '-bind-to none -map-by slot'), "
-                     + ("Open MPI busy-polling (--mpi-busy-poll)" if args.mpi_busy_poll else
+                     + ("Open MPI busy-polling (--mpi-busy-poll: OMPI_MCA_mpi_yield_when_idle=0)" if args.mpi_busy_poll else
                         "OMPI_MCA_mpi_yield_when_idle=1 (Horovod's background thread waits in MPI every cycle; "
                         "busy-polling there takes CPU from the ranks' compute threads on a machine with no spare core)")
                      + "; mpi4py uses the same Open MPI.")
