@@ -18,13 +18,14 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
 
 from . import machine, mwms, plots, report
-from .processes import log_tail, stop_process_groups
 from .curves import mean_over_seeds, summarise
+from .processes import log_tail, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
@@ -204,8 +205,6 @@ def _progress(log_path):
         return []
 
 
-
-
 # --- raw MPI and memcpy references for the allreduce microbenchmark --------------------------------
 def run_raw_references(args, out_dir, results):
     """One small MPI launch per rank count (mpi4py + numpy only), merged
@@ -271,7 +270,7 @@ def run_mwms(args, out_dir, results):
             "steps_per_repeat": merged["steps_per_repeat"],
             "steps_per_call": merged["steps_per_execution"], "steps_per_execution": merged["steps_per_execution"],
             "timed_steps_per_repeat": merged["timed_steps_per_repeat"],
-            "samples_per_sec": {"median": _median(sps), "min": min(sps), "max": max(sps), "repeats": sps},
+            "samples_per_sec": report.throughput_summary(sps),
             "bytes_per_sample": None, "calls_per_step": None,
             "expected_bytes_per_sample": 4 * merged["trainable_params"] / merged["batch_per_rank"],
             "expected_calls_per_step": 1.0,
@@ -281,13 +280,7 @@ def run_mwms(args, out_dir, results):
         if merged["time_to_accuracy"]:
             runs = [summarise(r["seed"], r["curve"], args.target) for r in merged["time_to_accuracy"]]
             results.setdefault("_mwms_tta", mean_over_seeds(runs))
-        print(f"[compare] MWMS np={np_}: {_median(sps):,.0f} samples/s", flush=True)
-
-
-def _median(values):
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        print(f"[compare] MWMS np={np_}: {statistics.median(sps):,.0f} samples/s", flush=True)
 
 
 def tta_np(args):

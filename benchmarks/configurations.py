@@ -87,6 +87,20 @@ def expected_traffic(name, model):
     raise ValueError(name)
 
 
+def broadcast_like_raw_horovod(model):
+    """Rank 0's weights everywhere with plain ``hvd.broadcast``, as a hand-written loop does it."""
+    import horovod.tensorflow as hvd
+
+    for v in model.variables:
+        v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=0))
+
+
+def raw_horovod_account(steps, gradient_bytes):
+    """A raw Horovod step's traffic, exact by construction: it issues exactly
+    one grouped allreduce of all gradients and keeps no counter of its own."""
+    return {"bytes": steps * gradient_bytes, "calls": steps, "source": "by construction"}
+
+
 def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -117,8 +131,7 @@ class Configuration:
             self.optimizer.build(variables)
             # Raw Horovod: rank 0's weights everywhere, then one grouped
             # allreduce of all gradients per step, nothing else.
-            for v in self.model.variables:
-                v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=0))
+            broadcast_like_raw_horovod(self.model)
 
             def reduce(grads):
                 return hvd.grouped_allreduce(grads, op=hvd.Average)
@@ -169,10 +182,7 @@ class Configuration:
         if self.name in STRATEGIES:
             return dict(self.comm.account(), source="comm.account()")
         if self.name == "raw_horovod":
-            # Exact by construction: the step issues exactly one grouped
-            # allreduce of all gradients; no counter inside the raw step.
-            steps = self._steps_since_reset
-            return {"bytes": steps * self._grad_bytes, "calls": steps, "source": "by construction"}
+            return raw_horovod_account(self._steps_since_reset, self._grad_bytes)
         return {"bytes": 0, "calls": 0, "source": "no collectives"}
 
     # --- evaluation ---------------------------------------------------------------

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import hvd_easgd
 
-from .configurations import trainable_count
+from .configurations import broadcast_like_raw_horovod, raw_horovod_account, trainable_count
 
 FIT_CONFIGS = ("raw_horovod_fit", "sync_fit")
 
@@ -52,8 +52,6 @@ class _WindowTimer(keras.callbacks.Callback):
 class FitConfiguration:
     def __init__(self, name, model_name, input_shape, num_classes, batch, comm, steps_per_execution,
                  lr=0.05, seed=0):
-        import horovod.tensorflow as hvd
-
         self.name = name
         self.comm = comm
         self.steps_per_execution = steps_per_execution
@@ -72,8 +70,7 @@ class FitConfiguration:
         if name == "sync_fit":
             hvd_easgd.broadcast_initial_state(self.model, self.optimizer)
         else:
-            for v in self.model.variables:
-                v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=0))
+            broadcast_like_raw_horovod(self.model)
         self._grad_bytes = 4 * trainable_count(self.model)
         self._timed_steps = 0
 
@@ -92,8 +89,7 @@ class FitConfiguration:
     def account(self):
         if self.name == "sync_fit":
             return dict(self.comm.account(), source="comm.account()")
-        steps = self._timed_steps
-        return {"bytes": steps * self._grad_bytes, "calls": steps, "source": "by construction"}
+        return raw_horovod_account(self._timed_steps, self._grad_bytes)
 
 
 def dataset(x, y, batch):

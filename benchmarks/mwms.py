@@ -97,8 +97,6 @@ def launch(num_workers, out_dir, log_path, timeout, worker_args, python=sys.exec
     return [json.load(open(os.path.join(out_dir, f"worker{i}.json"))) for i in range(num_workers)]
 
 
-
-
 def merge(workers):
     """Per repeat/epoch the slowest worker's time counts, as for Horovod."""
     first = workers[0]

@@ -22,6 +22,12 @@ MWMS_HEADLINES = (
 )
 
 
+def throughput_summary(samples_per_sec):
+    """A row's ``samples_per_sec``: median, min and max over the repeats, and the repeats."""
+    values = list(samples_per_sec)
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "repeats": values}
+
+
 def find(rows, **match):
     for row in rows:
         if all(row.get(k) == v for k, v in match.items()):

@@ -24,7 +24,7 @@ import numpy as np
 import hvd_easgd
 from hvd_easgd.data import epoch_indices, steps_per_epoch
 
-from . import allreduce, configurations, curves, fit_variants, machine
+from . import allreduce, configurations, curves, fit_variants, machine, report
 
 
 def parse_args(argv=None):
@@ -136,17 +136,13 @@ def pre_sharded(data, batch, rank, size, steps, seed=0):
             data.y_train[index].reshape(steps, batch))
 
 
-def _summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "repeats": list(values)}
-
-
 def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, traffic, expected):
     per_sample = traffic["bytes"] / traffic["samples"]
     return {
         "config": name, "model": model_name, "loop": loop, "np": launch.size,
         "controller": args.controller, "binding": args.binding,
         "batch_per_rank": batch, "steps_per_repeat": steps, "steps_per_call": args.steps_per_call,
-        "samples_per_sec": _summary(samples_per_sec),
+        "samples_per_sec": report.throughput_summary(samples_per_sec),
         "bytes_per_sample": per_sample,
         "calls_per_step": traffic["calls"] / traffic["steps"],
         "expected_bytes_per_sample": expected["bytes_per_step"] / batch,
