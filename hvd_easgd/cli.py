@@ -40,13 +40,17 @@ def _exit_with_usage_error(message):
     only rank 0 exits at once; the others wait to be stopped. A rank still alive after
     the grace period found an error rank 0 did not (its input differed), and says it.
     """
-    rank = _compat.launcher_rank()
-    if rank == 0:
+    if _compat.launcher_rank() == 0:
         print(f"train.py: error: {message}", file=sys.stderr, flush=True)
         sys.exit(EXIT_USAGE)
     time.sleep(USAGE_ERROR_GRACE_SECONDS)
-    print(f"train.py: error (rank {rank}): {message}", file=sys.stderr, flush=True)
-    sys.exit(EXIT_USAGE)
+    _exit_with_rank_error(message, EXIT_USAGE)
+
+
+def _exit_with_rank_error(message, status):
+    """This rank's own error line, tagged with its rank, then exit ``status``."""
+    print(f"train.py: error (rank {_compat.launcher_rank()}): {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -292,15 +296,13 @@ def main(argv=None):
     except (UsageError, RanksDisagreeError, checkpoint.CheckpointError) as err:
         _exit_with_usage_error(err)
     except NonFiniteTrainingError as err:
-        print(f"train.py: error (rank {_compat.launcher_rank()}): {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_FAILURE)
+        _exit_with_rank_error(err, EXIT_FAILURE)
     except Exception as err:  # a collective failed because another rank died or stalled
         if not _is_collective_failure(err):
             raise
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"train.py: error (rank {_compat.launcher_rank()}): a collective failed, most likely because "
-              f"another rank died or stopped answering: {first_line[:300]}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_FAILURE)
+        _exit_with_rank_error("a collective failed, most likely because another rank died or stopped "
+                              f"answering: {first_line[:300]}", EXIT_FAILURE)
 
 
 def _is_collective_failure(err):

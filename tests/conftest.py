@@ -33,11 +33,15 @@ def quiet_env(**extra):
     return env
 
 
+def horovodrun_command(args, np=2, controller="gloo"):
+    """``horovodrun -np N --gloo|--mpi python ARGS`` on this host, over loopback."""
+    return [HOROVODRUN, "-np", str(np), f"--{controller}", "--network-interface", "lo", PYTHON, *args]
+
+
 def horovodrun(args, np=2, controller="gloo", timeout=240, cwd=None, env=None):
-    """Runs ``horovodrun -np N --gloo|--mpi python ARGS``; the timeout turns a
-    deadlock into a failure (and kills the whole process group)."""
-    cmd = [HOROVODRUN, "-np", str(np), f"--{controller}", "--network-interface", "lo", PYTHON, *args]
-    return run(cmd, timeout=timeout, cwd=cwd, env=env)
+    """Runs ``horovodrun_command(args)``; the timeout turns a deadlock into a
+    failure (and kills the whole process group)."""
+    return run(horovodrun_command(args, np, controller), timeout=timeout, cwd=cwd, env=env)
 
 
 def run(cmd, timeout=240, cwd=None, env=None):

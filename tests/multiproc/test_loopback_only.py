@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests import loopback_network
-from tests.conftest import HOROVODRUN, PYTHON, ROOT, quiet_env, script
+from tests.conftest import ROOT, horovodrun_command, quiet_env, script
 
 pytestmark = pytest.mark.multiproc
 
@@ -24,8 +24,7 @@ def test_a_live_job_listens_on_loopback_only(controller, tmp_path, request):
         f"the tests run with interfaces {loopback_network.interfaces()}: {request.config.hvd_easgd_network}")
     before = set(loopback_network.listening_tcp_sockets())
     ready, release = tmp_path / "ready", tmp_path / "release"
-    cmd = [HOROVODRUN, "-np", "2", f"--{controller}", "--network-interface", "lo", PYTHON,
-           script("hold_job_open.py"), str(ready), str(release)]
+    cmd = horovodrun_command([script("hold_job_open.py"), str(ready), str(release)], controller=controller)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import HOROVODRUN, PYTHON, ROOT, horovodrun, quiet_env, run, script
+from tests.conftest import PYTHON, ROOT, horovodrun, horovodrun_command, quiet_env, run, script
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -158,8 +158,8 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     run_dir = tmp_path / "run"
-    cmd = [HOROVODRUN, "-np", "2", "--gloo", "--network-interface", "lo", PYTHON, script("record_pid_then_train.py"), str(pid_dir),
-           "--run-dir", str(run_dir), "--epochs", "400", "--threads-per-rank", "1"]
+    cmd = horovodrun_command([script("record_pid_then_train.py"), str(pid_dir), "--run-dir", str(run_dir),
+                              "--epochs", "400", "--threads-per-rank", "1"], controller="gloo")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:

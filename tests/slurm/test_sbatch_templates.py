@@ -27,8 +27,10 @@ def _fake_job_env(**extra):
     return env
 
 
-def _bash(snippet, env, cwd="/"):
-    return subprocess.run(["bash", "-c", snippet], env=env, cwd=cwd, capture_output=True, text=True, timeout=30)
+def _bash(snippet, env, *args):
+    """``bash -c SNIPPET bash ARGS...`` from /, as a job's shell would start elsewhere than the project."""
+    return subprocess.run(["bash", "-c", snippet, "bash", *args], env=env, cwd="/", capture_output=True, text=True,
+                          timeout=30)
 
 
 @pytest.mark.parametrize("name", TEMPLATES + ("common.sh",))
@@ -53,8 +55,7 @@ def test_run_dir_default_unless_chosen():
     env = _fake_job_env()
 
     def default(*args):
-        done = subprocess.run(["bash", "-c", script, "bash", *args], env=env, cwd="/", capture_output=True,
-                              text=True, timeout=30)
+        done = _bash(script, env, *args)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
