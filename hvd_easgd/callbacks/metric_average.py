@@ -2,6 +2,8 @@
 import keras
 import numpy as np
 
+from ..model_optimizers import communicator_of
+
 
 class MetricAverage(keras.callbacks.Callback):
     """Replaces each numeric entry of the epoch logs by its mean over ranks.
@@ -18,7 +20,7 @@ class MetricAverage(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        comm = self._comm or self.model.optimizer.comm
+        comm = self._comm or communicator_of(self.model)
         if comm.size == 1:
             return
         keys = sorted(k for k, v in logs.items() if np.isscalar(v) or np.ndim(v) == 0)

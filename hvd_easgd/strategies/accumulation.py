@@ -78,6 +78,9 @@ class GradientAccumulation(SyncStrategy):
     def on_initial_state_synced(self):
         self.strategy.on_initial_state_synced()
 
+    def kept_variables(self):
+        return self.strategy.kept_variables()
+
     def step(self, grads, variables, apply_update, sample_count=None, mean=True):
         count = tf.constant(1, tf.int64) if sample_count is None else tf.cast(sample_count, tf.int64)
         for acc, g, v in zip(self.accumulators, grads, variables):
