@@ -43,8 +43,8 @@ class SimulatedCluster:
 
     Args:
       size: p, the number of ranks (int ≥ 1).
-      timeout: seconds any rank may wait for the others at a collective, or
-        for ``run`` to finish; past it the run fails instead of hanging.
+      timeout: seconds a rank waits for the others at a collective; past it
+        the run fails instead of hanging.
     """
 
     def __init__(self, size, timeout=60.0):
@@ -59,10 +59,11 @@ class SimulatedCluster:
         self._running = False
         self.communicators = [SimulatedCommunicator(self, rank) for rank in range(self.size)]
 
-    def run(self, fn):
+    def run(self, fn, timeout=300.0):
         """Calls ``fn(rank)`` for every rank, each on its own thread; returns
         ``[fn(0), ..., fn(p-1)]``. Re-raises the first rank's own error (not
-        the "another rank failed" errors it caused elsewhere)."""
+        the "another rank failed" errors it caused elsewhere), and fails if
+        the ranks are not all done within ``timeout`` seconds."""
         if self._running:
             raise RuntimeError("SimulatedCluster.run is already running: a rank function cannot call it again")
         results, errors = [None] * self.size, [None] * self.size
@@ -81,13 +82,13 @@ class SimulatedCluster:
         try:
             for thread in threads:
                 thread.start()
-            deadline = time.monotonic() + self.timeout
+            deadline = time.monotonic() + timeout
             for thread in threads:
                 thread.join(max(0.0, deadline - time.monotonic()))
             stuck = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
             if stuck:
                 self._barrier.abort()
-                raise TimeoutError(f"simulated ranks {stuck} did not finish within {self.timeout:g} s")
+                raise TimeoutError(f"simulated ranks {stuck} did not finish within {timeout:g} s")
         finally:
             self._running = False
         failures = [err for err in errors if err is not None]

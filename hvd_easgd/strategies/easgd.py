@@ -24,7 +24,8 @@ over i, and summing the d_i:
 
 So the gap shrinks iff |1 − (p+1)α| < 1, that is 0 < α < 2/(p+1):
 
-* α ≤ 0 or α > 2/(p+1): |e| grows at every elastic step. Refused.
+* α > 2/(p+1) or α < 0: |e| grows at every elastic step; α = 0 never
+  pulls. Refused.
 * α = 2/(p+1): e' = −e, it oscillates without growing or settling. Warned.
   At p = 1, α = 1 the local weights and the center swap (x' = x̃, x̃' = x),
   which TF1's own test (test1Workers2Period) relies on.
@@ -118,7 +119,8 @@ class EASGD(KeepsCenter, SyncStrategy):
         if rho is None:
             raise ValueError("`rho` must be a number >= 0 (default 0). TF1's rho=None meant "
                              "rho = moving_rate / learning_rate, an elastic term in the loss; to get it, pass "
-                             f"that number (e.g. rho=0.45 / 0.05 = 9.0). Received: rho={rho!r}")
+                             "that number (moving_rate=0.45 with lr=0.05 gives rho=9.0). "
+                             f"Received: rho={rho!r}")
         if not (_is_number(rho) and rho >= 0):
             raise ValueError(f"`rho` must be a number >= 0. Received: rho={rho!r}")
         if not _is_int(warmup_steps) or warmup_steps < 0:

@@ -1,3 +1,5 @@
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -138,3 +140,11 @@ def test_ranks_that_disagree_are_named_and_ranks_that_agree_pass():
     with pytest.raises(RanksDisagreeError, match=r"ranks disagree on the model: `shape` differs between "
                                                  r"ranks \[0, 2\]; ranks \[1\]"):
         cluster.run(check([[4, 3], [4, 5], [4, 3]]))
+
+
+def test_a_simulated_run_that_outlives_its_deadline_fails():
+    cluster = SimulatedCluster(2)
+    release = threading.Event()
+    with pytest.raises(TimeoutError, match=r"simulated ranks \[1\] did not finish within 0\.5 s"):
+        cluster.run(lambda rank: rank == 1 and release.wait(10), timeout=0.5)
+    release.set()
