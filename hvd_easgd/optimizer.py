@@ -17,8 +17,9 @@ import keras
 import tensorflow as tf
 from keras.saving import deserialize_keras_object, register_keras_serializable, serialize_keras_object
 
+from .runtime import communicator as default_communicator
 from .strategies import SyncAverage
-from .strategies.registry import deserialize_strategy, serialize_strategy
+from .strategies.base import gradient_sums
 
 
 def variable_signature(variables):
@@ -65,9 +66,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     @property
     def comm(self):
         if self._comm is None:
-            from .runtime import communicator
-
-            self._comm = communicator()
+            self._comm = default_communicator()
         return self._comm
 
     def attach(self, model):
@@ -108,8 +107,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # --- applying gradients ------------------------------------------------------------
     def apply(self, grads, trainable_variables=None, sample_count=None):
-        """Runs one strategy step. ``sample_count`` (optional) weights this
-        call under gradient accumulation; 0 marks a rank with no data."""
+        """Runs one strategy step.
+
+        Args:
+          grads: the gradient of the loss averaged over the ``sample_count``
+            samples of this call (what a Keras loss gives), one per variable.
+          trainable_variables: the variables (required on the first call).
+          sample_count: n, the number of samples ``grads`` average over, or
+            None (default): weight 1 per call, grads taken as they are.
+
+        Every strategy then applies the same thing. ``SyncAverage`` applies
+        the per-sample mean over all ranks, Σ_r n_r g_r / Σ_r n_r (the plain
+        mean over ranks when the count is None); ``EASGD``'s local step
+        applies g; ``GradientAccumulation`` applies Σ_j n_j g_j / Σ_j n_j over
+        its window (and ranks, under SyncAverage), so k micro-batches of b
+        samples equal one batch of k·b. ``sample_count=0`` marks a rank with
+        no data this call: it contributes nothing, even if its mean is NaN.
+        """
         grads = list(grads)
         if not self.built:
             if trainable_variables is None:
@@ -123,15 +137,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         def apply_update(reduced):
             self.inner_optimizer.apply(list(reduced), variables)
 
-        self.strategy.step(grads, variables, apply_update, sample_count=sample_count)
+        # The one place the public contract (means) becomes the strategies' (sums).
+        grad_sums, count = gradient_sums(grads, variables, sample_count)
+        self.strategy.step(grad_sums, variables, apply_update, sample_count=count)
         return self.iterations
 
     def apply_gradients(self, grads_and_vars, sample_count=None):
+        """``apply`` on ``(grad, variable)`` pairs; ``sample_count`` as there."""
         grads, variables = zip(*grads_and_vars)
         return self.apply(grads, variables, sample_count=sample_count)
 
     def minimize(self, loss, var_list, tape=None, sample_count=None):
-        """tf.keras-style: ``loss`` is a callable, or a tensor computed under ``tape``."""
+        """tf.keras-style: ``loss`` is a callable, or a tensor computed under
+        ``tape``; a mean over ``sample_count`` samples as in ``apply``."""
         var_list = list(var_list)
         if tape is None:
             if not callable(loss):
@@ -171,14 +189,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return {
             "name": self.name,
             "optimizer": serialize_keras_object(self.inner_optimizer),
-            "strategy": serialize_strategy(self.strategy),
+            "strategy": serialize_keras_object(self.strategy),
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        strategy = deserialize_strategy(config.pop("strategy"))
+        strategy = deserialize_keras_object(config.pop("strategy"), custom_objects=custom_objects)
         return cls(inner, strategy=strategy, **config)
 
 
