@@ -35,8 +35,9 @@ import tensorflow as tf
 from keras.saving import deserialize_keras_object, register_keras_serializable, serialize_keras_object
 
 from .comm import RanksDisagreeError
+from .runtime import communicator as default_communicator
 from .strategies import SyncAverage
-from .strategies.registry import deserialize_strategy, serialize_strategy
+from .strategies.base import gradient_sums, walk
 
 
 def variable_signature(variables):
@@ -53,19 +54,6 @@ def weights_checksum(variables):
         values = np.asarray(v.numpy(), dtype=np.float64)
         sums.append([float(values.sum()), float(np.square(values).sum())])
     return sums
-
-
-def _strategy_tree(strategy):
-    """``strategy`` and every strategy it contains."""
-    # TODO(contract): replace with the strategies' children() walker.
-    seen = []
-    while strategy is not None and strategy not in seen:
-        seen.append(strategy)
-        warmup = getattr(strategy, "_warmup_sync", None)
-        if warmup is not None:
-            seen.append(warmup)
-        strategy = getattr(strategy, "strategy", None)
-    return seen
 
 
 @register_keras_serializable(package="hvd_easgd")
@@ -119,9 +107,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     @property
     def comm(self):
         if self._comm is None:
-            from .runtime import communicator
-
-            self._comm = communicator()
+            self._comm = default_communicator()
         return self._comm
 
     def attach(self, model):
@@ -202,7 +188,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         loss_scale = None
         if isinstance(inner, keras.optimizers.LossScaleOptimizer):
             loss_scale = lambda: inner.dynamic_scale if inner.built else inner.initial_scale  # noqa: E731
-        for strategy in _strategy_tree(self.strategy):
+        for strategy in walk(self.strategy):
             strategy.loss_scale = loss_scale
 
     @property
@@ -211,8 +197,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     # --- applying gradients ------------------------------------------------------------
     def apply(self, grads, trainable_variables=None, sample_count=None):
-        """Runs one strategy step. ``sample_count`` (optional) weights this
-        call under gradient accumulation; 0 marks a rank with no data."""
+        """Runs one strategy step.
+
+        Args:
+          grads: the gradient of the loss averaged over the ``sample_count``
+            samples of this call (what a Keras loss gives), one per variable.
+          trainable_variables: the variables (required on the first call).
+          sample_count: n, the number of samples ``grads`` average over, or
+            None (default): weight 1 per call, grads taken as they are.
+
+        Every strategy then applies the same thing. ``SyncAverage`` applies
+        the per-sample mean over all ranks, Σ_r n_r g_r / Σ_r n_r (the plain
+        mean over ranks when the count is None); ``EASGD``'s local step
+        applies g; ``GradientAccumulation`` applies Σ_j n_j g_j / Σ_j n_j over
+        its window (and ranks, under SyncAverage), so k micro-batches of b
+        samples equal one batch of k·b. ``sample_count=0`` marks a rank with
+        no data this call: it contributes nothing, even if its mean is NaN.
+        """
         grads = list(grads)
         if not self.built:
             if trainable_variables is None:
@@ -226,15 +227,19 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         def apply_update(reduced):
             self.inner_optimizer.apply(list(reduced), variables)
 
-        self.strategy.step(grads, variables, apply_update, sample_count=sample_count)
+        # The one place the public contract (means) becomes the strategies' (sums).
+        grad_sums, count = gradient_sums(grads, variables, sample_count)
+        self.strategy.step(grad_sums, variables, apply_update, sample_count=count)
         return self.iterations
 
     def apply_gradients(self, grads_and_vars, sample_count=None):
+        """``apply`` on ``(grad, variable)`` pairs; ``sample_count`` as there."""
         grads, variables = zip(*grads_and_vars)
         return self.apply(grads, variables, sample_count=sample_count)
 
     def minimize(self, loss, var_list, tape=None, sample_count=None):
-        """tf.keras-style: ``loss`` is a callable, or a tensor computed under ``tape``."""
+        """tf.keras-style: ``loss`` is a callable, or a tensor computed under
+        ``tape``; a mean over ``sample_count`` samples as in ``apply``."""
         var_list = list(var_list)
         if tape is None:
             if not callable(loss):
@@ -279,7 +284,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return {
             "name": self.name,
             "optimizer": serialize_keras_object(self.inner_optimizer),
-            "strategy": serialize_strategy(self.strategy),
+            "strategy": serialize_keras_object(self.strategy),
             "check_initial_state": self.check_initial_state,
         }
 
@@ -287,6 +292,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        strategy = deserialize_strategy(config.pop("strategy"))
+        strategy = deserialize_keras_object(config.pop("strategy"), custom_objects=custom_objects)
         return cls(inner, strategy=strategy, **config)
 

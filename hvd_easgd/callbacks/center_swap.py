@@ -1,13 +1,16 @@
 """Evaluates on the EASGD center: swaps x̃ in for evaluation, and back out after."""
 import keras
 
+from ..optimizer import DistributedOptimizer
+from ..strategies import KeepsCenter, walk
+
 
 def center_strategy(optimizer):
-    """The EASGD strategy inside ``optimizer`` (possibly under accumulation), or None."""
-    strategy = getattr(optimizer, "strategy", None)
-    while strategy is not None and not hasattr(strategy, "center"):
-        strategy = getattr(strategy, "strategy", None)
-    return strategy
+    """The strategy in ``optimizer``'s tree that keeps a center (EASGD, possibly
+    under accumulation), or None."""
+    if not isinstance(optimizer, DistributedOptimizer):
+        return None
+    return next((s for s in walk(optimizer.strategy) if isinstance(s, KeepsCenter)), None)
 
 
 class SwappedWeights:

@@ -4,25 +4,30 @@ It wraps another strategy instead of being a combined class: the wrapped
 strategy sees one update per window of k micro-batches (SyncAverage then
 allreduces once per window; EASGD's τ counts these updates).
 
-Per micro-batch j of n_j samples with gradient g_j (of a loss averaged over
-the micro-batch), the window keeps S = Σ_j n_j g_j and n = Σ_j n_j, then
-hands (S, n) to the wrapped strategy, which applies S_total / n_total
-(``average=True``) or the sum. So k micro-batches of size b equal one batch
-of k·b, and variable-size inputs (one image per micro-batch, the TF1 recipe)
-are weighted by their sample counts. ``n_j`` defaults to 1 per micro-batch;
-pass ``sample_count`` to weight by samples when micro-batches differ in size.
+Each micro-batch j arrives, as every strategy's input does (base.py), as a
+sum S_j = n_j g_j over its n_j samples (g_j the gradient of the loss averaged
+over the micro-batch; n_j = 1 when the caller gives no ``sample_count``).
+The window keeps S = Σ_j S_j and n = Σ_j n_j and hands (S, n) to the wrapped
+strategy, which applies ΣS / Σn over ranks (``average=True``) or the sum. So
+k micro-batches of size b equal one batch of k·b, and variable-size inputs
+(one image per micro-batch, the TF1 recipe) are weighted by their sample
+counts when ``sample_count`` is passed.
 
 Uneven work: a rank with no data left calls the step with zero gradients and
 ``sample_count=0`` so that every rank reaches every collective; windows do
 not span epoch boundaries when the caller counts windows per epoch
 (``hvd_easgd.data.accumulation_windows``).
 """
+import numbers
+
+import keras
 import tensorflow as tf
 
-from .base import SyncStrategy, as_dense
+from .base import SyncStrategy, as_dense, state_variable_name
 from .sync_average import SyncAverage
 
 
+@keras.saving.register_keras_serializable(package="hvd_easgd")
 class GradientAccumulation(SyncStrategy):
     """Accumulates ``k`` micro-batches per update of the wrapped ``strategy``.
 
@@ -43,48 +48,38 @@ class GradientAccumulation(SyncStrategy):
 
     def __init__(self, k, average=True, strategy=None):
         super().__init__()
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
             raise ValueError(f"`k` must be an integer >= 1. Received: k={k!r}")
-        self.k = k
+        if strategy is not None and not isinstance(strategy, SyncStrategy):
+            raise ValueError(f"`strategy` must be a SyncStrategy or None. Received: strategy={strategy!r}")
+        if isinstance(strategy, GradientAccumulation):
+            raise ValueError("GradientAccumulation cannot wrap another GradientAccumulation; multiply the k's")
+        self.k = int(k)
         self.average = bool(average)
         self.strategy = strategy if strategy is not None else SyncAverage()
-        if isinstance(self.strategy, GradientAccumulation):
-            raise ValueError("GradientAccumulation cannot wrap another GradientAccumulation; multiply the k's")
         self.name = f"{self.strategy.name}+accumulate"
 
-    def bind(self, comm):
-        super().bind(comm)
-        self.strategy.bind(comm)
-        return self
-
-    def build(self, trainable_variables, non_trainable_variables=()):
-        super().build(trainable_variables, non_trainable_variables)
-        self.strategy.build(trainable_variables, non_trainable_variables)
+    def children(self):
+        return (self.strategy,)
 
     def _build_state(self, trainable_variables, non_trainable_variables):
         self.accumulators = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                                         name="accumulator/" + v.name.replace(":", "_"))
+                                         name=state_variable_name("accumulator", v))
                              for v in trainable_variables]
         self.accumulated_samples = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated_samples")
         self.micro_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_steps")
+        self.strategy.build(trainable_variables, non_trainable_variables)
 
     def _extra_state(self):
-        return self.accumulators + [self.accumulated_samples, self.micro_steps] + self.strategy.state_variables()
-
-    def per_rank_state(self):
-        # Accumulators always differ per rank.
-        return True
-
-    def on_initial_state_synced(self):
-        self.strategy.on_initial_state_synced()
+        return self.accumulators + [self.accumulated_samples, self.micro_steps]
 
     def kept_variables(self):
         return self.strategy.kept_variables()
 
-    def step(self, grads, variables, apply_update, sample_count=None, mean=True):
+    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         count = tf.constant(1, tf.int64) if sample_count is None else tf.cast(sample_count, tf.int64)
-        for acc, g, v in zip(self.accumulators, grads, variables):
-            acc.assign_add(as_dense(g, v) * tf.cast(count, acc.dtype))
+        for acc, s, v in zip(self.accumulators, grad_sums, variables):
+            acc.assign_add(as_dense(s, v))
         self.accumulated_samples.assign_add(count)
         self.micro_steps.assign_add(1)
         self.step_counter.assign_add(1)
@@ -100,14 +95,14 @@ class GradientAccumulation(SyncStrategy):
         tf.cond(tf.equal(self.micro_steps % self.k, 0), update, tf.no_op)
 
     def get_config(self):
-        from .registry import serialize_strategy
-
-        return {"k": self.k, "average": self.average, "strategy": serialize_strategy(self.strategy)}
+        return {"k": self.k, "average": self.average,
+                "strategy": keras.saving.serialize_keras_object(self.strategy)}
 
     @classmethod
     def from_config(cls, config):
-        from .registry import deserialize_strategy
-
         config = dict(config)
-        config["strategy"] = deserialize_strategy(config["strategy"])
+        config["strategy"] = keras.saving.deserialize_keras_object(config["strategy"])
         return cls(**config)
+
+    def __repr__(self):
+        return f"GradientAccumulation(k={self.k}, average={self.average}, strategy={self.strategy!r})"

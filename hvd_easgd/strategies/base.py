@@ -3,21 +3,39 @@
 A strategy is small and explicit, in the spirit of optax's init/update pair:
 
 * ``bind(comm)``: receives the communicator it will use (injected, so tests
-  can hand in a one-process one);
+  can hand in a one-process or a simulated many-rank one);
 * ``build(trainable_variables, non_trainable_variables)``: creates the
   strategy's state as TF variables (eagerly, once), so it checkpoints with the
   model;
-* ``step(grads, variables, apply_update, sample_count=None, mean=True)``:
+* ``step(grad_sums, variables, apply_update, sample_count=None, mean=True)``:
   one optimizer step. It decides what to reduce, calls ``apply_update(grads)``
   (the inner optimizer) zero or one time, and may then act on the weights
-  (EASGD's elastic pull). It runs inside the training step's ``tf.function``.
+  (EASGD's elastic pull). It runs inside the training step's ``tf.function``;
+* ``children()``: the strategies it contains and steps through (EASGD's
+  warm-up SyncAverage, the strategy GradientAccumulation wraps), so callbacks
+  walk the tree (``walk``) instead of guessing from attributes.
 
-``sample_count`` is how gradient accumulation talks to the strategy: when it
-is given, ``grads`` are *sums* of ``sample_count`` per-sample gradients, and
-the strategy applies the mean (``mean=True``) or the sum over the samples it
-combines. A count of zero means "this rank has nothing this step" and must
+What ``grads`` and ``sample_count`` mean
+----------------------------------------
+Users call ``DistributedOptimizer.apply(grads, variables, sample_count=n)``
+with ``grads`` the gradient of the loss *averaged over the n samples* of that
+call (what a Keras loss gives), or ``sample_count=None`` for "weight 1 per
+call, take the grads as they are". Strategies work on *sums*: the optimizer
+converts once, in ``gradient_sums``, and every strategy receives the same
+thing:
+
+* ``grad_sums``: S = n·g per rank (S = g when the count is None);
+* ``sample_count``: n, an int64 tensor, or None for "1 on every rank" (then
+  it need not travel: every rank knows it).
+
+With ``mean=True`` a strategy applies the per-sample mean over what it
+combines, ΣS / Σn (summed over ranks and accumulated calls); with
+``mean=False`` it applies the sum ΣS. A count of zero means "this rank has
+nothing this step": its S is exactly zero even when its g is NaN (the mean of
+an empty batch is 0/0), it never counts as a non-finite step, and it must
 never desynchronise the ranks.
 """
+import numbers
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -55,6 +73,41 @@ def all_finite(tensors):
     return tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
 
 
+def gradient_sums(grads, variables, sample_count=None):
+    """The one conversion from the public contract to the strategies' one.
+
+    Args:
+      grads: per variable, the gradient of the loss averaged over the call's
+        ``sample_count`` samples (None or IndexedSlices allowed).
+      variables: the variables, in the same order.
+      sample_count: n, a non-negative integer (Python or tensor), or None.
+
+    Returns:
+      ``(grad_sums, count)``: dense S = n·g (exactly zero when n = 0, even
+      for a NaN g) and n as an int64 tensor; or the dense grads and None when
+      ``sample_count`` is None.
+    """
+    dense = [as_dense(g, v) for g, v in zip(grads, variables)]
+    if sample_count is None:
+        return dense, None
+    if isinstance(sample_count, numbers.Real) and (
+            isinstance(sample_count, bool) or not (sample_count >= 0 and float(sample_count).is_integer())):
+        raise ValueError("`sample_count` must be an integer >= 0 (the number of samples the grads are averaged "
+                         f"over) or None. Received: sample_count={sample_count!r}")
+    count = tf.cast(sample_count, tf.int64)
+    has_samples = count > 0
+    # tf.where, not a product: 0 · NaN is NaN, and an empty batch's mean is NaN.
+    sums = [tf.where(has_samples, g * tf.cast(count, g.dtype), tf.zeros_like(g)) for g in dense]
+    return sums, count
+
+
+def state_variable_name(prefix, variable):
+    """``prefix/<the variable's Keras path>``: unique per model, unlike
+    ``variable.name`` (every Dense layer's kernel is named "kernel")."""
+    path = getattr(variable, "path", None) or variable.name
+    return f"{prefix}/{path}".replace(":", "_")
+
+
 class SyncStrategy:
     """Base class. Subclasses set ``name`` and implement ``step``."""
 
@@ -73,14 +126,22 @@ class SyncStrategy:
         # inner optimizer takes the overflow decision itself (see _apply_if).
         self.loss_scale = None
 
+    # --- the tree of strategies -----------------------------------------------
+    def children(self):
+        """The strategies this one contains and steps through; leaves have none."""
+        return ()
+
     # --- wiring ---------------------------------------------------------------
     def bind(self, comm):
+        """Hands ``comm`` to this strategy and every strategy it contains."""
         self.comm = comm
+        for child in self.children():
+            child.bind(comm)
         return self
 
     def _ensure_comm(self):
         if self.comm is None:
-            self.comm = LocalCommunicator()
+            self.bind(LocalCommunicator())
         return self.comm
 
     @property
@@ -101,14 +162,20 @@ class SyncStrategy:
         self._built = True
 
     def _build_state(self, trainable_variables, non_trainable_variables):
-        """Subclass hook: create extra state variables."""
+        """Subclass hook: create extra state variables (and build the children)."""
         return None
 
     def state_variables(self):
-        """Every variable the strategy owns; checkpoints must hold them."""
+        """Every variable the strategy and its children own, in a stable
+        order; checkpoints must hold them."""
         if not self._built:
             return []
-        return [self.step_counter, self.skip_counts] + self._extra_state()
+        own = [self.step_counter, self.skip_counts] + self._extra_state()
+        return own + [v for child in self.children() for v in child.state_variables()]
+
+    def _extra_state(self):
+        """Subclass hook: this strategy's own variables beyond the counters."""
+        return []
 
     @property
     def skipped_steps(self):
@@ -120,16 +187,10 @@ class SyncStrategy:
         """The current run of such steps (0 after any finite step)."""
         return self.skip_counts[1]
 
-    def _extra_state(self):
-        return []
-
     def on_initial_state_synced(self):
         """Called once every rank holds rank 0's initial weights."""
-        return None
-
-    def per_rank_state(self):
-        """True when ranks hold different state (then each rank's is saved)."""
-        return False
+        for child in self.children():
+            child.on_initial_state_synced()
 
     def kept_variables(self):
         """The variables of the model you keep, one per trainable variable, in
@@ -138,7 +199,8 @@ class SyncStrategy:
         return None
 
     # --- one step ----------------------------------------------------------------
-    def step(self, grads, variables, apply_update, sample_count=None, mean=True):
+    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
+        """One optimizer step on per-rank sums (see the module docstring)."""
         raise NotImplementedError
 
     def _apply_if(self, finite_and_wanted, finite, apply_update, grads):
@@ -195,7 +257,7 @@ class SyncStrategy:
             return value
         return value * tf.cast(self.loss_scale(), value.dtype)
 
-    # --- configuration ---------------------------------------------------------
+    # --- configuration (serialised through keras.saving) -----------------------
     def get_config(self):
         return {}
 
@@ -206,3 +268,19 @@ class SyncStrategy:
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+class KeepsCenter:
+    """Capability of a strategy whose kept model is a center x̃, not the local weights.
+
+    Such a strategy has ``variables`` (the local weights it was built on) and
+    ``center`` (x̃, in the same order). ``CenterSwap`` evaluates on the center
+    and the saved model holds it.
+    """
+
+
+def walk(strategy):
+    """``strategy`` and every strategy it contains, depth first, parents first."""
+    yield strategy
+    for child in strategy.children():
+        yield from walk(child)

@@ -14,35 +14,64 @@ every optimizer step t = 1, 2, ... (TF1's order):
        x_i ← x_i − d_i
        x̃  ← x̃ + Σ_j d_j                                    ONE grouped Sum allreduce
 
-Summing step 2 over ranks: x̃' = (1 − pα) x̃ + pα · mean_j(x_j), so the
-center moves toward the workers' mean and is stable iff 0 < pα < 1; with
-α ≤ 1/(p+1) it does not overshoot. α defaults to β/p with β = 0.9 (the
-paper's choice); TF1 defaulted to 0.9/(τ·p).
+Which α is stable. Take step 2 alone; let m = mean_j(x_j) and e = m − x̃ be
+the gap between the workers' mean and the center. Averaging the x_i update
+over i, and summing the d_i:
+
+  m'  = m − α e
+  x̃'  = x̃ + pα e            i.e. x̃' = (1 − pα) x̃ + pα · m
+  e'  = m' − x̃' = (1 − (p+1)α) e
+
+So the gap shrinks iff |1 − (p+1)α| < 1, that is 0 < α < 2/(p+1):
+
+* α > 2/(p+1) or α < 0: |e| grows at every elastic step; α = 0 never
+  pulls. Refused.
+* α = 2/(p+1): e' = −e, it oscillates without growing or settling. Warned.
+  At p = 1, α = 1 the local weights and the center swap (x' = x̃, x̃' = x),
+  which TF1's own test (test1Workers2Period) relies on.
+* Also x̃' − m = (1 − pα)(x̃ − m): the center lands on the workers' mean
+  at pα = 1 and overshoots it when pα > 1; from pα = 1 on it keeps nothing
+  of its own past, so it no longer averages over time. Warned (pα ≥ 1).
+  TF1's two-worker test used α = 0.5 at p = 2: pα = 1, stable (0.5 < 2/3).
+
+The default α = β/p with β = 0.9 (the paper's choice) gives pα = 0.9: no
+warning. TF1 defaulted to 0.9/(τ·p).
 
 ``overlap=True`` computes d_i from x_i and x̃ as they stand at the *start*
 of a communication step and issues the allreduce before the inner update,
 so the runtime can overlap it with the step's compute; x_i ← x_i − d_i and
 x̃ ← x̃ + Σd are applied after the inner update. The pull is one step stale.
 """
+import math
+import numbers
 import warnings
 
+import keras
 import tensorflow as tf
 
-from .base import CliOption, SyncStrategy, all_finite, as_dense
+from .base import CliOption, KeepsCenter, SyncStrategy, all_finite, as_dense, state_variable_name
 from .sync_average import SyncAverage
 
 
 def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-class EASGD(SyncStrategy):
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@keras.saving.register_keras_serializable(package="hvd_easgd")
+class EASGD(KeepsCenter, SyncStrategy):
     """Elastic averaging every ``communication_period`` optimizer steps.
 
     Args:
       communication_period: τ, optimizer steps between elastic steps (int ≥ 1).
-      moving_rate: α. Default ``beta / p``. Must satisfy 0 < α and p·α < 1.
-      beta: β, used when ``moving_rate`` is not given (default 0.9).
+      moving_rate: α. Default ``beta / p``. Must satisfy 0 < α ≤ 2/(p+1)
+        (see the module docstring: beyond, the elastic step diverges; at the
+        bound it oscillates, and from p·α ≥ 1 the center jumps to or past the
+        workers' mean; both warn).
+      beta: β = p·α, used when ``moving_rate`` is not given (default 0.9).
       rho: extra elastic force ρ (x_i − x̃) added to every local gradient,
         toward the center as of the last communication step. Default 0 keeps
         the elastic force to the communication steps (the paper's periodic
@@ -65,7 +94,8 @@ class EASGD(SyncStrategy):
     description = "elastic averaging every tau steps; center replicated on every rank"
     cli_options = (
         CliOption("--tau", "communication_period", "optimizer steps between elastic steps (default 10)", type=int),
-        CliOption("--moving-rate", "moving_rate", "alpha, the elastic moving rate (default beta/p)", type=float),
+        CliOption("--moving-rate", "moving_rate",
+                  "alpha, the elastic moving rate: 0 < alpha <= 2/(p+1) (default beta/p)", type=float),
         CliOption("--beta", "beta", "beta = p*alpha, used when --moving-rate is not given (default 0.9)",
                   type=float),
         CliOption("--rho", "rho", "extra elastic force added to every local gradient (default 0)", type=float),
@@ -82,21 +112,31 @@ class EASGD(SyncStrategy):
         if communication_period == 1:
             warnings.warn("EASGD with communication_period=1 takes an elastic step every step: "
                           "it communicates as often as SyncAverage", stacklevel=2)
-        if moving_rate is not None and not moving_rate > 0:
-            raise ValueError(f"`moving_rate` (alpha) must be > 0. Received: moving_rate={moving_rate!r}")
-        if moving_rate is None and not 0 < beta < 1:
-            raise ValueError(f"`beta` must satisfy 0 < beta < 1. Received: beta={beta!r}")
-        if not rho >= 0:
-            raise ValueError(f"`rho` must be >= 0. Received: rho={rho!r}")
+        if moving_rate is not None and not (_is_number(moving_rate) and moving_rate > 0):
+            raise ValueError("`moving_rate` (alpha) must be a number > 0 or None (then beta/p). "
+                             f"Received: moving_rate={moving_rate!r}")
+        if not (_is_number(beta) and beta > 0):
+            raise ValueError(f"`beta` (p * alpha) must be a number > 0. Received: beta={beta!r}")
+        if rho is None:
+            raise ValueError("`rho` must be a number >= 0 (default 0). TF1's rho=None meant "
+                             "rho = moving_rate / learning_rate, an elastic term in the loss; to get it, pass "
+                             "that number (moving_rate=0.45 with lr=0.05 gives rho=9.0). "
+                             f"Received: rho={rho!r}")
+        if not (_is_number(rho) and rho >= 0):
+            raise ValueError(f"`rho` must be a number >= 0. Received: rho={rho!r}")
         if not _is_int(warmup_steps) or warmup_steps < 0:
             raise ValueError(f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
-        self.communication_period = communication_period
-        self._moving_rate_arg = moving_rate
-        self.beta = beta
+        self.communication_period = int(communication_period)
+        self._moving_rate_arg = None if moving_rate is None else float(moving_rate)
+        self.beta = float(beta)
         self.rho = float(rho)
-        self.warmup_steps = warmup_steps
+        self.warmup_steps = int(warmup_steps)
         self.overlap = bool(overlap)
-        self._warmup_sync = SyncAverage()
+        self.warmup_strategy = SyncAverage()
+        self._checked_size = None
+
+    def children(self):
+        return (self.warmup_strategy,)
 
     # --- wiring ---------------------------------------------------------------
     @property
@@ -106,30 +146,46 @@ class EASGD(SyncStrategy):
 
     def bind(self, comm):
         super().bind(comm)
-        self._warmup_sync.bind(comm)
-        alpha = self.moving_rate
-        if not comm.size * alpha < 1:
-            raise ValueError("`moving_rate` (alpha) must satisfy p * alpha < 1 with p ranks "
-                             f"(p={comm.size}). Received: moving_rate={alpha!r}")
+        if comm.size != self._checked_size:
+            self._check_moving_rate(comm.size)
+            self._checked_size = comm.size
         return self
 
-    def per_rank_state(self):
-        return True
+    def _check_moving_rate(self, p):
+        """Refuses an α whose elastic step diverges; warns where it oscillates or overshoots."""
+        alpha = self.moving_rate
+        bound = 2.0 / (p + 1)
+        if self._moving_rate_arg is not None:
+            given = f"`moving_rate` (alpha) must satisfy 0 < alpha <= 2/(p+1) = {bound:.6g}"
+            received = f"moving_rate={self._moving_rate_arg!r}"
+        else:
+            given = f"`beta` (p * alpha) must satisfy 0 < beta <= 2p/(p+1) = {p * bound:.6g}"
+            received = f"beta={self.beta!r}"
+        if math.isclose(alpha, bound, rel_tol=1e-9):
+            warnings.warn(f"EASGD with alpha = 2/(p+1) = {bound:.6g} at p={p}: the gap between the workers' mean "
+                          "and the center oscillates (it changes sign every elastic step and never shrinks)"
+                          + ("; at p=1 the local weights and the center swap" if p == 1 else ""), stacklevel=3)
+        elif alpha > bound:
+            raise ValueError(f"{given} with p={p} ranks, else the elastic step diverges. Received: {received}")
+        elif p * alpha >= 1:
+            warnings.warn(f"EASGD with p * alpha = {p * alpha:.6g} >= 1 at p={p}: each elastic step moves the center "
+                          "onto or past the workers' mean, so it no longer averages over time "
+                          "(stable up to alpha < 2/(p+1); the default beta = 0.9 gives p * alpha = 0.9)", stacklevel=3)
 
     def _build_state(self, trainable_variables, non_trainable_variables):
-        self._warmup_sync.bind(self.comm)
-        self._warmup_sync.build(trainable_variables)
+        self.warmup_strategy.build(trainable_variables)
         self.variables = trainable_variables
         # x̃ starts equal to x, which is identical on all ranks after the
         # initial broadcast (and after warm-up, re-copied from x).
-        self.center = [tf.Variable(v, trainable=False, name="center/" + v.name.replace(":", "_"))
+        self.center = [tf.Variable(v, trainable=False, name=state_variable_name("center", v))
                        for v in trainable_variables]
         self.skipped_elastic_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="easgd_skipped_elastic")
 
     def _extra_state(self):
-        return self.center + [self.skipped_elastic_steps] + self._warmup_sync.state_variables()
+        return self.center + [self.skipped_elastic_steps]
 
     def on_initial_state_synced(self):
+        super().on_initial_state_synced()
         self.reset_center()
 
     def kept_variables(self):
@@ -149,17 +205,17 @@ class EASGD(SyncStrategy):
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
-    def step(self, grads, variables, apply_update, sample_count=None, mean=True):
+    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         if self.warmup_steps:
             in_warmup = self.step_counter < self.warmup_steps
             tf.cond(in_warmup,
-                    lambda: self._warmup_step(grads, variables, apply_update, sample_count, mean),
-                    lambda: self._elastic_or_local_step(grads, variables, apply_update, sample_count, mean))
+                    lambda: self._warmup_step(grad_sums, variables, apply_update, sample_count, mean),
+                    lambda: self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean))
         else:
-            self._elastic_or_local_step(grads, variables, apply_update, sample_count, mean)
+            self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean)
 
-    def _warmup_step(self, grads, variables, apply_update, sample_count, mean):
-        self._warmup_sync.step(grads, variables, apply_update, sample_count, mean)
+    def _warmup_step(self, grad_sums, variables, apply_update, sample_count, mean):
+        self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean)
         self.step_counter.assign_add(1)
         # Warm-up just ended: every rank holds the same x, so x̃ ← x everywhere.
         tf.cond(tf.equal(self.step_counter, self.warmup_steps), self._reset_center_op, tf.no_op)
@@ -169,21 +225,21 @@ class EASGD(SyncStrategy):
         self.reset_center()
         return tf.no_op()
 
-    def _elastic_or_local_step(self, grads, variables, apply_update, sample_count, mean):
+    def _elastic_or_local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         communicates = tf.equal((self.local_steps() + 1) % self.communication_period, 0)
         if self.overlap:
             # d from x and x̃ at the start of the step; the allreduce is issued
             # before the inner update so it can run alongside the step's work.
             pending = tf.cond(communicates, self._start_elastic, self._no_elastic)
-            self._local_step(grads, variables, apply_update, sample_count, mean)
+            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
             tf.cond(communicates, lambda: self._finish_elastic(*pending), tf.no_op)
         else:
-            self._local_step(grads, variables, apply_update, sample_count, mean)
+            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
             tf.cond(communicates, lambda: self._finish_elastic(*self._start_elastic()), tf.no_op)
         return tf.constant(0)
 
-    def _local_step(self, grads, variables, apply_update, sample_count, mean):
-        grads = [as_dense(g, v) for g, v in zip(grads, variables)]
+    def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
+        grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
         wanted = tf.constant(True)
         if sample_count is not None:
             count = tf.cast(sample_count, grads[0].dtype)

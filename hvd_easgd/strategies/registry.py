@@ -1,5 +1,10 @@
-"""Strategies by name. The CLI takes its ``--strategy`` choices from here,
-so the list of strategies exists exactly once."""
+"""Strategies by name, for the command line. The CLI takes its ``--strategy``
+choices from here, so the list of strategies exists exactly once.
+
+Serialisation does not go through this registry: strategies are Keras
+serialisables (``keras.saving.serialize_keras_object``), as Keras's
+``LossScaleOptimizer`` serialises its inner optimizer.
+"""
 from .easgd import EASGD
 from .sync_average import SyncAverage
 
@@ -27,18 +32,6 @@ def get(name):
 
 def create(name, **kwargs):
     return get(name)(**kwargs)
-
-
-def serialize_strategy(strategy):
-    return {"class_name": type(strategy).__name__, "config": strategy.get_config()}
-
-
-def deserialize_strategy(spec):
-    from .accumulation import GradientAccumulation
-
-    classes = {entry["cls"].__name__: entry["cls"] for entry in _REGISTRY.values()}
-    classes["GradientAccumulation"] = GradientAccumulation
-    return classes[spec["class_name"]].from_config(spec["config"])
 
 
 register(SyncAverage)

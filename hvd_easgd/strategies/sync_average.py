@@ -4,6 +4,7 @@ Every rank applies the same reduced gradient, so the ranks' weights stay
 bit-identical. All gradients travel in ONE grouped allreduce per step: the
 per-step collective latency, not bandwidth, is the main cost at small scale.
 """
+import keras
 import tensorflow as tf
 
 from ..comm import Compression
@@ -11,6 +12,7 @@ from ..comm.communicator import REDUCE_OPS
 from .base import CliOption, SyncStrategy, all_finite, as_dense
 
 
+@keras.saving.register_keras_serializable(package="hvd_easgd")
 class SyncAverage(SyncStrategy):
     """Synchronous data parallelism.
 
@@ -47,16 +49,18 @@ class SyncAverage(SyncStrategy):
         self.compression_name = compression
         self.compression = Compression.by_name(compression)
 
-    def reduce(self, grads, variables, sample_count=None, mean=True):
+    def reduce(self, grad_sums, variables, sample_count=None, mean=True):
         """Returns ``(reduced_grads, apply_wanted)``, identical on every rank.
 
-        Without ``sample_count``: one allreduce with ``reduce_op``.
-        With it (gradient accumulation): ``grads`` are per-rank sums S_r over
-        n_r samples; S_r and n_r travel in the SAME Sum allreduce, and the
-        result is ΣS_r / Σn_r (``mean``), else ΣS_r combined by ``reduce_op``.
-        A window in which no rank saw a sample is skipped everywhere.
+        ``grad_sums`` are per-rank sums S_r over n_r samples (base.py).
+        Without a count (n_r = 1 on every rank, known everywhere): one
+        allreduce with ``reduce_op``, so ``"average"`` gives ΣS_r / p, the
+        per-sample mean. With it: S_r and n_r travel in the SAME Sum
+        allreduce, and the result is ΣS_r / Σn_r (``mean``), else ΣS_r
+        combined by ``reduce_op``. A step in which no rank saw a sample is
+        skipped everywhere.
         """
-        grads = [as_dense(g, v) for g, v in zip(grads, variables)]
+        grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
         if sample_count is None:
             reduced = self.comm.allreduce(grads, op=self.reduce_op, compression=self.compression)
             wanted = tf.constant(True)
@@ -77,8 +81,8 @@ class SyncAverage(SyncStrategy):
             reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
         return reduced, wanted
 
-    def step(self, grads, variables, apply_update, sample_count=None, mean=True):
-        reduced, wanted = self.reduce(grads, variables, sample_count, mean)
+    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
+        reduced, wanted = self.reduce(grad_sums, variables, sample_count, mean)
         # Checked after the reduction: every rank sees the same numbers and
         # takes the same decision, so a NaN on one rank cannot split them.
         finite = all_finite(reduced)

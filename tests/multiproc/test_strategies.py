@@ -95,6 +95,16 @@ def test_uneven_shards_finish_with_the_exact_rule(ranks):
         assert r["uneven_relerr"] <= 1e-6
 
 
+def test_sample_count_weights_each_rank_by_its_samples(ranks):
+    # rank 0 averages over 3 samples, rank 1 over 1: the update is the mean over the 4
+    dim = 6
+    for r in ranks:
+        assert r["weighted_relerr"] <= 1e-6, r["weighted_relerr"]
+        # per step one call: the gradient sums and the 4-byte sample count
+        assert r["weighted_calls"] == 3
+        assert r["weighted_bytes"] == 3 * (4 * dim + 4)
+
+
 def test_nan_on_one_rank_keeps_ranks_in_step(ranks):
     for r in ranks:
         assert r["nan_sync"] == {"skipped": 1, "maxdiff": 0.0, "finite": True}

@@ -63,3 +63,28 @@ def test_scale_lr_with_warmup_ramps_linearly_to_lr_times_ranks():
     assert values == pytest.approx([0.1, 0.25, 0.4, 0.4])
     args.lr_warmup_epochs = 0.0
     assert float(_inner_optimizer(args, size=4, updates_per_epoch=10).learning_rate.numpy()) == pytest.approx(0.4)
+
+
+def _nan_data(n):
+    return np.full((n, 3), np.nan, np.float32), np.zeros((n, 1), np.float32)
+
+
+def test_short_epochs_of_non_finite_steps_abort_although_no_epoch_reaches_check_every():
+    # 4 steps per epoch, checked every 10: Keras's batch index never reaches 10, the global count does.
+    model = compiled(SyncAverage())
+    x, y = _nan_data(8)
+    with pytest.raises(NonFiniteTrainingError, match=r"\d+ consecutive optimizer steps had NaN/Inf.*--max-bad-steps=5"):
+        model.fit(x, y, batch_size=2, epochs=6, verbose=0,
+                  callbacks=hvd_easgd.callbacks.defaults() + [AbortOnNonFinite(max_consecutive=5, check_every=10)])
+    # the epoch-end check stops it after epoch 2 (8 bad steps), before the 10th step's check
+    assert int(model.optimizer.iterations.numpy()) == 0
+    assert int(model.optimizer.strategy.skipped_steps.numpy()) == 8
+
+
+def test_non_finite_steps_during_easgd_warmup_abort():
+    # The warm-up runs through EASGD's own SyncAverage, reached through children().
+    model = compiled(EASGD(communication_period=2, warmup_steps=1000))
+    x, y = _nan_data(64)
+    with pytest.raises(NonFiniteTrainingError, match=r"10 consecutive optimizer steps had NaN/Inf.*--max-bad-steps=5"):
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0,
+                  callbacks=hvd_easgd.callbacks.defaults() + [AbortOnNonFinite(max_consecutive=5, check_every=10)])

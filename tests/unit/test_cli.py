@@ -106,6 +106,7 @@ def test_a_real_process_exits_2_without_traceback():
     out = subprocess.run([PYTHON, "train.py", "--strategy", "easgd", "--moving-rate", "1.5"], cwd=ROOT,
                          env=quiet_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1] == ("train.py: error: `moving_rate` (alpha) must satisfy p * alpha < 1 "
-                                                   "with p ranks (p=1). Received: moving_rate=1.5")
+    assert out.stderr.strip().splitlines()[-1] == ("train.py: error: `moving_rate` (alpha) must satisfy 0 < alpha <= 2/(p+1) = 1 "
+                                                   "with p=1 ranks, else the elastic step diverges. "
+                                                   "Received: moving_rate=1.5")
     assert "Traceback" not in out.stderr

@@ -1,8 +1,11 @@
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_easgd.comm import Compression, LocalCommunicator
+from hvd_easgd.comm import (CollectiveMismatchError, Compression, LocalCommunicator, RanksDisagreeError,
+                             SimulatedCluster)
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +68,83 @@ def test_bad_arguments_are_named():
         comm.broadcast([tf.ones(1)], root_rank=1)
 
 
-def test_allgather_json_and_agreement_on_one_rank():
-    comm = LocalCommunicator()
-    assert comm.allgather_json({"a": [1, 2]}) == [{"a": [1, 2]}]
-    comm.assert_same_across_ranks("anything", {"k": 1})  # one rank always agrees
+def test_allgather_json_on_one_rank():
+    assert LocalCommunicator().allgather_json({"a": [1, 2]}) == [{"a": [1, 2]}]
+
+
+# --- p simulated ranks in one process --------------------------------------------------------
+def test_simulated_collectives_combine_each_ranks_own_values():
+    cluster = SimulatedCluster(3)
+
+    def collectives(rank):
+        comm = cluster.communicators[rank]
+        value = tf.fill([2], float(rank))
+        summed, averaged = comm.allreduce([value], op="sum")[0], comm.allreduce([value], op="average")[0]
+        from_root = comm.broadcast([tf.constant([10.0 * rank])], root_rank=2)[0]
+        gathered = comm.allgather(tf.fill([rank + 1], rank))  # ranks send 1, 2, 3 elements
+        return summed.numpy().tolist(), averaged.numpy().tolist(), from_root.numpy().tolist(), gathered.numpy().tolist()
+
+    for rank, (summed, averaged, from_root, gathered) in enumerate(cluster.run(collectives)):
+        assert summed == [3.0, 3.0] and averaged == [1.0, 1.0]
+        assert from_root == [20.0]
+        assert gathered == [0, 1, 1, 2, 2, 2]
+        # each rank's own account: 2 allreduces of 8 bytes, a 4-byte broadcast, its own (rank+1) int32s gathered
+        assert cluster.communicators[rank].account() == {"bytes": 8 + 8 + 4 + 4 * (rank + 1), "calls": 4}
+
+
+def test_simulated_ranks_calling_different_collectives_fail_instead_of_hanging():
+    cluster = SimulatedCluster(2, timeout=5)
+
+    def mismatched(rank):
+        comm = cluster.communicators[rank]
+        return comm.allreduce([tf.ones([3 + rank])], op="sum")
+
+    with pytest.raises(CollectiveMismatchError, match=r"ranks \[0\]: .*\(3,\).*; ranks \[1\]: .*\(4,\)"):
+        cluster.run(mismatched)
+
+
+def test_a_simulated_rank_that_never_arrives_fails_the_run_within_the_timeout():
+    cluster = SimulatedCluster(2, timeout=1)
+
+    def rank_one_skips(rank):
+        if rank == 0:
+            cluster.communicators[0].allreduce([tf.ones([1])])
+
+    with pytest.raises(RuntimeError, match="did not all reach this collective within 1 s"):
+        cluster.run(rank_one_skips)
+    # an error on one rank releases the others at once, and the cluster is usable again afterwards
+    def rank_zero_fails(rank):
+        if rank == 0:
+            raise KeyError("rank 0's own error")
+        cluster.communicators[1].allreduce([tf.ones([1])])
+
+    with pytest.raises(KeyError, match="rank 0's own error"):
+        cluster.run(rank_zero_fails)
+    assert cluster.run(lambda rank: rank) == [0, 1]
+
+
+def test_simulated_collectives_outside_run_are_refused():
+    with pytest.raises(RuntimeError, match=r"inside SimulatedCluster\.run"):
+        SimulatedCluster(2).communicators[0].allreduce([tf.ones([1])])
+
+
+def test_ranks_that_disagree_are_named_and_ranks_that_agree_pass():
+    cluster = SimulatedCluster(3)
+
+    def check(values):
+        def rank_main(rank):
+            cluster.communicators[rank].assert_same_across_ranks("the model", {"shape": values[rank], "seed": 1})
+        return rank_main
+
+    cluster.run(check([[4, 3], [4, 3], [4, 3]]))  # agree: no error
+    with pytest.raises(RanksDisagreeError, match=r"ranks disagree on the model: `shape` differs between "
+                                                 r"ranks \[0, 2\]; ranks \[1\]"):
+        cluster.run(check([[4, 3], [4, 5], [4, 3]]))
+
+
+def test_a_simulated_run_that_outlives_its_deadline_fails():
+    cluster = SimulatedCluster(2)
+    release = threading.Event()
+    with pytest.raises(TimeoutError, match=r"simulated ranks \[1\] did not finish within 0\.5 s"):
+        cluster.run(lambda rank: rank == 1 and release.wait(10), timeout=0.5)
+    release.set()

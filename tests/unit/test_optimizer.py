@@ -85,3 +85,26 @@ def test_xla_is_turned_off_with_a_warning():
     with pytest.warns(UserWarning, match="XLA"):
         model.optimizer.attach(model)
     assert model.jit_compile is False
+
+
+def test_strategies_round_trip_through_keras_serialisation():
+    import json
+
+    from hvd_easgd import GradientAccumulation
+
+    opt = wrapped(keras.optimizers.SGD(0.25, momentum=0.5),
+                  GradientAccumulation(3, average=False, strategy=EASGD(4, moving_rate=0.2, overlap=True)))
+    # through get_config/from_config, with a JSON text in between as in a .keras file
+    again = hvd_easgd.DistributedOptimizer.from_config(json.loads(json.dumps(opt.get_config())))
+    # and through Keras's own entry points, which find the class by its registered name alone
+    keras_again = keras.saving.deserialize_keras_object(
+        json.loads(json.dumps(keras.saving.serialize_keras_object(opt))))
+    for copy in (again, keras_again):
+        assert type(copy) is hvd_easgd.DistributedOptimizer
+        assert isinstance(copy.strategy, GradientAccumulation) and isinstance(copy.strategy.strategy, EASGD)
+        assert copy.strategy.get_config() == opt.strategy.get_config()
+        assert copy.strategy.strategy.get_config() == {
+            "communication_period": 4, "moving_rate": 0.2, "beta": 0.9, "rho": 0.0, "warmup_steps": 0,
+            "overlap": True}
+        assert copy.inner_optimizer.get_config()["momentum"] == 0.5
+    assert opt.get_config()["strategy"]["registered_name"] == "hvd_easgd>GradientAccumulation"

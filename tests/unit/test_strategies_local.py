@@ -160,12 +160,14 @@ def test_sync_validation():
 
 # --- EASGD ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, message", [
-    ({"communication_period": 0}, r"`communication_period` \(tau\) must be an integer >= 1\. Received: communication_period=0"),
+    ({"communication_period": 0},
+     r"`communication_period` \(tau\) must be an integer >= 1\. Received: communication_period=0"),
     ({"communication_period": 2.5}, r"Received: communication_period=2\.5"),
-    ({"moving_rate": 0.0}, r"`moving_rate` \(alpha\) must be > 0\. Received: moving_rate=0\.0"),
+    ({"moving_rate": 0.0}, r"`moving_rate` \(alpha\) must be a number > 0 or None \(then beta/p\)\. "
+                           r"Received: moving_rate=0\.0"),
     ({"moving_rate": -0.1}, r"Received: moving_rate=-0\.1"),
-    ({"beta": 1.0}, r"`beta` must satisfy 0 < beta < 1\. Received: beta=1\.0"),
-    ({"rho": -1.0}, r"`rho` must be >= 0\. Received: rho=-1\.0"),
+    ({"beta": 0.0}, r"`beta` \(p \* alpha\) must be a number > 0\. Received: beta=0\.0"),
+    ({"rho": -1.0}, r"`rho` must be a number >= 0\. Received: rho=-1\.0"),
     ({"warmup_steps": -2}, r"`warmup_steps` must be an integer >= 0\. Received: warmup_steps=-2"),
 ])
 def test_easgd_rejects_bad_hyperparameters(kwargs, message):
@@ -173,10 +175,14 @@ def test_easgd_rejects_bad_hyperparameters(kwargs, message):
         EASGD(**kwargs)
 
 
-def test_easgd_moving_rate_must_keep_p_alpha_below_one():
-    # at p = 1, alpha = 1 would swap x and the center forever
-    with pytest.raises(ValueError, match=r"p \* alpha < 1 .*\(p=1\)\. Received: moving_rate=1\.0"):
-        EASGD(moving_rate=1.0).bind(LocalCommunicator())
+def test_easgd_refuses_a_moving_rate_whose_elastic_step_diverges():
+    # at p = 1 the bound is 2/(p+1) = 1: beyond it |1 - 2 alpha| > 1
+    with pytest.raises(ValueError, match=r"`moving_rate` \(alpha\) must satisfy 0 < alpha <= 2/\(p\+1\) = 1 "
+                                         r"with p=1 ranks, else the elastic step diverges.*Received: moving_rate=1\.5"):
+        EASGD(moving_rate=1.5).bind(LocalCommunicator())
+    with pytest.raises(ValueError, match=r"`beta` \(p \* alpha\) must satisfy 0 < beta <= 2p/\(p\+1\) = 1 "
+                                         r"with p=1 ranks.*Received: beta=1\.2"):
+        EASGD(beta=1.2).bind(LocalCommunicator())
 
 
 def test_easgd_warns_at_tau_one():
@@ -243,8 +249,66 @@ def test_registry_lists_strategies_once_and_creates_them():
         registry.get("ps")
 
 
-def test_strategy_configs_round_trip():
+def test_strategy_configs_round_trip_through_keras_serialisation():
     for strategy in [SyncAverage(clip_norm=2.0, compression="fp16"), EASGD(communication_period=4, rho=0.1),
                      GradientAccumulation(3, average=False, strategy=EASGD(overlap=True))]:
-        again = registry.deserialize_strategy(registry.serialize_strategy(strategy))
+        again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(strategy))
         assert type(again) is type(strategy) and again.get_config() == strategy.get_config()
+        assert repr(again) == repr(strategy)
+
+
+# --- the sample_count contract: grads are means over the call's samples ------------------------
+def _sync():
+    return SyncAverage()
+
+
+def _easgd():
+    return EASGD(communication_period=10)
+
+
+def _accumulate_sync():
+    return GradientAccumulation(1)
+
+
+def _accumulate_easgd():
+    return GradientAccumulation(1, strategy=EASGD(communication_period=10))
+
+
+EVERY_STRATEGY = [_sync, _easgd, _accumulate_sync, _accumulate_easgd]
+
+
+@pytest.mark.parametrize("make", EVERY_STRATEGY, ids=lambda f: f.__name__.strip("_"))
+def test_sample_count_means_the_grads_are_a_mean_over_that_many_samples(make):
+    # The mean gradient of 4 samples is 2: SGD(1) from w = 0 steps to w = -2, whatever the strategy.
+    w, opt = scalar_setup(make())
+    opt.apply([tf.constant([2.0])], [w], sample_count=4)
+    assert w.numpy().tolist() == [-2.0]
+
+
+@pytest.mark.parametrize("make", EVERY_STRATEGY, ids=lambda f: f.__name__.strip("_"))
+def test_an_empty_call_contributes_nothing_even_when_its_mean_is_nan(make):
+    # An empty batch's mean is 0/0 = NaN; with sample_count=0 it must weigh nothing and not count as a fault.
+    w, opt = scalar_setup(make())
+    opt.apply([tf.constant([np.nan])], [w], sample_count=0)
+    assert w.numpy().tolist() == [0.0]
+    assert all(int(s.skipped_steps.numpy()) == 0 for s in hvd_easgd.strategies.walk(opt.strategy))
+
+
+def test_accumulation_window_with_an_empty_nan_micro_batch_applies_the_others():
+    # micro-batches: mean 3 over 2 samples, then an empty one (mean NaN, 0 samples): the update is 3
+    w, opt = scalar_setup(GradientAccumulation(2))
+    opt.apply([tf.constant([3.0])], [w], sample_count=2)
+    opt.apply([tf.constant([np.nan])], [w], sample_count=0)
+    assert w.numpy().tolist() == [-3.0]
+
+
+def test_center_and_accumulator_names_follow_the_keras_variable_paths():
+    # Keras 3 names both kernels "kernel"; their paths differ ("mlp/dense/kernel", "mlp/dense_1/kernel").
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)], name="mlp")
+    strategy = GradientAccumulation(2, strategy=EASGD(communication_period=2))
+    opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), strategy, comm=LocalCommunicator())
+    hvd_easgd.broadcast_initial_state(model, opt)
+    paths = [v.path for v in model.trainable_variables]
+    assert len(set(paths)) == 4
+    assert [c.name.split(":")[0] for c in strategy.strategy.center] == ["center/" + p for p in paths]
+    assert [a.name.split(":")[0] for a in strategy.accumulators] == ["accumulator/" + p for p in paths]

@@ -240,6 +240,28 @@ results["uneven_relerr"] = rel_err(model.layers[0].kernel.numpy().ravel(), w)
 results["uneven_windows"] = windows
 results["uneven_updates"] = int(uneven_opt.iterations.numpy())
 
+# --- 8b. the sample_count contract: rank r's grads are a mean over its n_r samples -----------
+# SyncAverage applies the per-sample mean over all ranks, Σ n_r g_r / Σ n_r: the gradient of
+# one process on the concatenated samples.
+counts = ([3, 1] + [2] * SIZE)[:SIZE]
+model = linear_model(w0)
+weighted_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), hvd_easgd.SyncAverage(), comm=comm)
+hvd_easgd.broadcast_initial_state(model, weighted_opt)
+step = lsq_step_fn(model, weighted_opt)
+comm.reset_account()
+for t in range(3):
+    rows = slice(4 * t, 4 * t + counts[RANK])
+    step(tf.constant(X[rows], tf.float32), tf.constant(Y[rows], tf.float32), tf.constant(counts[RANK]))
+account = comm.account()
+w = w0.copy()
+for t in range(3):
+    x_all = np.concatenate([shards[r][0][4 * t:4 * t + counts[r]] for r in range(SIZE)])
+    y_all = np.concatenate([shards[r][1][4 * t:4 * t + counts[r]] for r in range(SIZE)])
+    w = w - LR * ref.grad(w, x_all, y_all)
+results["weighted_relerr"] = rel_err(model.layers[0].kernel.numpy().ravel(), w)
+results["weighted_bytes"] = account["bytes"]
+results["weighted_calls"] = account["calls"]
+
 # --- 9. a NaN gradient on one rank ------------------------------------------------------------
 model = linear_model(w0)
 nan_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), hvd_easgd.SyncAverage(), comm=comm)

@@ -1,0 +1,171 @@
+"""p simulated ranks in one process, for unit tests of the code that depends on p.
+
+``SimulatedCluster(p)`` hands out p communicators (``cluster.communicators[r]``
+has rank r and size p) that share one rendezvous. ``cluster.run(fn)`` calls
+``fn(rank)`` for every rank at once, one thread per rank, and returns the
+results by rank. A collective waits until all p ranks have called it, then
+returns to each rank the combination of the p inputs: the allreduce adds
+them in rank order (so every rank gets the same bits, as from a real ring),
+broadcast returns the root's, allgather concatenates them. Each
+communicator keeps its own exact byte/call account, as a real rank does.
+
+Example (each rank its own variable, optimizer and strategy)::
+
+    cluster = SimulatedCluster(4)
+    opts = [DistributedOptimizer(SGD(1.0), SyncAverage(), comm=c) for c in cluster.communicators]
+    ws = [tf.Variable([0.0]) for _ in range(4)]
+    cluster.run(lambda r: opts[r].apply([tf.constant([float(r)])], [ws[r]]))   # every w is -1.5
+
+Why threads: strategy code uses a collective's result at once (a ``tf.cond``
+on a reduced flag, the reduced gradients), so a rank cannot pause in the
+middle of a step without a call stack of its own; a thread is that stack.
+Every wait is bounded by ``timeout``, and a rank that fails breaks the
+rendezvous so the others fail at once instead of waiting.
+
+Eager only: inside a ``tf.function`` a collective would see symbolic tensors
+at trace time. Call the steps eagerly (``run_eagerly=True`` for ``fit``).
+"""
+import numbers
+import threading
+import time
+
+import tensorflow as tf
+
+from .communicator import Communicator
+
+
+class CollectiveMismatchError(RuntimeError):
+    """The ranks called different collectives, or the same one on different tensors."""
+
+
+class SimulatedCluster:
+    """``size`` simulated ranks stepped in lockstep (see the module docstring).
+
+    Args:
+      size: p, the number of ranks (int ≥ 1).
+      timeout: seconds a rank waits for the others at a collective; past it
+        the run fails instead of hanging.
+    """
+
+    def __init__(self, size, timeout=60.0):
+        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"`size` must be an integer >= 1. Received: size={size!r}")
+        if not timeout > 0:
+            raise ValueError(f"`timeout` must be > 0 seconds. Received: timeout={timeout!r}")
+        self.size = int(size)
+        self.timeout = float(timeout)
+        self._barrier = threading.Barrier(self.size, timeout=self.timeout)
+        self._deposits = [None] * self.size
+        self._running = False
+        self.communicators = [SimulatedCommunicator(self, rank) for rank in range(self.size)]
+
+    def run(self, fn, timeout=300.0):
+        """Calls ``fn(rank)`` for every rank, each on its own thread; returns
+        ``[fn(0), ..., fn(p-1)]``. Re-raises the first rank's own error (not
+        the "another rank failed" errors it caused elsewhere), and fails if
+        the ranks are not all done within ``timeout`` seconds."""
+        if self._running:
+            raise RuntimeError("SimulatedCluster.run is already running: a rank function cannot call it again")
+        results, errors = [None] * self.size, [None] * self.size
+
+        def rank_main(rank):
+            try:
+                results[rank] = fn(rank)
+            except BaseException as err:  # noqa: B902 -- handed to the caller below
+                errors[rank] = err
+                self._barrier.abort()  # releases the ranks waiting for this one
+
+        self._barrier.reset()
+        self._running = True
+        threads = [threading.Thread(target=rank_main, args=(rank,), name=f"simulated-rank-{rank}", daemon=True)
+                   for rank in range(self.size)]
+        try:
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + timeout
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            stuck = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
+            if stuck:
+                self._barrier.abort()
+                raise TimeoutError(f"simulated ranks {stuck} did not finish within {timeout:g} s")
+        finally:
+            self._running = False
+        failures = [err for err in errors if err is not None]
+        if failures:
+            own = [err for err in failures if not isinstance(err, _PeerFailed)]
+            raise (own or failures)[0]
+        return results
+
+    def exchange(self, rank, signature, payload):
+        """Deposits rank ``rank``'s ``payload`` and returns every rank's, in rank order.
+
+        ``signature`` names the collective and what must agree across ranks
+        (op, root, shapes, dtypes); ranks that disagree get a
+        ``CollectiveMismatchError`` instead of a wrong result.
+        """
+        if not self._running:
+            raise RuntimeError("a SimulatedCommunicator's collectives must be called inside SimulatedCluster.run(fn), "
+                               "which runs every rank at once")
+        self._deposits[rank] = (signature, payload)
+        self._wait()
+        deposits = list(self._deposits)
+        self._wait()  # no rank deposits its next input before every rank has read this one
+        signatures = [s for s, _ in deposits]
+        if any(s != signatures[0] for s in signatures):
+            ranks_by_call = {}
+            for r, s in enumerate(signatures):
+                ranks_by_call.setdefault(repr(s), []).append(r)
+            calls = "; ".join(f"ranks {ranks}: {call}" for call, ranks in ranks_by_call.items())
+            raise CollectiveMismatchError(f"the ranks called different collectives: {calls}")
+        return [p for _, p in deposits]
+
+    def _wait(self):
+        try:
+            self._barrier.wait()
+        except threading.BrokenBarrierError:
+            raise _PeerFailed("another simulated rank failed, or the ranks did not all reach this collective "
+                              f"within {self.timeout:g} s") from None
+
+
+class _PeerFailed(RuntimeError):
+    """This rank stopped because another one failed or never arrived."""
+
+
+def _signature(tensors):
+    return tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+
+
+class SimulatedCommunicator(Communicator):
+    """One rank of a ``SimulatedCluster``; get it from ``cluster.communicators``."""
+
+    def __init__(self, cluster, rank):
+        super().__init__()
+        self._cluster = cluster
+        self.rank = rank
+        self.size = cluster.size
+        self.local_rank = rank
+        self.local_size = cluster.size
+
+    def _grouped_allreduce(self, tensors, op):
+        per_rank = self._cluster.exchange(self.rank, ("allreduce", op, _signature(tensors)), tensors)
+        reduced = []
+        for i in range(len(tensors)):
+            total = per_rank[0][i]
+            for inputs in per_rank[1:]:
+                total = total + inputs[i]
+            if op == "average":
+                total = total / self.size if total.dtype.is_floating else total // self.size
+            reduced.append(total)
+        return reduced
+
+    def _broadcast(self, tensors, root_rank):
+        if not 0 <= root_rank < self.size:
+            raise ValueError(f"`root_rank` must be in [0, {self.size}). Received: root_rank={root_rank}")
+        per_rank = self._cluster.exchange(self.rank, ("broadcast", root_rank, _signature(tensors)), tensors)
+        return [tf.identity(t) for t in per_rank[root_rank]]
+
+    def _allgather(self, tensor):
+        # Only the leading dimension may differ between ranks.
+        signature = ("allgather", tuple(tensor.shape.as_list()[1:]), tensor.dtype.name)
+        return tf.concat(self._cluster.exchange(self.rank, signature, tensor), axis=0)
