@@ -6,6 +6,8 @@ import tensorflow as tf
 
 import hvd_easgd
 from hvd_easgd import EASGD, LocalCommunicator, SyncAverage, callbacks, checkpoint
+from hvd_easgd.comm import RanksDisagreeError, SimulatedCluster
+from hvd_easgd.statistics import average_statistics
 
 pytestmark = pytest.mark.unit
 
@@ -113,3 +115,32 @@ def test_kept_weights_is_the_center_under_easgd_and_the_weights_under_sync_avera
     plain.fit(x, x[:, :1], verbose=0, callbacks=callbacks.defaults())
     for kept, v in zip(hvd_easgd.kept_weights(plain), plain.trainable_variables):
         np.testing.assert_array_equal(kept, v.numpy())
+
+
+def test_statistics_are_averaged_across_ranks_and_left_out_of_the_account():
+    cluster = SimulatedCluster(3)
+    models = [keras.Sequential([keras.Input((2,)), keras.layers.BatchNormalization()]) for _ in range(3)]
+    for r, model in enumerate(models):
+        model.layers[0].moving_mean.assign([r, 2.0 * r])
+        model.layers[0].moving_variance.assign([1.0 + r, 1.0])
+    cluster.run(lambda r: average_statistics(models[r], cluster.communicators[r]))
+    for model, comm in zip(models, cluster.communicators):
+        assert model.layers[0].moving_mean.numpy().tolist() == [1.0, 2.0]  # mean of 0, 1, 2 and of 0, 2, 4
+        assert model.layers[0].moving_variance.numpy().tolist() == [2.0, 1.0]
+        assert comm.account() == {"bytes": 0, "calls": 0}  # bookkeeping, not training traffic
+
+
+def test_ranks_with_different_initial_weights_are_refused_at_build_unless_told_otherwise():
+    cluster = SimulatedCluster(2)
+
+    def first_step(rank, check):
+        w = tf.Variable([float(rank)])  # a different start on each rank, and no broadcast
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), comm=cluster.communicators[rank],
+                                             check_initial_state=check)
+        opt.apply([tf.constant([1.0])], [w])
+        return w.numpy().tolist()
+
+    with pytest.raises(RanksDisagreeError, match=r"different initial weights.*broadcast_initial_state"):
+        cluster.run(lambda r: first_step(r, True))
+    cluster = SimulatedCluster(2)
+    np.testing.assert_allclose(cluster.run(lambda r: first_step(r, False)), [[-0.1], [0.9]], rtol=1e-6)
