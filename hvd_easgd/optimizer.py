@@ -111,9 +111,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return self._comm
 
     def attach(self, model):
-        """Tells the optimizer about ``model``'s non-trainable state (which
-        EASGD averages) and disables XLA for its step: Horovod's collectives
-        are not XLA-compilable in a default build."""
+        """Tells the optimizer about ``model``'s non-trainable state (handed to
+        ``strategy.build``; BatchNorm statistics follow ``hvd_easgd.statistics``)
+        and disables XLA for its step: Horovod's collectives are not
+        XLA-compilable in a default build."""
         self._non_trainable_variables = list(model.non_trainable_variables)
         if getattr(model, "compiled", False):
             if model.jit_compile:
