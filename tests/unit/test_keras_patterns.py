@@ -144,3 +144,16 @@ def test_ranks_with_different_initial_weights_are_refused_at_build_unless_told_o
         cluster.run(lambda r: first_step(r, True))
     cluster = SimulatedCluster(2)
     np.testing.assert_allclose(cluster.run(lambda r: first_step(r, False)), [[-0.1], [0.9]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("known_length", [True, False])
+def test_shard_dataset_gives_every_rank_as_many_elements_as_the_shortest_shard(known_length):
+    cluster = SimulatedCluster(3)
+    dataset = tf.data.Dataset.range(11)  # shards of 4, 4 and 3
+    if not known_length:
+        dataset = dataset.filter(lambda x: True)  # tf.data no longer knows the length
+
+    def elements(rank):
+        return [int(x) for x in hvd_easgd.shard_dataset(dataset, cluster.communicators[rank])]
+
+    assert cluster.run(elements) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
