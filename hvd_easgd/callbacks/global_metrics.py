@@ -48,16 +48,19 @@ class GlobalEvaluationMetrics(keras.callbacks.Callback):
     combined this way: it is refused with a ``ValueError`` on every rank alike,
     rather than reported wrong, at the latest after the first test batch (as
     soon as ``compile()`` has built its metrics) and always before any
-    collective. A custom
-    metric whose variables are all sums over samples can be declared with
-    ``additive_metrics``. With one rank there is nothing to combine and every
-    metric is accepted.
+    collective. A custom metric whose variables are all sums over samples can
+    be declared with ``additive_metrics``. With one rank there is nothing to
+    combine: every metric is accepted and the callback does nothing.
 
     Args:
         dataset: this rank's evaluation ``tf.data.Dataset`` (known cardinality).
         comm: the communicator (default: the model's ``DistributedOptimizer``'s).
         additive_metrics: more metric classes whose variables are all sums.
     """
+
+    # Keras may run batch-end hooks in a thread pool for callbacks marked
+    # async-safe; this one must run in line, before Keras reads the results.
+    async_safe = False
 
     def __init__(self, dataset, comm=None, additive_metrics=()):
         super().__init__()
@@ -93,7 +96,7 @@ class GlobalEvaluationMetrics(keras.callbacks.Callback):
                 variable.assign(total)
 
     def on_test_end(self, logs=None):
-        if self._batches_seen != self.batches:
+        if self.comm.size > 1 and self._batches_seen != self.batches:
             raise RuntimeError(
                 f"evaluation ran {self._batches_seen} batches on rank {self.comm.rank}, but its dataset holds "
                 f"{self.batches}: the metric state was summed across ranks at the wrong point. Evaluate the "
