@@ -15,7 +15,7 @@ import yaml
 
 from . import _compat, callbacks, checkpoint, models, runtime
 from .cli import UsageError, config_differences, default_run_dir, make_strategy
-from .data import steps_per_epoch, test_dataset, training_dataset
+from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .optimizer import DistributedOptimizer
 
 
@@ -69,6 +69,11 @@ def train(args, config, dataset):
         raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
                          f"samples: fewer than one update of {batch} x {args.accumulate}")
     updates_per_epoch = steps // args.accumulate
+    try:
+        test_ds = test_dataset(dataset, rank=comm.rank, size=comm.size)  # this rank's shard of the test set
+    except DataError as err:
+        raise UsageError(str(err)) from None
+    exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
 
     # --- run directory --------------------------------------------------------
     run_dir = _resolve_run_dir(args, comm)
@@ -121,7 +126,7 @@ def train(args, config, dataset):
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, batch * comm.size, steps,
                                      previous_epochs=previous, write=is_chief)
     # Order matters: state first, metrics averaged before anything reads them.
-    cbs = [broadcast, callbacks.CenterSwap(), callbacks.MetricAverage(comm), recorder,
+    cbs = [broadcast, callbacks.CenterSwap(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
            callbacks.AbortOnNonFinite(args.max_bad_steps),
            callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints)]
     if is_chief and args.tensorboard:
@@ -134,7 +139,6 @@ def train(args, config, dataset):
         verbose = args.verbose if args.verbose is not None else (1 if interactive else 2)
 
     train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
-    test_ds = test_dataset(dataset)
 
     started = time.perf_counter()
     if start_epoch < args.epochs:
@@ -144,8 +148,8 @@ def train(args, config, dataset):
     wall = time.perf_counter() - started
 
     # --- final figures, on the center for EASGD ------------------------------------
-    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0, callbacks=[callbacks.CenterSwap()],
-                                              return_dict=False)
+    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0,
+                                              callbacks=[callbacks.CenterSwap(), exact_evaluation], return_dict=False)
     train_rows = [r for r in recorder.epochs if r["epoch"] > start_epoch]
     seconds = sum(r["seconds"] for r in train_rows)
     final = {

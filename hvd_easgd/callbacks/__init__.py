@@ -2,12 +2,14 @@
 from .broadcast import BroadcastInitialState
 from .center_swap import CenterSwap, SwappedWeights, center_strategy
 from .checkpointing import PeriodicCheckpoint
+from .global_metrics import GlobalEvaluationMetrics
 from .metric_average import MetricAverage
 from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
 from .run_recorder import RunRecorder
 
-__all__ = ["AbortOnNonFinite", "BroadcastInitialState", "CenterSwap", "MetricAverage", "NonFiniteTrainingError",
-           "PeriodicCheckpoint", "RunRecorder", "SwappedWeights", "center_strategy", "defaults"]
+__all__ = ["AbortOnNonFinite", "BroadcastInitialState", "CenterSwap", "GlobalEvaluationMetrics", "MetricAverage",
+           "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwappedWeights", "center_strategy",
+           "defaults"]
 
 
 def defaults():
