@@ -15,7 +15,7 @@ import yaml
 
 from . import _compat, callbacks, checkpoint, models, runtime
 from .cli import UsageError, config_differences, default_run_dir, make_strategy
-from .data import steps_per_epoch, test_dataset, training_dataset
+from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .kept_model import save_kept_model
 from .optimizer import DistributedOptimizer
 
@@ -70,6 +70,11 @@ def train(args, config, dataset):
         raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
                          f"samples: fewer than one update of {batch} x {args.accumulate}")
     updates_per_epoch = steps // args.accumulate
+    try:
+        test_ds = test_dataset(dataset, rank=comm.rank, size=comm.size)  # this rank's shard of the test set
+    except DataError as err:
+        raise UsageError(str(err)) from None
+    exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
 
     # --- run directory --------------------------------------------------------
     run_dir = _resolve_run_dir(args, comm)
@@ -123,7 +128,7 @@ def train(args, config, dataset):
                                      previous_epochs=previous, write=is_chief)
     # Order matters: state first, statistics and metrics averaged before anything reads them,
     # per-rank checkpoints (local weights) before any swap of the kept weights.
-    cbs = [broadcast, callbacks.AverageStatistics(), callbacks.MetricAverage(comm), recorder,
+    cbs = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
            callbacks.AbortOnNonFinite(args.max_bad_steps),
            callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints),
            callbacks.SwapKeptWeights()]
@@ -137,7 +142,6 @@ def train(args, config, dataset):
         verbose = args.verbose if args.verbose is not None else (1 if interactive else 2)
 
     train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
-    test_ds = test_dataset(dataset)
 
     started = time.perf_counter()
     if start_epoch < args.epochs:
@@ -147,8 +151,8 @@ def train(args, config, dataset):
     wall = time.perf_counter() - started
 
     # --- final figures, on the center for EASGD ------------------------------------
-    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0, callbacks=[callbacks.SwapKeptWeights()],
-                                              return_dict=False)
+    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0, callbacks=[callbacks.SwapKeptWeights(),
+                                                                             exact_evaluation], return_dict=False)
     train_rows = [r for r in recorder.epochs if r["epoch"] > start_epoch]
     seconds = sum(r["seconds"] for r in train_rows)
     final = {

@@ -3,14 +3,15 @@ from .average_statistics import AverageStatistics
 from .broadcast import BroadcastInitialState
 from .center_swap import CenterSwap, SwappedWeights, center_strategy
 from .checkpointing import PeriodicCheckpoint
+from .global_metrics import GlobalEvaluationMetrics
 from .metric_average import MetricAverage
 from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
 from .run_recorder import RunRecorder
 from .swap_kept_weights import SwapKeptWeights
 
-__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "CenterSwap", "MetricAverage",
-           "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwapKeptWeights", "SwappedWeights",
-           "center_strategy", "defaults"]
+__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "CenterSwap", "GlobalEvaluationMetrics",
+           "MetricAverage", "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwapKeptWeights",
+           "SwappedWeights", "center_strategy", "defaults"]
 
 
 def defaults(swap_on_epoch=False, statistics_every_step=False):

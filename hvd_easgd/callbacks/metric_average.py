@@ -4,9 +4,17 @@ import numpy as np
 
 from ..model_optimizers import communicator_of
 
+VALIDATION_PREFIX = "val_"
+
 
 class MetricAverage(keras.callbacks.Callback):
-    """Replaces each numeric entry of the epoch logs by its mean over ranks.
+    """Replaces each numeric training entry of the epoch logs by its mean over ranks.
+
+    Every rank runs the same number of training steps of the same batch size,
+    so the mean of the ranks' means is the global mean. Validation entries
+    (``val_*``) are left alone: ``GlobalEvaluationMetrics`` has already made
+    them exact over a sharded test set (sums and counts reduced), and a mean of
+    per-rank means would weigh shards of different sizes alike.
 
     Must come before the progress bar and any logger in the callback list
     (``hvd_easgd.callbacks.defaults()`` orders them). The allreduce is not
@@ -23,7 +31,8 @@ class MetricAverage(keras.callbacks.Callback):
         comm = self._comm or communicator_of(self.model)
         if comm.size == 1:
             return
-        keys = sorted(k for k, v in logs.items() if np.isscalar(v) or np.ndim(v) == 0)
+        keys = sorted(k for k, v in logs.items()
+                      if not k.startswith(VALIDATION_PREFIX) and (np.isscalar(v) or np.ndim(v) == 0))
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
         averaged = comm.allreduce([values], op="average", record=False)[0].numpy()
         logs.update({k: float(v) for k, v in zip(keys, averaged)})
