@@ -19,6 +19,7 @@ shards may differ by a batch, which is fine because evaluation has no
 collective per step, only this one at the end.
 """
 import keras
+
 from ..model_optimizers import communicator_of
 
 
