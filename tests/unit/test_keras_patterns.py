@@ -157,3 +157,13 @@ def test_shard_dataset_gives_every_rank_as_many_elements_as_the_shortest_shard(k
         return [int(x) for x in hvd_easgd.shard_dataset(dataset, cluster.communicators[rank])]
 
     assert cluster.run(elements) == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+
+
+def test_clip_norm_applies_to_the_unscaled_gradients_under_loss_scaling():
+    # True gradient 2, loss scale 4: the strategy receives 8. clip_norm=1 must clip the true
+    # gradient to 1 (the scaled one to 4), so SGD(1) moves w from 1 to 0 (clipping the scaled 8 to 1 would give 0.75).
+    w = tf.Variable([1.0])
+    inner = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1.0), initial_scale=4.0)
+    opt = hvd_easgd.DistributedOptimizer(inner, SyncAverage(clip_norm=1.0), comm=LocalCommunicator())
+    opt.apply([tf.constant([8.0])], [w])
+    assert w.numpy().tolist() == [0.0]
