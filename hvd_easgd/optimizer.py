@@ -5,6 +5,22 @@ forwards ``learning_rate`` and ``iterations`` to it, and routes every way
 Keras code applies gradients (``apply``, ``apply_gradients``, ``minimize``)
 through the strategy's ``step``. No dynamic subclassing.
 
+Initial state: every rank must start from the same weights and optimizer
+state. ``hvd_easgd.broadcast_initial_state`` (or the ``BroadcastInitialState``
+callback) broadcasts the model's variables and asks each optimizer to agree
+on its own state; an optimizer not built yet (a GAN's, built at its first
+``apply``, inside the trace) broadcasts its state when it is built. This
+happens once per optimizer, not once per ``fit``. An optimizer built without
+that compares a checksum of the initial weights across ranks and refuses to
+train from different ones (``check_initial_state=False`` turns this off).
+
+Mixed precision: put Keras's ``LossScaleOptimizer`` *inside*,
+``DistributedOptimizer(LossScaleOptimizer(opt))``; ``scale_loss`` is passed
+on to it, and the strategy hands it non-finite reduced gradients so that its
+scale goes down on every rank. The callbacks rewire the layout Keras builds
+for a ``mixed_float16`` model (``LossScaleOptimizer(DistributedOptimizer)``)
+to that one before the first step.
+
 Saving: ``save_own_variables``/``load_own_variables`` use the inner
 optimizer's layout, and the training callbacks make the model's compile
 config name the inner optimizer, so a ``model.save`` file loads with plain
@@ -14,18 +30,30 @@ not part of that file; ``hvd_easgd.checkpoint`` saves it.
 import warnings
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras.saving import deserialize_keras_object, register_keras_serializable, serialize_keras_object
 
+from .comm import RanksDisagreeError
 from .runtime import communicator as default_communicator
 from .strategies import SyncAverage
-from .strategies.base import gradient_sums
+from .strategies.base import gradient_sums, walk
 
 
 def variable_signature(variables):
     """Shapes and dtypes, in order: what must agree across ranks for the
     grouped allreduce to line up."""
     return [[list(v.shape), str(v.dtype)] for v in variables]
+
+
+def weights_checksum(variables):
+    """Per variable, the float64 sum and sum of squares of its values: one
+    number pair each, equal across ranks when the values are."""
+    sums = []
+    for v in variables:
+        values = np.asarray(v.numpy(), dtype=np.float64)
+        sums.append([float(values.sum()), float(np.square(values).sum())])
+    return sums
 
 
 @register_keras_serializable(package="hvd_easgd")
@@ -36,6 +64,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
       optimizer: any Keras 3 optimizer (its learning-rate schedule included).
       strategy: a ``SyncStrategy``; default ``SyncAverage()``.
       comm: the communicator; default the one ``hvd_easgd.init()`` made.
+      check_initial_state: when the optimizer is built without having
+        agreed on its initial state (no ``broadcast_initial_state``), compare
+        a checksum of the initial weights across ranks and raise if they
+        differ. Turn it off when ranks legitimately start from different
+        weights (per-rank state restored by hand).
 
     Example::
 
@@ -46,7 +79,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         model.fit(x, y, callbacks=hvd_easgd.callbacks.defaults(), verbose=hvd_easgd.rank() == 0)
     """
 
-    def __init__(self, optimizer, strategy=None, comm=None, name=None, **kwargs):
+    def __init__(self, optimizer, strategy=None, comm=None, name=None, check_initial_state=True, **kwargs):
         if kwargs:
             raise ValueError(f"DistributedOptimizer does not support arguments: {sorted(kwargs)}; "
                              "set them on the inner optimizer")
@@ -61,6 +94,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.strategy = strategy if strategy is not None else SyncAverage()
         self._comm = comm
         self._non_trainable_variables = []
+        self.check_initial_state = bool(check_initial_state)
+        # True once every rank holds the same initial state (broadcast, or
+        # restored): never re-broadcast after that, or a second fit would
+        # reset EASGD's center and erase the other ranks' local weights.
+        self.initial_state_synced = False
+        # The rank to broadcast from when built, set by broadcast_initial_state
+        # for an optimizer that builds later (at its first apply).
+        self._sync_from_rank = None
 
     # --- wiring ------------------------------------------------------------------
     @property
@@ -70,9 +111,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return self._comm
 
     def attach(self, model):
-        """Tells the optimizer about ``model``'s non-trainable state (which
-        EASGD averages) and disables XLA for its step: Horovod's collectives
-        are not XLA-compilable in a default build."""
+        """Tells the optimizer about ``model``'s non-trainable state (handed to
+        ``strategy.build``; BatchNorm statistics follow ``hvd_easgd.statistics``)
+        and disables XLA for its step: Horovod's collectives are not
+        XLA-compilable in a default build."""
         self._non_trainable_variables = list(model.non_trainable_variables)
         if getattr(model, "compiled", False):
             if model.jit_compile:
@@ -93,13 +135,62 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         with tf.init_scope():
             var_list = list(var_list)
             self.inner_optimizer.build(var_list)
-            self.comm.assert_same_across_ranks(
-                "the variables the optimizer reduces (a model built differently on some rank?)",
-                {"trainable_variables": variable_signature(var_list)},
-            )
+            syncing = self._sync_from_rank is not None
+            checks = {"trainable_variables": variable_signature(var_list)}
+            if self.check_initial_state and not syncing and not self.initial_state_synced:
+                # Rides in the shape check's collective: no extra round trip.
+                checks["weights_checksum"] = weights_checksum(var_list)
+            try:
+                self.comm.assert_same_across_ranks(
+                    "the variables the optimizer reduces (a model built differently on some rank?)", checks)
+            except RanksDisagreeError as err:
+                if "`weights_checksum`" not in str(err):
+                    raise
+                raise RanksDisagreeError(
+                    "the ranks start from different initial weights (their checksums differ), so they would "
+                    "silently train different models. Call hvd_easgd.broadcast_initial_state(model, optimizer) "
+                    "before the first step of a custom loop, or pass hvd_easgd.callbacks.defaults() to fit. "
+                    "If the ranks' weights differ on purpose (per-rank state restored), pass "
+                    "check_initial_state=False to DistributedOptimizer") from None
             self.strategy.bind(self.comm)
+            self._connect_loss_scale()
             self.strategy.build(var_list, self._non_trainable_variables)
             super().build(var_list)
+            if syncing:
+                self._broadcast_own_state()
+
+    def sync_initial_state(self, root_rank=0, trainable_variables=None):
+        """Agrees with the other ranks on this optimizer's initial state, once.
+
+        Built (or ``trainable_variables`` given): broadcasts its state from
+        ``root_rank`` now; otherwise when it is built. Either way the strategy
+        then takes its initial state from the synchronised weights (EASGD:
+        x̃ ← x). The model's own variables must already agree (the caller
+        broadcast them). A no-op once done.
+        """
+        if self.initial_state_synced:
+            return
+        self._sync_from_rank = root_rank
+        if self.built:
+            self._broadcast_own_state()
+        elif trainable_variables is not None:
+            self.build(list(trainable_variables))
+
+    def _broadcast_own_state(self):
+        with tf.init_scope():
+            self.comm.broadcast_variables(self.variables, self._sync_from_rank)
+            self.strategy.on_initial_state_synced()
+        self.initial_state_synced = True
+        self._sync_from_rank = None
+
+    def _connect_loss_scale(self):
+        """Tells the strategies the inner LossScaleOptimizer's scale, if any."""
+        inner = self.inner_optimizer
+        loss_scale = None
+        if isinstance(inner, keras.optimizers.LossScaleOptimizer):
+            loss_scale = lambda: inner.dynamic_scale if inner.built else inner.initial_scale  # noqa: E731
+        for strategy in walk(self.strategy):
+            strategy.loss_scale = loss_scale
 
     @property
     def variables(self):
@@ -176,6 +267,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def iterations(self):
         return self.inner_optimizer.iterations
 
+    def scale_loss(self, loss):
+        # Keras's train_step scales the loss through model.optimizer: without
+        # this an inner LossScaleOptimizer would unscale gradients it never scaled.
+        return self.inner_optimizer.scale_loss(loss)
+
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
@@ -190,6 +286,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "name": self.name,
             "optimizer": serialize_keras_object(self.inner_optimizer),
             "strategy": serialize_keras_object(self.strategy),
+            "check_initial_state": self.check_initial_state,
         }
 
     @classmethod
@@ -199,25 +296,3 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         strategy = deserialize_keras_object(config.pop("strategy"), custom_objects=custom_objects)
         return cls(inner, strategy=strategy, **config)
 
-
-def broadcast_initial_state(model, optimizer, root_rank=0):
-    """Gives every rank rank ``root_rank``'s weights and optimizer state.
-
-    Call once before the first step of a custom loop (the
-    ``BroadcastInitialState`` callback does it for ``model.fit``). Builds the
-    optimizer and the strategy, then lets the strategy take its initial state
-    (EASGD: x̃ ← x) from the synchronised weights.
-    """
-    comm = optimizer.comm
-    # Checked before any broadcast: ranks with different variable lists would
-    # otherwise wait in broadcasts the others never issue.
-    comm.assert_same_across_ranks("the model's variables (a model built differently on some rank?)",
-                                  {"model_variables": variable_signature(model.variables)})
-    if isinstance(optimizer, DistributedOptimizer):
-        optimizer.attach(model)
-    comm.broadcast_variables(model.variables, root_rank)
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
-    comm.broadcast_variables(optimizer.variables, root_rank)
-    if isinstance(optimizer, DistributedOptimizer):
-        optimizer.strategy.on_initial_state_synced()

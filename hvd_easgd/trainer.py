@@ -16,6 +16,7 @@ import yaml
 from . import _compat, callbacks, checkpoint, models, runtime
 from .cli import UsageError, config_differences, default_run_dir, make_strategy
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
+from .kept_model import save_kept_model
 from .optimizer import DistributedOptimizer
 
 
@@ -125,10 +126,12 @@ def train(args, config, dataset):
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, batch * comm.size, steps,
                                      previous_epochs=previous, write=is_chief)
-    # Order matters: state first, metrics averaged before anything reads them.
-    cbs = [broadcast, callbacks.CenterSwap(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
+    # Order matters: state first, statistics and metrics averaged before anything reads them,
+    # per-rank checkpoints (local weights) before any swap of the kept weights.
+    cbs = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
            callbacks.AbortOnNonFinite(args.max_bad_steps),
-           callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints)]
+           callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints),
+           callbacks.SwapKeptWeights()]
     if is_chief and args.tensorboard:
         cbs.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
                                                profile_batch=0))
@@ -148,8 +151,8 @@ def train(args, config, dataset):
     wall = time.perf_counter() - started
 
     # --- final figures, on the center for EASGD ------------------------------------
-    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0,
-                                              callbacks=[callbacks.CenterSwap(), exact_evaluation], return_dict=False)
+    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0, callbacks=[callbacks.SwapKeptWeights(),
+                                                                             exact_evaluation], return_dict=False)
     train_rows = [r for r in recorder.epochs if r["epoch"] > start_epoch]
     seconds = sum(r["seconds"] for r in train_rows)
     final = {
@@ -166,13 +169,7 @@ def train(args, config, dataset):
 
 
 def _save_model(model, optimizer, path):
-    """model.keras: the center for EASGD, loadable with plain keras.models.load_model."""
-    optimizer.attach(model)
+    """model.keras: the kept model (the center for EASGD), loadable with plain keras.models.load_model."""
     tmp = path[: -len(".keras")] + ".tmp.keras"
-    center_holder = callbacks.center_strategy(optimizer)
-    if center_holder is not None and center_holder.built:
-        with callbacks.SwappedWeights(center_holder):
-            model.save(tmp)
-    else:
-        model.save(tmp)
+    save_kept_model(model, tmp)
     os.replace(tmp, path)

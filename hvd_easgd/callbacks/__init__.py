@@ -1,4 +1,5 @@
 """Keras callbacks, one per module."""
+from .average_statistics import AverageStatistics
 from .broadcast import BroadcastInitialState
 from .center_swap import CenterSwap, SwappedWeights, center_strategy
 from .checkpointing import PeriodicCheckpoint
@@ -6,12 +7,17 @@ from .global_metrics import GlobalEvaluationMetrics
 from .metric_average import MetricAverage
 from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
 from .run_recorder import RunRecorder
+from .swap_kept_weights import SwapKeptWeights
 
-__all__ = ["AbortOnNonFinite", "BroadcastInitialState", "CenterSwap", "GlobalEvaluationMetrics", "MetricAverage",
-           "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwappedWeights", "center_strategy",
-           "defaults"]
+__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "CenterSwap", "GlobalEvaluationMetrics",
+           "MetricAverage", "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwapKeptWeights",
+           "SwappedWeights", "center_strategy", "defaults"]
 
 
-def defaults():
-    """The callbacks every ``model.fit`` with a ``DistributedOptimizer`` wants, in order."""
-    return [BroadcastInitialState(), CenterSwap(), MetricAverage()]
+def defaults(swap_on_epoch=False, statistics_every_step=False):
+    """The callbacks every ``model.fit`` with DistributedOptimizers wants, in order:
+    initial state, BatchNorm statistics averaged, the kept model swapped in for
+    evaluation and prediction (and at epoch ends with ``swap_on_epoch=True``,
+    for a ``ModelCheckpoint`` placed after them), metrics averaged."""
+    return [BroadcastInitialState(), AverageStatistics(every_step=statistics_every_step),
+            SwapKeptWeights(swap_on_epoch=swap_on_epoch), MetricAverage()]

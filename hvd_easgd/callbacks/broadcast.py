@@ -1,29 +1,33 @@
 """Rank 0's initial weights and optimizer state, on every rank, before step 1."""
 import keras
 
-from ..optimizer import broadcast_initial_state
+from ..initial_state import broadcast_initial_state
+from ..model_optimizers import move_loss_scaling_inside, require_distributed_optimizers
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
-    """Broadcasts the model and optimizer state from ``root_rank`` at the start of ``fit``.
+    """At the start of ``fit``: finds the model's DistributedOptimizers (also
+    a GAN's, kept as attributes), puts a mixed-precision loss-scale optimizer
+    inside the DistributedOptimizer, and broadcasts the model and optimizer
+    state from ``root_rank``, once per optimizer (a later ``fit`` does not
+    broadcast again).
 
-    Skipped when ``skip=True`` is set by a resume that restored per-rank state
-    (broadcasting would overwrite each rank's own EASGD local weights).
+    ``skip=True`` is set by a resume that restored per-rank state: every
+    optimizer then counts as agreed (a broadcast would overwrite each rank's
+    own EASGD local weights).
     """
 
     def __init__(self, root_rank=0):
         super().__init__()
         self.root_rank = root_rank
         self.skip = False
-        self._done = False
 
     def on_train_begin(self, logs=None):
-        optimizer = self.model.optimizer
-        if hasattr(optimizer, "attach"):
-            optimizer.attach(self.model)
-        if self._done or self.skip:
-            if not optimizer.built:
-                optimizer.build(self.model.trainable_variables)
-            return
-        broadcast_initial_state(self.model, optimizer, self.root_rank)
-        self._done = True
+        if move_loss_scaling_inside(self.model) and self.model.train_function is not None:
+            # fit made (but did not yet trace) a train function for the old layout.
+            self.model.make_train_function(force=True)
+        optimizers = require_distributed_optimizers(self.model)
+        if self.skip:
+            for optimizer in optimizers:
+                optimizer.initial_state_synced = True
+        broadcast_initial_state(self.model, optimizers, self.root_rank)

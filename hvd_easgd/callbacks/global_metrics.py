@@ -20,6 +20,9 @@ collective per step, only this one at the end.
 """
 import keras
 
+from ..model_optimizers import communicator_of
+
+
 # Metrics whose every variable is a sum over samples. Mean covers
 # MeanMetricWrapper, so every accuracy, cross-entropy, hinge and regression
 # error, and RootMeanSquaredError. (PearsonCorrelation and
@@ -75,7 +78,7 @@ class GlobalEvaluationMetrics(keras.callbacks.Callback):
 
     @property
     def comm(self):
-        return self._comm or self.model.optimizer.comm
+        return self._comm or communicator_of(self.model)
 
     def on_test_begin(self, logs=None):
         self._batches_seen = 0

@@ -2,6 +2,8 @@
 import keras
 import numpy as np
 
+from ..model_optimizers import communicator_of
+
 VALIDATION_PREFIX = "val_"
 
 
@@ -26,7 +28,7 @@ class MetricAverage(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
             return
-        comm = self._comm or self.model.optimizer.comm
+        comm = self._comm or communicator_of(self.model)
         if comm.size == 1:
             return
         keys = sorted(k for k, v in logs.items()

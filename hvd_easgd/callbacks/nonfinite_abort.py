@@ -1,7 +1,7 @@
 """Stops training after too many consecutive steps with NaN/Inf updates."""
 import keras
 
-from ..optimizer import DistributedOptimizer
+from ..model_optimizers import distributed_optimizers
 from ..strategies import walk
 
 
@@ -37,10 +37,9 @@ class AbortOnNonFinite(keras.callbacks.Callback):
         self._check()
 
     def _check(self):
-        optimizer = self.model.optimizer
-        if not isinstance(optimizer, DistributedOptimizer):
-            return
-        runs = [int(s.consecutive_skips.numpy()) for s in walk(optimizer.strategy) if s.built]
+        # Every DistributedOptimizer of the model (a GAN has two), not only model.optimizer.
+        runs = [int(s.consecutive_skips.numpy()) for optimizer in distributed_optimizers(self.model)
+                for s in walk(optimizer.strategy) if s.built]
         run = max(runs, default=0)
         if run >= self.max_consecutive:
             raise NonFiniteTrainingError(

@@ -73,6 +73,9 @@ class GradientAccumulation(SyncStrategy):
     def _extra_state(self):
         return self.accumulators + [self.accumulated_samples, self.micro_steps]
 
+    def kept_variables(self):
+        return self.strategy.kept_variables()
+
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         count = tf.constant(1, tf.int64) if sample_count is None else tf.cast(sample_count, tf.int64)
         for acc, s, v in zip(self.accumulators, grad_sums, variables):

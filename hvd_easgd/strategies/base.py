@@ -120,6 +120,11 @@ class SyncStrategy:
         self._built = False
         self.step_counter = None
         self.skip_counts = None
+        # Set by DistributedOptimizer when its inner optimizer is a Keras
+        # LossScaleOptimizer: a callable returning the current loss scale. The
+        # gradients a step receives are then multiplied by that scale, and the
+        # inner optimizer takes the overflow decision itself (see _apply_if).
+        self.loss_scale = None
 
     # --- the tree of strategies -----------------------------------------------
     def children(self):
@@ -187,6 +192,12 @@ class SyncStrategy:
         for child in self.children():
             child.on_initial_state_synced()
 
+    def kept_variables(self):
+        """The variables of the model you keep, one per trainable variable, in
+        the order ``build`` received them; ``None`` when the kept model is the
+        model's own weights (SyncAverage). EASGD keeps its center x̃."""
+        return None
+
     # --- one step ----------------------------------------------------------------
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         """One optimizer step on per-rank sums (see the module docstring)."""
@@ -197,7 +208,17 @@ class SyncStrategy:
 
         ``finite`` must be a value every rank agrees on whenever the ranks are
         meant to stay identical (i.e. computed after the reduction).
+
+        Under loss scaling (``self.loss_scale`` set) non-finite gradients are
+        handed to the inner LossScaleOptimizer anyway: it skips the update and
+        halves its scale, on every rank that saw them. Skipping here instead
+        would leave the scale where it is, and every later step would overflow
+        too. Such a step counts as skipped, but it extends the run of
+        consecutive bad steps (``--max-bad-steps``) only while the scale was
+        already <= 1: until then halving the scale can still cure it.
         """
+        if self.loss_scale is not None:
+            return self._hand_to_loss_scaling(finite_and_wanted, finite, apply_update, grads)
 
         def apply():
             apply_update(grads)
@@ -212,6 +233,29 @@ class SyncStrategy:
             return tf.constant(False)
 
         return tf.cond(finite_and_wanted, apply, skip)
+
+    def _hand_to_loss_scaling(self, finite_and_wanted, finite, apply_update, grads):
+        def hand_over():
+            scale_before = tf.convert_to_tensor(self.loss_scale())
+            apply_update(grads)
+            overflow = tf.cast(tf.logical_not(finite), tf.int64)
+            fault = tf.cast(tf.logical_and(tf.logical_not(finite), scale_before <= 1.0), tf.int64)
+            # A finite step ends the run; an overflow the scale can still cure leaves it alone.
+            run = (self.skip_counts[1] + fault) * overflow
+            self.skip_counts.assign(tf.stack([self.skip_counts[0] + overflow, run]))
+            return finite
+
+        # Non-finite gradients come from samples (a window with none anywhere
+        # holds zeros), so "wanted" is "finite and wanted, or not finite".
+        return tf.cond(tf.logical_or(finite_and_wanted, tf.logical_not(finite)), hand_over,
+                       lambda: tf.constant(False))
+
+    def scaled(self, value):
+        """``value`` times the current loss scale (itself without loss scaling):
+        what a term added to the received gradients must be multiplied by."""
+        if self.loss_scale is None:
+            return value
+        return value * tf.cast(self.loss_scale(), value.dtype)
 
     # --- configuration (serialised through keras.saving) -----------------------
     def get_config(self):

@@ -81,9 +81,10 @@ class EASGD(KeepsCenter, SyncStrategy):
       overlap: start the allreduce of a communication step before that step's
         inner update (one-step-stale pull).
 
-    Floating non-trainable state (BatchNorm moving statistics) is averaged
-    across ranks at each communication step, in the same grouped call, so
-    the center model has consistent statistics.
+    Floating non-trainable state (BatchNorm moving statistics) is not part
+    of the elastic step: one rule covers it for every strategy
+    (``hvd_easgd.statistics``), so the elastic allreduce carries exactly the
+    τ-periodic differences and its byte formula holds.
 
     EAMSGD (the paper's momentum variant) is EASGD with
     ``keras.optimizers.SGD(momentum=δ, nesterov=True)`` as the inner optimizer.
@@ -174,7 +175,6 @@ class EASGD(KeepsCenter, SyncStrategy):
     def _build_state(self, trainable_variables, non_trainable_variables):
         self.warmup_strategy.build(trainable_variables)
         self.variables = trainable_variables
-        self.averaged_state = [v for v in non_trainable_variables if tf.as_dtype(v.dtype).is_floating]
         # x̃ starts equal to x, which is identical on all ranks after the
         # initial broadcast (and after warm-up, re-copied from x).
         self.center = [tf.Variable(v, trainable=False, name=state_variable_name("center", v))
@@ -187,6 +187,13 @@ class EASGD(KeepsCenter, SyncStrategy):
     def on_initial_state_synced(self):
         super().on_initial_state_synced()
         self.reset_center()
+
+    def kept_variables(self):
+        # During warm-up the ranks run SyncAverage and x̃ is only re-copied
+        # from x when it ends: until then the kept model is x itself.
+        if self.warmup_steps and int(self.step_counter.numpy()) < self.warmup_steps:
+            return None
+        return self.center
 
     def reset_center(self):
         """x̃ ← x. Called after the initial broadcast and at the end of warm-up."""
@@ -242,7 +249,7 @@ class EASGD(KeepsCenter, SyncStrategy):
             # still advances t, so τ stays aligned across ranks.
             wanted = count > 0
         if self.rho:
-            grads = [g + self.rho * (v - c) for g, v, c in zip(grads, variables, self.center)]
+            grads = [g + self.scaled(self.rho * (v - c)) for g, v, c in zip(grads, variables, self.center)]
         # Local decision: a rank drops its own non-finite update; nothing of it
         # leaves the rank, so the other ranks are unaffected.
         finite = all_finite(grads)
@@ -257,25 +264,19 @@ class EASGD(KeepsCenter, SyncStrategy):
         # skip this elastic step, in the same grouped call.
         diffs = [tf.where(finite, d, tf.zeros_like(d)) for d in diffs]
         bad = tf.reshape(tf.cast(tf.logical_not(finite), diffs[0].dtype), [1])
-        # Horovod groups one dtype per call: state travels in the weights' dtype.
-        state = [tf.cast(tf.convert_to_tensor(s), diffs[0].dtype) for s in self.averaged_state]
-        summed = self.comm.allreduce(diffs + state + [bad], op="sum")
-        n = len(diffs)
-        return diffs, summed[:n], summed[n:-1], summed[-1][0]
+        summed = self.comm.allreduce(diffs + [bad], op="sum")
+        return diffs, summed[:-1], summed[-1][0]
 
     def _no_elastic(self):
         zeros = [tf.zeros_like(v) for v in self.variables]
-        state_zeros = [tf.zeros(s.shape, zeros[0].dtype) for s in self.averaged_state]
-        return zeros, zeros, state_zeros, tf.zeros([], zeros[0].dtype)
+        return zeros, zeros, tf.zeros([], zeros[0].dtype)
 
-    def _finish_elastic(self, diffs, diff_sums, state_sums, bad_ranks):
+    def _finish_elastic(self, diffs, diff_sums, bad_ranks):
         def apply():
             for v, d in zip(self.variables, diffs):
                 v.assign_sub(d)
             for c, total in zip(self.center, diff_sums):
                 c.assign_add(total)
-            for s, total in zip(self.averaged_state, state_sums):
-                s.assign(tf.cast(total / self.comm.size, s.dtype))
             return tf.no_op()
 
         def skip():

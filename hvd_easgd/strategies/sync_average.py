@@ -77,7 +77,8 @@ class SyncAverage(SyncStrategy):
                 reduced = [g / self.comm.size for g in reduced]
             wanted = total > 0
         if self.clip_norm is not None:
-            reduced, _ = tf.clip_by_global_norm(reduced, self.clip_norm)
+            # Under loss scaling the gradients carry the scale: so does the norm.
+            reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
         return reduced, wanted
 
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):

@@ -223,7 +223,8 @@ def test_easgd_single_rank_matches_reference(kwargs):
     assert np.linalg.norm(got_center - center) / np.linalg.norm(center) <= 1e-5
 
 
-def test_easgd_averages_floating_non_trainable_state_in_the_same_call():
+def test_easgd_elastic_allreduce_carries_only_the_differences_and_the_flag():
+    # BatchNorm statistics follow one rule for every strategy (hvd_easgd.statistics), outside the step.
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
     opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), EASGD(communication_period=2),
@@ -238,7 +239,7 @@ def test_easgd_averages_floating_non_trainable_state_in_the_same_call():
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     moving = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables)
     assert moving == 6  # BatchNorm's moving mean and variance
-    assert opt.comm.account() == {"bytes": 4 * (trainable + moving + 1), "calls": 1}
+    assert opt.comm.account() == {"bytes": 4 * (trainable + 1), "calls": 1}
 
 
 def test_registry_lists_strategies_once_and_creates_them():

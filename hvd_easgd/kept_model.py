@@ -1,0 +1,116 @@
+"""The model you keep: the weights a strategy hands back as the result of training.
+
+Under SyncAverage it is the model's own weights (identical on every rank).
+Under EASGD it is the center x̃, not a rank's local weights x_i. Strategies
+report it through ``SyncStrategy.kept_variables()`` (one variable per
+trainable variable, or ``None`` for "the model's own"); the strategies the
+hierarchy work adds (periodic averaging, DiLoCo's outer weights, a
+hierarchical center) implement the same method, and everything here works
+for them unchanged.
+
+Example::
+
+    model.fit(x, y, callbacks=hvd_easgd.callbacks.defaults())
+    with hvd_easgd.KeptWeights(model):          # the center is in the model
+        model.evaluate(x_test, y_test)
+        predictions = model.predict(x_test)
+    if hvd_easgd.rank() == 0:
+        hvd_easgd.save_kept_model(model, "model.keras")   # plain Keras file
+"""
+import numpy as np
+
+from .model_optimizers import distributed_optimizers
+
+
+def kept_variable_pairs(model):
+    """``[(model_variable, kept_variable)]`` over the model's DistributedOptimizers,
+    for the variables whose kept value is not the model's own."""
+    pairs = []
+    for optimizer in distributed_optimizers(model):
+        if not optimizer.built:
+            continue
+        kept = optimizer.strategy.kept_variables()
+        if kept is not None:
+            pairs.extend(zip(optimizer._trainable_variables, kept))
+    return pairs
+
+
+def kept_weights(model):
+    """The kept model's trainable weights as NumPy arrays, in ``model.trainable_variables`` order."""
+    kept = {id(v): k for v, k in kept_variable_pairs(model)}
+    return [np.array(kept.get(id(v), v).numpy()) for v in model.trainable_variables]
+
+
+class KeptWeights:
+    """Context manager: inside the block the model holds the kept weights;
+    its own (local) weights come back on exit.
+
+    Nesting is safe: an inner block finds the kept weights already in.
+    """
+
+    def __init__(self, model):
+        self.model = model
+        self._saved = None
+
+    @property
+    def active(self):
+        return self._saved is not None
+
+    def __enter__(self):
+        if self.active:
+            return self
+        pairs = kept_variable_pairs(self.model)
+        self._saved = [(v, np.array(v.numpy())) for v, _ in pairs]
+        for v, k in pairs:
+            v.assign(k)
+        _swapped_in[id(self.model)] = self
+        return self
+
+    def __exit__(self, *exc):
+        if self.active:
+            for v, local in self._saved:
+                v.assign(local)
+            self._saved = None
+            _swapped_in.pop(id(self.model), None)
+        return False
+
+
+# model id -> the KeptWeights whose kept weights are in it: lets a per-rank
+# checkpoint take the local weights even while a callback has swapped them out.
+_swapped_in = {}
+
+
+class LocalWeights:
+    """Context manager: the model's own (local) weights inside the block, even
+    if a ``KeptWeights`` swap is active (hvd_easgd's per-rank checkpoints must
+    hold the local weights, or exact resume breaks)."""
+
+    def __init__(self, model):
+        self.model = model
+        self._swap = None
+        self._kept = None
+
+    def __enter__(self):
+        self._swap = _swapped_in.get(id(self.model))
+        if self._swap is not None:
+            self._kept = [(v, np.array(v.numpy())) for v, _ in self._swap._saved]
+            for v, local in self._swap._saved:
+                v.assign(local)
+        return self
+
+    def __exit__(self, *exc):
+        if self._swap is not None:
+            for v, kept in self._kept:
+                v.assign(kept)
+            self._swap = self._kept = None
+        return False
+
+
+def save_kept_model(model, filepath):
+    """Saves the kept model as a plain Keras file (``keras.models.load_model``
+    reads it without hvd_easgd). Call it on one rank, after ``fit`` (whose
+    callbacks have averaged the BatchNorm statistics across ranks)."""
+    for optimizer in distributed_optimizers(model):
+        optimizer.attach(model)  # the compile config then names the inner optimizer
+    with KeptWeights(model):
+        model.save(filepath)
