@@ -6,6 +6,7 @@ writes its own checkpoint shard.
 """
 import json
 import os
+import socket
 import sys
 import time
 
@@ -42,6 +43,12 @@ def _resolve_run_dir(args, comm):
     """Rank 0 names the run directory; the other ranks take its name."""
     name = args.run_dir or default_run_dir(args.strategy)
     return comm.allgather_json(name)[0] if comm.size > 1 else name
+
+
+def _placement(comm):
+    """Where this rank runs: its host and its place among the hosts (config.yaml's ``ranks``)."""
+    return {"rank": comm.rank, "hostname": socket.gethostname(), "local_rank": comm.local_rank,
+            "local_size": comm.local_size, "cross_rank": comm.cross_rank, "cross_size": comm.cross_size}
 
 
 def _variable_signature(model):
@@ -99,11 +106,12 @@ def train(args, config, dataset):
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
 
+    placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if is_chief:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({"config": config, "num_ranks": comm.size, "versions": _compat.versions()}, f,
-                           sort_keys=True)
+            yaml.safe_dump({"config": config, "num_ranks": comm.size, "ranks": placement,
+                            "versions": _compat.versions()}, f, sort_keys=True)
 
     broadcast = callbacks.BroadcastInitialState()
     start_epoch, previous = 0, []
