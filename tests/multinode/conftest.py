@@ -59,9 +59,9 @@ def cluster(virtual_cluster):
     virtual_cluster.stop_jobs()
 
 
-def launch(cluster, cmd, timeout, env=None):
-    """Runs ``cmd`` on the launcher (node1) from the project root; bounded by ``timeout``."""
-    return run(cluster.launcher_command(cmd, cwd=ROOT), timeout=timeout,
+def launch(cluster, cmd, timeout, env=None, cwd=ROOT):
+    """Runs ``cmd`` on the launcher (node1), in ``cwd``; bounded by ``timeout``."""
+    return run(cluster.launcher_command(cmd, cwd=cwd), timeout=timeout, cwd=cwd,
                env=cluster.launcher_env(env or multinode_env()))
 
 
