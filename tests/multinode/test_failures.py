@@ -1,0 +1,50 @@
+"""What a multi-host job does when a host dies, or when the hosts do not share the run directory."""
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.multinode.conftest import HOSTS, RANKS_PER_HOST, horovodrun_on_hosts, launch, popen
+
+pytestmark = pytest.mark.multinode
+
+
+@pytest.mark.timeout(280)
+def test_a_host_dies_the_job_ends_within_60s_and_its_checkpoint_resumes(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["--run-dir", str(run_dir), "--epochs", "400", "--threads-per-rank", "1"]
+    proc = popen(cluster, horovodrun_on_hosts("node1:1,node2:1", "gloo", args, np=2))
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoints").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (run_dir / "checkpoints").is_dir(), "training never reached its first checkpoint"
+        killed = cluster.kill_host("node2")  # every process of node2: its sshd, the session, the rank
+        killed_at = time.monotonic()
+        out, _ = proc.communicate(timeout=90)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+    assert len(killed) >= 3, killed
+    assert proc.returncode != 0
+    assert elapsed <= 60, f"the job took {elapsed:.0f}s to end after node2 died"
+    errors = [line for line in out.splitlines() if "train.py: error" in line]
+    assert len(errors) == 1 and "rank 0" in errors[0] and "another rank died" in errors[0], out[-3000:]
+
+    from hvd_easgd import checkpoint
+
+    manifest, _ = checkpoint.latest(str(run_dir))
+    assert manifest["num_ranks"] == 2 and manifest["epoch"] >= 1
+    # The latest complete checkpoint resumes on a rebuilt cluster (node2 is back).
+    cluster.up(HOSTS, RANKS_PER_HOST)
+    epochs = str(manifest["epoch"] + 1)
+    resumed = launch(cluster, horovodrun_on_hosts("node1:1,node2:1", "gloo", ["--resume", str(run_dir),
+                                                                               "--epochs", epochs], np=2),
+                     timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    with open(run_dir / "metrics.json") as f:
+        assert json.load(f)["epochs"][-1]["epoch"] == int(epochs)
