@@ -1,6 +1,7 @@
 """What a multi-host job does when a host dies, or when the hosts do not share the run directory."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -48,3 +49,29 @@ def test_a_host_dies_the_job_ends_within_60s_and_its_checkpoint_resumes(cluster,
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     with open(run_dir / "metrics.json") as f:
         assert json.load(f)["epochs"][-1]["epoch"] == int(epochs)
+
+
+@pytest.mark.timeout(200)
+def test_a_run_directory_the_hosts_do_not_share_is_refused_before_any_checkpoint(cluster, tmp_path):
+    # Node-local scratch: on node2 a tmpfs hides what node1 (rank 0) writes under `scratch`.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    mount = cluster.host_command("node2", ["mount", "-t", "tmpfs", "-o", "size=64m", "hvd-easgd-scratch",
+                                           str(scratch)])
+    subprocess.run(mount, check=True, capture_output=True, timeout=30)
+    try:
+        run_dir = scratch / "run"
+        out = launch(cluster, horovodrun_on_hosts("node1:1,node2:1", "gloo", [
+            "--run-dir", str(run_dir), "--epochs", "1", "--threads-per-rank", "1"], np=2), timeout=150)
+        on_node2 = subprocess.run(cluster.host_command("node2", ["find", str(scratch)]), capture_output=True,
+                                  text=True, timeout=30).stdout.split()
+    finally:
+        subprocess.run(cluster.host_command("node2", ["umount", str(scratch)]), capture_output=True, timeout=30)
+    text = out.stdout + out.stderr
+    errors = [line for line in text.splitlines() if "train.py: error" in line]
+    assert out.returncode != 0 and len(errors) == 1, text[-3000:]
+    assert re.search(r"Process 0 exit with status code 2", text), text[-3000:]  # rank 0: a usage error
+    assert f"--run-dir {run_dir} is not shared" in errors[0] and "rank 1 on node2" in errors[0], errors[0]
+    assert "HINT" in errors[0], errors[0]
+    assert not (run_dir / "checkpoints").exists()
+    assert [path for path in on_node2 if "checkpoints" in path] == []
