@@ -57,6 +57,8 @@ BRIDGE = "br0"
 SSH_PORT = 22
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
+PRIVSEP_DIR = "/run/sshd"
+PRIVSEP_MARKER = ".created-run-sshd"
 LAUNCHER = "node1"
 COMMAND_TIMEOUT = 30
 START_TIMEOUT = 20
@@ -280,8 +282,11 @@ class VirtualCluster:
         self._write(os.path.join(self.bin_dir, "ssh"),
                     f'#!/bin/sh\n# The cluster\'s ssh: its key, its known hosts, never a prompt.\n'
                     f'exec {SSH} -F {self.ssh_config} "$@"\n', mode=0o755)
-        # sshd wants its privilege-separation directory; the package's service creates it at start.
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        # sshd wants its privilege-separation directory; the package's service (never started here)
+        # would create it. A marker says this tool made it, so that the last `down` removes it.
+        if not os.path.isdir(PRIVSEP_DIR):
+            os.makedirs(PRIVSEP_DIR, mode=0o755)
+            open(os.path.join(os.path.dirname(self.dir), PRIVSEP_MARKER), "w").close()
 
     @staticmethod
     def _write(path, text, mode=0o600):
@@ -477,7 +482,24 @@ Host {' '.join(names + addresses)}
         if os.path.isdir(self.dir):
             shutil.rmtree(self.dir)
             removed.append(self.dir)
+        removed += self._remove_shared_leftovers()
         return removed
+
+    def _remove_shared_leftovers(self):
+        """The state root and /run/sshd (if this tool made it), once no cluster is left."""
+        root = os.path.dirname(self.dir)
+        if not os.path.isdir(root) or [n for n in os.listdir(root) if n != PRIVSEP_MARKER]:
+            return []
+        removed = []
+        if os.path.exists(os.path.join(root, PRIVSEP_MARKER)):
+            try:
+                os.rmdir(PRIVSEP_DIR)  # only if empty
+                removed.append(PRIVSEP_DIR)
+            except OSError:
+                pass
+            os.remove(os.path.join(root, PRIVSEP_MARKER))
+        os.rmdir(root)
+        return removed + [root]
 
     def _stop(self, pids):
         """SIGTERM, then SIGKILL what is still alive after STOP_TIMEOUT seconds."""
@@ -521,14 +543,16 @@ def main(argv=None):
         if args.command == "up":
             state = cluster.up(args.hosts, args.ranks_per_host, args.link_rate)
             hosts = ", ".join(f"{h['name']}={h['address']}" for h in state["hosts"])
-            print(f"cluster {cluster.name} up: {hosts}; "
-                  f"launcher {LAUNCHER}; run commands with: python tools/vcluster.py --name {cluster.name} run -- CMD")
+            print(f"cluster {cluster.name} up: {hosts}; launcher {LAUNCHER}; "
+                  f"run commands there with: python tools/vcluster.py --name {cluster.name} run -- CMD")
         elif args.command == "down":
             removed = cluster.down()
-            print(f"cluster {cluster.name} down" + (f": removed {', '.join(removed)}" if removed else " (nothing to remove)"))
+            print(f"cluster {cluster.name} down: "
+                  + (f"removed {', '.join(removed)}" if removed else "nothing to remove"))
         elif args.command == "status":
             state = cluster.state()
-            print(json.dumps(dict(state, healthy=cluster.healthy()), indent=2) if state else f"no cluster {cluster.name}")
+            print(json.dumps(dict(state, healthy=cluster.healthy()), indent=2) if state
+                  else f"no cluster {cluster.name}")
         else:
             if cluster.state() is None:
                 raise ClusterError(f"no cluster {cluster.name}; HINT: python tools/vcluster.py up first")

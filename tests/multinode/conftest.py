@@ -73,4 +73,6 @@ def popen(cluster, cmd, env=None):
 def horovodrun_on_hosts(hosts, controller, args, np):
     """``horovodrun -np N -H HOSTS --gloo|--mpi python train.py ARGS``; Gloo needs the interface's name."""
     nic = ["--network-interface", INTERFACE] if controller == "gloo" else []
-    return [HOROVODRUN, "-np", str(np), "-H", hosts, f"--{controller}", *nic, PYTHON, TRAIN, *args]
+    # --disable-cache: check ssh for real every time (and write nothing under ~/.horovod).
+    return [HOROVODRUN, "--disable-cache", "-np", str(np), "-H", hosts, f"--{controller}", *nic,
+            PYTHON, TRAIN, *args]
