@@ -29,6 +29,9 @@ What it builds (``NAME`` is ``--name``, default ``hvdvc``):
   bare namespace because Horovod's Gloo driver looks the --network-interface
   name up on the launcher too (``network.get_driver_ip``): the address of that
   interface *on the launcher* is the rendezvous address every rank dials.
+- Every host sees its own directory at STATE/scratch: node-local scratch, like
+  /tmp on real nodes. Every other path is this machine's file system, shared
+  by all hosts as NFS would be.
 - ``--link-rate`` shapes the egress of every host's cluster0 with a tbf qdisc
   (this kernel has no netem); the rate and the qdisc are recorded in the state.
 
@@ -182,6 +185,15 @@ class VirtualCluster:
         return self.path("bin")
 
     @property
+    def scratch(self):
+        """A path that is a different, node-local directory on every host (none outside the hosts)."""
+        return self.path("scratch")
+
+    def host_scratch(self, host):
+        """Where ``host``'s scratch lives on the machine (to look at it from outside the cluster)."""
+        return self.path(host, "scratch")
+
+    @property
     def hostfile(self):
         """The mpirun host file: one line ``nodeI slots=R`` per host."""
         return self.path("hostfile")
@@ -260,6 +272,7 @@ class VirtualCluster:
 
     def _write_files(self, names, ranks_per_host):
         os.makedirs(self.bin_dir)
+        os.makedirs(self.scratch)
         comment = f"hvd_easgd-vcluster-{self.name}"
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", self.path("id_ed25519")])
         known = []
@@ -360,10 +373,21 @@ Host {' '.join(names + addresses)}
 
     def _start_sshd(self, host):
         log = open(self.path(host, "sshd.log"), "w")
-        # ip netns exec and unshare exec (no fork), so the pid is sshd's own.
-        cmd = ["ip", "netns", "exec", self.netns(host), "unshare", "--uts", "--mount", "--propagation", "private",
-               "--", "sh", "-c", 'hostname "$1" && mount --bind "$2" /etc/hosts && exec "$3" -D -e -f "$4"',
-               "sh", host, self.path("hosts"), SSHD, self.path(host, "sshd_config")]
+        # Like `ip netns exec`, the host gets a sysfs of its own network namespace (its /sys/class/net);
+        # unlike it, the host keeps the machine's cgroup mounts under /sys/fs/cgroup, which slurmd needs.
+        # nsenter and unshare exec (no fork), so the pid is sshd's own.
+        # Each host also sees its own directory at self.scratch: node-local scratch, as /tmp is on
+        # real nodes (everything else, /tmp included, is the machine's file system, shared like NFS).
+        keep = self.path(host, "cgroup")
+        os.makedirs(keep)
+        os.makedirs(self.path(host, "scratch"))
+        script = ('hostname "$1" && mount --bind "$2" /etc/hosts && mount --bind "$3" "$4"'
+                  ' && mount --rbind /sys/fs/cgroup "$5" && mount -t sysfs sysfs /sys'
+                  ' && mount --rbind "$5" /sys/fs/cgroup && umount -l "$5"'
+                  ' && exec "$6" -D -e -f "$7"')
+        cmd = ["nsenter", f"--net={_netns_path(self.netns(host))}", "unshare", "--uts", "--mount",
+               "--propagation", "private", "--", "sh", "-c", script, "sh", host, self.path("hosts"),
+               self.path(host, "scratch"), self.scratch, keep, SSHD, self.path(host, "sshd_config")]
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         log.close()
