@@ -8,7 +8,7 @@ PYTEST  := $(PY) -m pytest
 STAMP   := $(VENV)/.hvd_easgd-ready
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup demo test test-unit test-multiproc test-slurm bench bench-quick clean
+.PHONY: setup demo test test-unit test-multiproc test-slurm test-multinode bench bench-quick clean
 
 # Re-runs the (idempotent, fast when done) set-up script whenever the pins
 # or the script change; otherwise does nothing.
@@ -32,6 +32,9 @@ test-multiproc: $(STAMP)
 
 test-slurm: $(STAMP)
 	$(PYTEST) -m slurm tests
+
+test-multinode: $(STAMP)
+	$(PYTEST) -m multinode tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.compare

@@ -6,6 +6,7 @@ writes its own checkpoint shard.
 """
 import json
 import os
+import socket
 import sys
 import time
 
@@ -45,6 +46,48 @@ def _resolve_run_dir(args, comm):
     return comm.allgather_json(name)[0] if comm.size > 1 else name
 
 
+SHARED_CHECK_SECONDS = 5  # how long a rank looks for rank 0's token (network file systems cache lookups)
+
+
+def _check_run_dir_is_shared(run_dir, comm, create):
+    """Stops the run, before any checkpoint, unless every rank sees what rank 0 writes in ``run_dir``.
+
+    Why: with a node-local run directory (scratch on each host) the run splits
+    silently: rank 0's manifests list shards that exist only on other hosts,
+    their checkpoints are never pruned, and --resume fails late. Rank 0 writes
+    a token there; every rank looks for it.
+    """
+    if comm.size == 1:
+        return
+    token = None
+    if comm.rank == 0 and (create or os.path.isdir(run_dir)):  # a missing --resume dir is reported later
+        os.makedirs(run_dir, exist_ok=True)
+        token = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+        with open(os.path.join(run_dir, f".shared-check-{token}"), "w") as f:
+            f.write(token)
+    token = comm.allgather_json(token)[0]  # also a barrier: the token exists before anyone looks
+    if token is None:
+        return
+    path = os.path.join(run_dir, f".shared-check-{token}")
+    deadline = time.monotonic() + SHARED_CHECK_SECONDS
+    while not (sees := os.path.isfile(path)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    seen = comm.allgather_json({"sees": sees, "hostname": socket.gethostname()})
+    if comm.rank == 0:
+        os.remove(path)
+    blind = [f"rank {rank} on {view['hostname']}" for rank, view in enumerate(seen) if not view["sees"]]
+    if blind:
+        raise UsageError(f"--run-dir {run_dir} is not shared by every host: {', '.join(blind)} cannot see the file "
+                         f"rank 0 wrote there; HINT: put the run directory on a file system that every host mounts "
+                         "at the same path (NFS, Lustre, ...), not on node-local scratch")
+
+
+def _placement(comm):
+    """Where this rank runs: its host and its place among the hosts (config.yaml's ``ranks``)."""
+    return {"rank": comm.rank, "hostname": socket.gethostname(), "local_rank": comm.local_rank,
+            "local_size": comm.local_size, "cross_rank": comm.cross_rank, "cross_size": comm.cross_size}
+
+
 def _variable_signature(model):
     return [[v.path, list(v.shape), str(v.dtype)] for v in model.variables]
 
@@ -78,6 +121,7 @@ def train(args, config, dataset):
 
     # --- run directory --------------------------------------------------------
     run_dir = _resolve_run_dir(args, comm)
+    _check_run_dir_is_shared(run_dir, comm, create=not args.resume)
     config = dict(config, run_dir=run_dir)
     if args.resume and not os.path.isdir(run_dir):
         raise UsageError(f"--resume {run_dir}: no such run directory")
@@ -105,11 +149,12 @@ def train(args, config, dataset):
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
 
+    placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if is_chief:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({"config": config, "num_ranks": comm.size, "versions": _compat.versions()}, f,
-                           sort_keys=True)
+            yaml.safe_dump({"config": config, "num_ranks": comm.size, "ranks": placement,
+                            "versions": _compat.versions()}, f, sort_keys=True)
 
     broadcast = callbacks.BroadcastInitialState()
     start_epoch, previous = 0, []

@@ -37,9 +37,10 @@ fi
 # --- 1. Debian packages -----------------------------------------------------
 # MPI and the Horovod build; then what `make test` needs: a one-node SLURM
 # cluster (slurm-wlm, munge, PMIx for srun --mpi=pmix) and `ip`, which sets up
-# the tests' loopback-only network namespace (tests/loopback_network.py). The
-# tests run without network access, so nothing can be installed from there.
-APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make slurm-wlm munge libpmix-dev iproute2"
+# the tests' loopback-only network namespace (tests/loopback_network.py), and
+# ssh for the virtual cluster's hosts (tools/vcluster.py). The tests run
+# without network access, so nothing can be installed from there.
+APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make slurm-wlm munge libpmix-dev iproute2 openssh-client openssh-server"
 command -v "$PYTHON" >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES python3 python3-venv python3-dev"
 missing=""
 for p in $APT_PACKAGES; do
@@ -49,6 +50,17 @@ if [ -n "$missing" ]; then
   [ "$(id -u)" = 0 ] || die "missing Debian packages:$missing (run as root, or: sudo apt-get install$missing)"
   say "apt-get install$missing"
   export DEBIAN_FRONTEND=noninteractive
+  case " $missing " in *" openssh-server "*)
+    # sshd is only ever started by tools/vcluster.py, inside the virtual
+    # hosts' namespaces. This machine gets no sshd on its own interfaces:
+    # sshd_not_to_be_run stops Debian's ssh service for good (boot included),
+    # and a policy-rc.d answering 101 stops the package starting it now.
+    mkdir -p /etc/ssh && touch /etc/ssh/sshd_not_to_be_run
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    fi ;;
+  esac
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi

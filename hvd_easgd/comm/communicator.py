@@ -37,6 +37,10 @@ class Communicator:
     size = 1
     local_rank = 0
     local_size = 1
+    # Which host this rank is on, among the hosts: Horovod's cross_rank (the
+    # rank among the processes with the same local_rank) and cross_size.
+    cross_rank = 0
+    cross_size = 1
 
     def __init__(self):
         # [payload bytes, collective calls], in one variable so that a step

@@ -20,6 +20,8 @@ class HorovodCommunicator(Communicator):
         self.size = hvd.size()
         self.local_rank = hvd.local_rank()
         self.local_size = hvd.local_size()
+        self.cross_rank = hvd.cross_rank()
+        self.cross_size = hvd.cross_size()
 
     def _grouped_allreduce(self, tensors, op):
         return hvd.grouped_allreduce(tensors, op=_HOROVOD_OPS[op])

@@ -1,0 +1,1 @@
+"""Developer tools: the environment set-up script and the virtual cluster (vcluster.py)."""
