@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/horovodrun -np 2 $(PY) train.py
 
 test: $(STAMP)
-	$(PYTEST) -m "unit or multiproc or slurm" tests
+	$(PYTEST) -m "unit or multiproc or slurm or multinode" tests
 
 test-unit: $(STAMP)
 	$(PYTEST) -m unit tests
