@@ -14,7 +14,7 @@ from . import _compat, checkpoint, data
 from .callbacks import NonFiniteTrainingError
 from .comm import RanksDisagreeError
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
-from .lr_scaling import RULE_HELP
+from .lr_scaling import RULE_HELP, lr_scale
 from .models import MODELS
 from .strategies import GradientAccumulation, registry
 from .trainer import train
@@ -75,7 +75,8 @@ def build_parser():
                        help="per rank, per micro-batch with --accumulate (default 32; images:DIR takes 1)")
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0, help="weights and data order (not the train/test split)")
-    train.add_argument("--scale-lr", action="store_true", help=f"multiply --lr by a factor of the ranks and K: {RULE_HELP}")
+    train.add_argument("--scale-lr", action="store_true",
+                       help=f"multiply --lr by a factor that grows with the ranks and --accumulate K. {RULE_HELP}")
     train.add_argument("--lr-warmup-epochs", type=float, default=0.0,
                        help="with --scale-lr: ramp linearly from --lr to the scaled rate over these epochs")
     train.add_argument("--threads-per-rank", type=int, default=None,
@@ -180,6 +181,11 @@ def _validate(args):
         raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: {args.lr_warmup_epochs}")
     if args.lr_warmup_epochs and not args.scale_lr:
         raise UsageError("--lr-warmup-epochs goes with --scale-lr")
+    if args.scale_lr:
+        try:  # a strategy without a measured rule is refused here, before Horovod starts
+            lr_scale(1, args.accumulate, args.strategy)
+        except ValueError as err:
+            raise UsageError(f"--scale-lr: {err}") from None
     if args.threads_per_rank is not None and args.threads_per_rank < 1:
         raise UsageError(f"--threads-per-rank must be >= 1. Received: {args.threads_per_rank}")
     try:

@@ -92,8 +92,9 @@ def test_help_lists_strategies_from_the_registry(capsys):
     out = capsys.readouterr().out
     assert exc.value.code == 0
     for text in ("--strategy {easgd,sync}", "--tau", "--moving-rate", "--overlap", "--clip-norm",
-                 "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every"):
-        assert text in out
+                 "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every",
+                 "factor m up to 4, then 4*sqrt(m/4)", "factor ranks*sqrt(K)"):  # --scale-lr's rule
+        assert text in " ".join(out.split())
 
 
 def test_accumulation_composes_with_any_strategy():
