@@ -5,23 +5,56 @@ GPU): ``SyncAverage`` averages gradients every step, ``EASGD`` takes an
 elastic-averaging step every τ steps against a center replicated on every
 rank, and ``GradientAccumulation`` runs k backward passes per update on top
 of either.
-"""
-from . import _compat
 
+The names below load on first use (PEP 562), so ``import hvd_easgd.slurm``
+from a batch script costs the standard library only, not TensorFlow's
+seconds of start-up.
+"""
+import importlib
+
+from . import _compat
+from .version import __version__
+
+# Before anything can import TensorFlow: its C++ log level is read once, at load.
 _compat.quiet_tensorflow()
 
-from . import callbacks, data, models  # noqa: E402
-from .comm import Compression, LocalCommunicator  # noqa: E402
-from .initial_state import broadcast_initial_state  # noqa: E402
-from .kept_model import KeptWeights, kept_weights, save_kept_model  # noqa: E402
-from .optimizer import DistributedOptimizer  # noqa: E402
-from .sharding import shard_dataset  # noqa: E402
-from .runtime import communicator, init, local_rank, local_size, rank, size  # noqa: E402
-from .strategies import EASGD, GradientAccumulation, SyncAverage, SyncStrategy, registry  # noqa: E402
-from .version import __version__  # noqa: E402
+# Public name -> the module that defines it (a submodule when the two are the same).
+_LAZY = {
+    "EASGD": ".strategies",
+    "GradientAccumulation": ".strategies",
+    "SyncAverage": ".strategies",
+    "SyncStrategy": ".strategies",
+    "registry": ".strategies",
+    "Compression": ".comm",
+    "LocalCommunicator": ".comm",
+    "DistributedOptimizer": ".optimizer",
+    "broadcast_initial_state": ".initial_state",
+    "KeptWeights": ".kept_model",
+    "kept_weights": ".kept_model",
+    "save_kept_model": ".kept_model",
+    "shard_dataset": ".sharding",
+    "communicator": ".runtime",
+    "init": ".runtime",
+    "local_rank": ".runtime",
+    "local_size": ".runtime",
+    "rank": ".runtime",
+    "size": ".runtime",
+    "callbacks": ".callbacks",
+    "data": ".data",
+    "models": ".models",
+}
 
-__all__ = [
-    "EASGD", "Compression", "DistributedOptimizer", "GradientAccumulation", "LocalCommunicator",
-    "SyncAverage", "SyncStrategy", "broadcast_initial_state", "callbacks", "communicator", "init",
-    "data", "KeptWeights", "kept_weights", "save_kept_model", "shard_dataset", "local_rank", "local_size", "models", "rank", "registry", "size", "__version__",
-]
+__all__ = sorted([*_LAZY, "__version__"])
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name], __name__)
+    value = module if _LAZY[name] == f".{name}" else getattr(module, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

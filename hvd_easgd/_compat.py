@@ -4,12 +4,6 @@ Feature code asks these functions; it never inspects versions itself.
 """
 import functools
 import os
-import shutil
-
-# Horovod 0.28.1 builds against TF 2.18 and no later TF (TF 2.19+ wheels lack
-# headers its XLA ops include), so the supported window is exactly this one.
-SUPPORTED_TF = "2.18"
-SUPPORTED_HOROVOD = "0.28.1"
 
 
 def quiet_tensorflow():
@@ -45,12 +39,6 @@ def versions():
     return found
 
 
-def keras_major():
-    import keras
-
-    return int(keras.__version__.split(".")[0])
-
-
 @functools.lru_cache(maxsize=None)
 def horovod_available():
     try:
@@ -60,26 +48,10 @@ def horovod_available():
     return True
 
 
-def cuda_present():
-    """True where an NVIDIA driver answers (the NCCL build and GPU pinning)."""
-    if os.environ.get("HVD_EASGD_FORCE_CPU"):
-        return False
-    return shutil.which("nvidia-smi") is not None
-
-
 def under_launcher():
     """True when started by horovodrun/mpirun/srun with more than one rank possible."""
     markers = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
     return any(m in os.environ for m in markers)
-
-
-def jit_compile_is_safe(jit_compile):
-    """Horovod's ops are not XLA-compilable in a default build.
-
-    Keras 3 resolves ``jit_compile="auto"`` to True on some GPUs; a training
-    step holding a Horovod collective must then run without XLA.
-    """
-    return not jit_compile
 
 
 def launcher_rank():

@@ -14,6 +14,16 @@ Layout::
     RUN_DIR/checkpoints/epoch-000003/rank-00000.npz
                                      rank-00001.npz
                                      manifest.json     (last)
+
+The manifest's ``format`` says what the shards mean. It goes up whenever the
+meaning of saved state changes, even where the arrays keep their shapes, and
+a checkpoint of another format is refused with a message naming both:
+
+- format 1: the first release.
+- format 2: one ``sample_count`` contract for every strategy (gradients are
+  sums over the counted samples), ``--scale-lr`` by ``lr_scaling.lr_scale``
+  (accumulation-aware), strategies serialised through ``keras.saving``. A
+  format-1 run resumed under these rules would silently train another model.
 """
 import json
 import os
@@ -21,21 +31,14 @@ import shutil
 
 import numpy as np
 
+from . import atomic
+
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete, or does not fit this run."""
-
-
-def _atomic_write(path, write):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """A checkpoint is missing, incomplete, of another format, or does not fit this run."""
 
 
 def state_groups(model, optimizer):
@@ -61,14 +64,14 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3):
     directory = checkpoint_dir(run_dir, epoch)
     os.makedirs(directory, exist_ok=True)
     arrays = _shard_arrays(state_groups(model, optimizer))
-    _atomic_write(os.path.join(directory, f"rank-{comm.rank:05d}.npz"), lambda f: np.savez(f, **arrays))
+    with atomic.temporary_path(os.path.join(directory, f"rank-{comm.rank:05d}.npz")) as tmp:
+        np.savez(tmp, **arrays)
     # Every shard is on disk before the manifest makes the checkpoint count.
     ok = comm.allgather_json({"rank": comm.rank, "ok": True})
     if comm.rank == 0:
         manifest = {"format": FORMAT_VERSION, "epoch": epoch, "num_ranks": comm.size,
                     "shards": [f"rank-{r['rank']:05d}.npz" for r in ok], "config": config}
-        _atomic_write(os.path.join(directory, MANIFEST),
-                      lambda f: f.write(json.dumps(manifest, indent=1, sort_keys=True).encode()))
+        atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
         _prune(run_dir, keep)
     return directory
 
@@ -102,7 +105,14 @@ def latest(run_dir):
         raise CheckpointError(f"--resume {run_dir}: no complete checkpoint under {run_dir}/checkpoints")
     _, path = done[-1]
     with open(os.path.join(path, MANIFEST)) as f:
-        return json.load(f), path
+        manifest = json.load(f)
+    found = manifest.get("format", "unknown")
+    if found != FORMAT_VERSION:
+        raise CheckpointError(
+            f"--resume {run_dir}: checkpoint format {found}, this hvd_easgd reads format {FORMAT_VERSION} "
+            f"(the meaning of saved state changed); resume it with the hvd_easgd release that wrote it, "
+            "or start a new run")
+    return manifest, path
 
 
 def restore(directory, manifest, model, optimizer, comm):

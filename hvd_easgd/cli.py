@@ -2,55 +2,24 @@
 
 Bad input gets one line on rank 0 and exit status 2 on every rank, before
 Horovod starts wherever possible (so no rank waits in a collective for a
-rank that has already left).
+rank that has already left); see hvd_easgd.errors.
 """
 import argparse
-import datetime
 import os
 import sys
-import time
 
 import yaml
 
 from . import _compat, checkpoint, data
+from .callbacks import NonFiniteTrainingError
+from .comm import RanksDisagreeError
+from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
+from .lr_scaling import RULE_HELP, lr_scale
+from .models import MODELS
 from .strategies import GradientAccumulation, registry
+from .trainer import train
 
-RESUMABLE_KEYS = frozenset({
-    "epochs", "run_dir", "resume", "config", "checkpoint_every", "keep_checkpoints", "eval_every",
-    "threads_per_rank", "verbose", "max_bad_steps", "tensorboard",
-})
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
-EXIT_USAGE = 2
-EXIT_FAILURE = 1
-# How long a non-zero rank waits for the launcher to stop it after rank 0 has reported
-# a usage error (see _exit_with_usage_error).
-USAGE_ERROR_GRACE_SECONDS = 15
-
-
-class UsageError(Exception):
-    """Bad input: one line on rank 0, exit status 2."""
-
-
-def _exit_with_usage_error(message):
-    """Rank 0 says `message` and exits 2; every other rank exits 2 after it.
-
-    Why the other ranks wait: launchers (horovodrun, mpirun, srun --kill-on-bad-exit)
-    stop every rank as soon as the first one fails. Had rank 1 exited first, rank 0
-    could be killed before its message got out, and the user would see nothing. So
-    only rank 0 exits at once; the others wait to be stopped. A rank still alive after
-    the grace period found an error rank 0 did not (its input differed), and says it.
-    """
-    if _compat.launcher_rank() == 0:
-        print(f"train.py: error: {message}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_USAGE)
-    time.sleep(USAGE_ERROR_GRACE_SECONDS)
-    _exit_with_rank_error(message, EXIT_USAGE)
-
-
-def _exit_with_rank_error(message, status):
-    """This rank's own error line, tagged with its rank, then exit ``status``."""
-    print(f"train.py: error (rank {_compat.launcher_rank()}): {message}", file=sys.stderr, flush=True)
-    sys.exit(status)
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -106,9 +75,10 @@ def build_parser():
                        help="per rank, per micro-batch with --accumulate (default 32; images:DIR takes 1)")
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0, help="weights and data order (not the train/test split)")
-    train.add_argument("--scale-lr", action="store_true", help="multiply --lr by the number of ranks")
+    train.add_argument("--scale-lr", action="store_true",
+                       help=f"multiply --lr by a factor that grows with the ranks and --accumulate K. {RULE_HELP}")
     train.add_argument("--lr-warmup-epochs", type=float, default=0.0,
-                       help="with --scale-lr: ramp linearly from --lr to lr*size over these epochs")
+                       help="with --scale-lr: ramp linearly from --lr to the scaled rate over these epochs")
     train.add_argument("--threads-per-rank", type=int, default=None,
                        help="TF threads per rank (default: SLURM_CPUS_PER_TASK, else cores / local ranks)")
     train.add_argument("--max-bad-steps", type=int, default=25,
@@ -163,11 +133,13 @@ def _config_to_defaults(config, parser, source):
 
 
 def _saved_config(run_dir):
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        raise UsageError(f"--resume {run_dir}: no config.yaml there (not a run directory?)")
-    with open(path) as f:
-        return (yaml.safe_load(f) or {}).get("config", {})
+    """The config of the newest checkpoint in ``run_dir``: the one a resume continues.
+
+    Read from its manifest, whose format is checked first: options saved under
+    another format's meaning must not become this run's defaults.
+    """
+    manifest, _ = checkpoint.latest(run_dir)
+    return manifest["config"]
 
 
 def parse_args(argv=None):
@@ -177,7 +149,7 @@ def parse_args(argv=None):
     defaults = {}
     if first.resume:
         saved = {k: v for k, v in _saved_config(first.resume).items() if k not in ("resume", "config", "run_dir")}
-        defaults.update(_config_to_defaults(_flat_config(saved), parser, f"--resume {first.resume}"))
+        defaults.update(_config_to_defaults(saved, parser, f"--resume {first.resume}"))
     if first.config:
         defaults.update(_load_yaml(first.config, parser))
     parser.set_defaults(**defaults)
@@ -209,6 +181,11 @@ def _validate(args):
         raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: {args.lr_warmup_epochs}")
     if args.lr_warmup_epochs and not args.scale_lr:
         raise UsageError("--lr-warmup-epochs goes with --scale-lr")
+    if args.scale_lr:
+        try:  # a strategy without a measured rule is refused here, before Horovod starts
+            lr_scale(1, args.accumulate, args.strategy)
+        except ValueError as err:
+            raise UsageError(f"--scale-lr: {err}") from None
     if args.threads_per_rank is not None and args.threads_per_rank < 1:
         raise UsageError(f"--threads-per-rank must be >= 1. Received: {args.threads_per_rank}")
     try:
@@ -226,8 +203,6 @@ def _validate(args):
                 raise UsageError(f"{opt.flag} is an option of --strategy {name}, not --strategy {args.strategy}")
     if args.model is None:
         args.model = "fcn" if args.data.startswith("images:") else "cnn"
-    from .models import MODELS
-
     if args.model not in MODELS:
         raise UsageError(f"--model must be one of {sorted(MODELS)}. Received: {args.model!r}")
 
@@ -249,18 +224,6 @@ def make_strategy(args):
     return strategy
 
 
-def _flat_config(config):
-    """The config as flag-named keys (strategy options under their flag names)."""
-    flat = dict(config)
-    for key in list(flat):
-        if "__" in key:
-            strategy_name, kwarg = key.split("__", 1)
-            for opt in registry.get(strategy_name).cli_options:
-                if opt.kwarg == kwarg:
-                    flat[opt.flag[2:].replace("-", "_")] = flat.pop(key)
-    return flat
-
-
 def effective_config(args):
     """Every option as it takes effect, strategy options under their flag names."""
     config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
@@ -272,45 +235,29 @@ def effective_config(args):
     return config
 
 
-def config_differences(saved, current):
-    """Keys (other than the resumable ones) whose values differ, sorted."""
-    keys = (set(saved) | set(current)) - RESUMABLE_KEYS
-    return sorted(k for k in keys if saved.get(k) != current.get(k))
-
-
 # --- entry point -------------------------------------------------------------------------
 def main(argv=None):
-    from .callbacks import NonFiniteTrainingError
-    from .comm import RanksDisagreeError
-
     try:
         args = parse_args(argv)
+        strategy = make_strategy(args)  # bad hyperparameters fail before Horovod starts
         try:
             dataset = data.load(args.data, tuple(int(s) for s in args.image_shape.split(",")),
                                 args.num_classes, seed=args.seed)
         except data.DataError as err:
             raise UsageError(str(err)) from None
-        from .trainer import train
-
-        train(args, effective_config(args), dataset)
+        train(args, effective_config(args), dataset, strategy)
     except (UsageError, RanksDisagreeError, checkpoint.CheckpointError) as err:
-        _exit_with_usage_error(err)
+        exit_with_usage_error(err)
     except NonFiniteTrainingError as err:
-        _exit_with_rank_error(err, EXIT_FAILURE)
+        exit_with_rank_error(err, EXIT_FAILURE)
     except Exception as err:  # a collective failed because another rank died or stalled
         if not _is_collective_failure(err):
             raise
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        _exit_with_rank_error("a collective failed, most likely because another rank died or stopped "
-                              f"answering: {first_line[:300]}", EXIT_FAILURE)
+        exit_with_rank_error("a collective failed, most likely because another rank died or stopped "
+                             f"answering: {first_line[:300]}", EXIT_FAILURE)
 
 
 def _is_collective_failure(err):
     text = f"{type(err).__name__} {err}"
     return any(marker in text for marker in ("Horovod", "horovod", "Gloo", "gloo", "MPI_"))
-
-
-def default_run_dir(strategy_name):
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{stamp}-{strategy_name}")
-

@@ -3,7 +3,11 @@
 Only rank 0 prints progress and writes shared files (config.yaml,
 metrics.json, tensorboard/, model.keras, checkpoint manifests); every rank
 writes its own checkpoint shard.
+
+``train`` reads top to bottom as the job's steps; each step is one function
+below it.
 """
+import datetime
 import json
 import os
 import socket
@@ -14,30 +18,91 @@ import keras
 import tensorflow as tf
 import yaml
 
-from . import _compat, callbacks, checkpoint, models, runtime
-from .cli import UsageError, config_differences, default_run_dir, make_strategy
+from . import _compat, atomic, callbacks, checkpoint, models, runtime
+from .config_compare import resume_mismatches
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
+from .errors import UsageError
 from .kept_model import save_kept_model
+from .lr_scaling import lr_scale
 from .optimizer import DistributedOptimizer
 
 
-def _inner_optimizer(args, size, updates_per_epoch):
-    lr = args.lr
-    if args.scale_lr:
-        target = args.lr * size
-        warmup = int(round(args.lr_warmup_epochs * updates_per_epoch))
-        if warmup > 0:
-            # A built-in schedule keeps model.keras loadable by plain Keras:
-            # linear warm-up from lr to lr*size, then constant (alpha=1).
-            lr = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=1, alpha=1.0,
-                                                        warmup_target=target, warmup_steps=warmup)
-        else:
-            lr = target
-    if args.optimizer == "adam":
-        return keras.optimizers.Adam(lr)
-    if args.optimizer == "sgd":
-        return keras.optimizers.SGD(lr)
-    return keras.optimizers.SGD(lr, momentum=args.momentum, nesterov=args.optimizer == "nesterov")
+def train(args, config, dataset, strategy):
+    """Trains ``strategy`` on ``dataset`` as ``args`` say; returns the final figures.
+
+    Args:
+      args: ``cli.parse_args``'s namespace.
+      config: ``cli.effective_config(args)``, saved with the run and compared on resume.
+      dataset: a ``data.Dataset``.
+      strategy: the sync strategy (``cli.make_strategy(args)``), not yet bound.
+    """
+    comm = _start_ranks(args, strategy)
+    steps = _steps_per_epoch(args, dataset, comm)
+    run_dir = _resolve_run_dir(args, comm)
+    _check_run_dir_is_shared(run_dir, comm, create=not args.resume)
+    config = dict(config, run_dir=run_dir)
+    resume_from = _checkpoint_to_resume(args, run_dir, config, comm)
+
+    model = models.build(args.model, dataset.input_shape, dataset.num_classes)
+    _check_ranks_agree(comm, config, model)
+    optimizer = _compile(model, args, strategy, comm, updates_per_epoch=steps // args.accumulate)
+    placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
+    if comm.rank == 0:
+        _write_run_config(run_dir, config, comm.size, placement)
+    start_epoch, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm)
+
+    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, args.batch_size * comm.size,
+                                     steps, previous_epochs=previous_epochs, write=comm.rank == 0)
+    train_ds, test_ds = _datasets(args, dataset, comm, start_epoch, steps)
+    exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
+    started = time.perf_counter()
+    if start_epoch < args.epochs:
+        model.fit(train_ds, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
+                  validation_data=test_ds, validation_freq=args.eval_every, shuffle=False,
+                  callbacks=_callbacks(args, run_dir, config, comm, recorder, exact_evaluation,
+                                       resumed=resume_from is not None),
+                  verbose=_verbosity(args, comm))
+    wall = time.perf_counter() - started
+
+    final = _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, steps,
+                           args.batch_size * comm.size, wall)
+    if comm.rank == 0:
+        recorder.save(final=final)
+        _save_model(model, os.path.join(run_dir, "model.keras"))
+        print(f"final test accuracy: {final['test_accuracy']:.4f}", flush=True)
+    return final
+
+
+# --- the job's steps, in order ---------------------------------------------------------
+def _start_ranks(args, strategy):
+    """Starts Horovod, seeds every random source, and binds the strategy to the ranks."""
+    comm = runtime.init(threads_per_rank=args.threads_per_rank)
+    # Same seed and data order give the same weights, run after run: the
+    # precondition of exact resume.
+    keras.utils.set_random_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
+    try:
+        strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return comm
+
+
+def _steps_per_epoch(args, dataset, comm):
+    """Micro-batches per epoch: the same on every rank, and a multiple of k, so
+    accumulation windows never span an epoch boundary."""
+    batch = args.batch_size
+    steps = steps_per_epoch(len(dataset.y_train), batch, comm.size)
+    steps -= steps % args.accumulate
+    if steps < 1:
+        raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
+                         f"samples: fewer than one update of {batch} x {args.accumulate}")
+    return steps
+
+
+def default_run_dir(strategy_name):
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{stamp}-{strategy_name}")
 
 
 def _resolve_run_dir(args, comm):
@@ -88,133 +153,150 @@ def _placement(comm):
             "local_size": comm.local_size, "cross_rank": comm.cross_rank, "cross_size": comm.cross_size}
 
 
+def _checkpoint_to_resume(args, run_dir, config, comm):
+    """``(manifest, directory)`` of the checkpoint ``--resume`` continues, or None
+    for a fresh run; refuses a fresh run over a run's checkpoints, and a
+    checkpoint that does not fit this run."""
+    if not args.resume:
+        if checkpoint.complete_checkpoints(run_dir):
+            # Never train over a run's checkpoints: they would be pruned as "older".
+            raise UsageError(f"--run-dir {run_dir} already holds checkpoints; continue it with --resume {run_dir} "
+                             "or choose another --run-dir")
+        return None
+    manifest, directory = checkpoint.latest(run_dir)
+    differs = resume_mismatches(manifest, config, comm.size)
+    if differs:
+        raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: " + ", ".join(differs))
+    return manifest, directory
+
+
 def _variable_signature(model):
     return [[v.path, list(v.shape), str(v.dtype)] for v in model.variables]
 
 
-def train(args, config, dataset):
-    strategy = make_strategy(args)  # bad hyperparameters fail before Horovod starts
-    comm = runtime.init(threads_per_rank=args.threads_per_rank)
-    is_chief = comm.rank == 0
-    # Same seed and data order give the same weights, run after run: the
-    # precondition of exact resume.
-    keras.utils.set_random_seed(args.seed)
-    tf.config.experimental.enable_op_determinism()
-    try:
-        strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-
-    # --- steps: every rank takes the same number, a multiple of k ------------
-    batch = args.batch_size
-    steps = steps_per_epoch(len(dataset.y_train), batch, comm.size)
-    steps -= steps % args.accumulate  # windows never span an epoch boundary
-    if steps < 1:
-        raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
-                         f"samples: fewer than one update of {batch} x {args.accumulate}")
-    updates_per_epoch = steps // args.accumulate
-    try:
-        test_ds = test_dataset(dataset, rank=comm.rank, size=comm.size)  # this rank's shard of the test set
-    except DataError as err:
-        raise UsageError(str(err)) from None
-    exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
-
-    # --- run directory --------------------------------------------------------
-    run_dir = _resolve_run_dir(args, comm)
-    _check_run_dir_is_shared(run_dir, comm, create=not args.resume)
-    config = dict(config, run_dir=run_dir)
-    if args.resume and not os.path.isdir(run_dir):
-        raise UsageError(f"--resume {run_dir}: no such run directory")
-    manifest = None
-    if not args.resume and checkpoint.complete_checkpoints(run_dir):
-        # Never train over a run's checkpoints: they would be pruned as "older".
-        raise UsageError(f"--run-dir {run_dir} already holds checkpoints; continue it with --resume {run_dir} "
-                         "or choose another --run-dir")
-    if args.resume:
-        manifest, ckpt_dir = checkpoint.latest(run_dir)
-        differs = config_differences(manifest["config"], config)
-        if manifest["num_ranks"] != comm.size:
-            differs = [f"number of ranks ({manifest['num_ranks']} saved, {comm.size} now)"] + differs
-        if differs:
-            raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: "
-                             + ", ".join(differs))
-
-    model = models.build(args.model, dataset.input_shape, dataset.num_classes)
+def _check_ranks_agree(comm, config, model):
+    """Stops every rank before training when their configs or models differ
+    (another config file on one node, a stale copy of the job script)."""
     comm.assert_same_across_ranks("the effective config", {
         **{k: v for k, v in config.items() if k not in ("run_dir", "threads_per_rank")},
         "model_signature": _variable_signature(model),
     })
+
+
+def _inner_optimizer(args, size, updates_per_epoch):
+    """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
+    at ``--lr * lr_scale(...)`` (reached by linear warm-up if asked)."""
+    lr = args.lr
+    if args.scale_lr:
+        target = args.lr * lr_scale(size, args.accumulate, args.strategy)
+        warmup = int(round(args.lr_warmup_epochs * updates_per_epoch))
+        if warmup > 0:
+            # A built-in schedule keeps model.keras loadable by plain Keras:
+            # linear warm-up from lr to the target, then constant (alpha=1).
+            lr = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=1, alpha=1.0,
+                                                        warmup_target=target, warmup_steps=warmup)
+        else:
+            lr = target
+    if args.optimizer == "adam":
+        return keras.optimizers.Adam(lr)
+    if args.optimizer == "sgd":
+        return keras.optimizers.SGD(lr)
+    return keras.optimizers.SGD(lr, momentum=args.momentum, nesterov=args.optimizer == "nesterov")
+
+
+def _compile(model, args, strategy, comm, updates_per_epoch):
+    """Compiles ``model`` with the strategy's optimizer; returns that optimizer."""
     optimizer = DistributedOptimizer(_inner_optimizer(args, comm.size, updates_per_epoch), strategy=strategy,
                                      comm=comm)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
+    return optimizer
 
-    placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
-    if is_chief:
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-            yaml.safe_dump({"config": config, "num_ranks": comm.size, "ranks": placement,
+
+
+def _write_run_config(run_dir, config, num_ranks, placement):
+    """config.yaml: what this run is (effective config, where each rank runs, versions)."""
+    os.makedirs(run_dir, exist_ok=True)
+    with atomic.temporary_path(os.path.join(run_dir, "config.yaml")) as tmp:
+        with open(tmp, "w") as f:
+            yaml.safe_dump({"config": config, "num_ranks": num_ranks, "ranks": placement,
                             "versions": _compat.versions()}, f, sort_keys=True)
 
-    broadcast = callbacks.BroadcastInitialState()
-    start_epoch, previous = 0, []
-    if manifest is not None:
-        optimizer.attach(model)
-        optimizer.build(model.trainable_variables)
-        checkpoint.restore(ckpt_dir, manifest, model, optimizer, comm)
-        broadcast.skip = True  # each rank has its own state back; a broadcast would erase it
-        start_epoch = manifest["epoch"]
-        metrics_path = os.path.join(run_dir, "metrics.json")
-        if os.path.isfile(metrics_path):
-            with open(metrics_path) as f:
-                previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
 
-    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, batch * comm.size, steps,
-                                     previous_epochs=previous, write=is_chief)
+def _restore(resume_from, run_dir, model, optimizer, comm):
+    """Loads every rank's state from ``resume_from``; returns ``(start_epoch,
+    metrics rows up to it)``, ``(0, [])`` for a fresh run."""
+    if resume_from is None:
+        return 0, []
+    manifest, directory = resume_from
+    optimizer.attach(model)
+    optimizer.build(model.trainable_variables)
+    checkpoint.restore(directory, manifest, model, optimizer, comm)
+    start_epoch = manifest["epoch"]
+    previous = []
+    metrics_path = os.path.join(run_dir, "metrics.json")
+    if os.path.isfile(metrics_path):
+        with open(metrics_path) as f:
+            previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
+    return start_epoch, previous
+
+
+def _datasets(args, dataset, comm, start_epoch, steps):
+    """This rank's training pipeline from ``start_epoch`` on, and its shard of the test set."""
+    train_ds, _ = training_dataset(dataset, args.batch_size, args.seed, comm.rank, comm.size, start_epoch,
+                                   args.epochs, steps)
+    try:
+        test_ds = test_dataset(dataset, rank=comm.rank, size=comm.size)
+    except DataError as err:
+        raise UsageError(str(err)) from None
+    return train_ds, test_ds
+
+
+def _callbacks(args, run_dir, config, comm, recorder, exact_evaluation, resumed):
+    broadcast = callbacks.BroadcastInitialState()
+    # A resumed rank has its own state back (EASGD's local weights differ per
+    # rank); a broadcast from rank 0 would erase it.
+    broadcast.skip = resumed
     # Order matters: state first, statistics and metrics averaged before anything reads them,
     # per-rank checkpoints (local weights) before any swap of the kept weights.
-    cbs = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
-           callbacks.AbortOnNonFinite(args.max_bad_steps),
-           callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints),
-           callbacks.SwapKeptWeights()]
-    if is_chief and args.tensorboard:
-        cbs.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
-                                               profile_batch=0))
-    verbose = 0
-    if is_chief:
-        # A progress bar only on a real terminal: launchers prefix every line.
-        interactive = sys.stdout.isatty() and not _compat.under_launcher()
-        verbose = args.verbose if args.verbose is not None else (1 if interactive else 2)
+    chosen = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
+              callbacks.AbortOnNonFinite(args.max_bad_steps),
+              callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints),
+              callbacks.SwapKeptWeights()]
+    if comm.rank == 0 and args.tensorboard:
+        chosen.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
+                                                  profile_batch=0))
+    return chosen
 
-    train_ds, _ = training_dataset(dataset, batch, args.seed, comm.rank, comm.size, start_epoch, args.epochs, steps)
 
-    started = time.perf_counter()
-    if start_epoch < args.epochs:
-        model.fit(train_ds, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
-                  validation_data=test_ds, validation_freq=args.eval_every, callbacks=cbs, verbose=verbose,
-                  shuffle=False)
-    wall = time.perf_counter() - started
+def _verbosity(args, comm):
+    """Keras's verbosity: rank 0 alone reports; a progress bar only on a real
+    terminal, because launchers prefix every line."""
+    if comm.rank != 0:
+        return 0
+    if args.verbose is not None:
+        return args.verbose
+    return 1 if sys.stdout.isatty() and not _compat.under_launcher() else 2
 
-    # --- final figures, on the center for EASGD ------------------------------------
-    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0, callbacks=[callbacks.SwapKeptWeights(),
-                                                                             exact_evaluation], return_dict=False)
-    train_rows = [r for r in recorder.epochs if r["epoch"] > start_epoch]
-    seconds = sum(r["seconds"] for r in train_rows)
-    final = {
+
+
+def _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, steps, global_batch, wall_seconds):
+    """Test loss and accuracy of the model users keep (the center for EASGD) over
+    the whole test set, and the throughput of the epochs this process trained."""
+    test_loss, test_accuracy = model.evaluate(test_ds, verbose=0,
+                                              callbacks=[callbacks.SwapKeptWeights(), exact_evaluation],
+                                              return_dict=False)
+    trained = [row for row in recorder.epochs if row["epoch"] > start_epoch]
+    seconds = sum(row["seconds"] for row in trained)
+    return {
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
-        "samples_per_sec": (len(train_rows) * steps * batch * comm.size / seconds) if seconds else None,
-        "seconds": wall,
+        "samples_per_sec": (len(trained) * steps * global_batch / seconds) if seconds else None,
+        "seconds": wall_seconds,
     }
-    if is_chief:
-        recorder.save(final=final)
-        _save_model(model, optimizer, os.path.join(run_dir, "model.keras"))
-        print(f"final test accuracy: {test_accuracy:.4f}", flush=True)
-    return final
 
 
-def _save_model(model, optimizer, path):
+def _save_model(model, path):
     """model.keras: the kept model (the center for EASGD), loadable with plain keras.models.load_model."""
-    tmp = path[: -len(".keras")] + ".tmp.keras"
-    save_kept_model(model, tmp)
-    os.replace(tmp, path)
+    with atomic.temporary_path(path) as tmp:
+        save_kept_model(model, tmp)

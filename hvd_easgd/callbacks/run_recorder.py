@@ -1,9 +1,9 @@
 """Per-epoch figures for the run directory's metrics.json (written by rank 0)."""
-import json
-import os
 import time
 
 import keras
+
+from .. import atomic
 
 
 class RunRecorder(keras.callbacks.Callback):
@@ -67,7 +67,4 @@ class RunRecorder(keras.callbacks.Callback):
         payload = {"epochs": self.epochs}
         if final is not None:
             payload["final"] = final
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(tmp, self.path)
+        atomic.write_json(self.path, payload, indent=1)

@@ -12,6 +12,10 @@ from .conftest import REPO
 pytestmark = pytest.mark.slurm
 
 TEMPLATES = ("train.sbatch", "train-gpu.sbatch", "benchmark.sbatch")
+# What slurm/common.sh sets, and the tests assert on: never inherited from the
+# shell that runs the tests (`TF_CPP_MIN_LOG_LEVEL=3 make test` must pass too).
+SET_BY_COMMON_SH = ("TF_CPP_MIN_LOG_LEVEL", "OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+                    "SRUN_CPUS_PER_TASK", "VIRTUAL_ENV")
 
 
 def _headers(name):
@@ -20,7 +24,8 @@ def _headers(name):
 
 
 def _fake_job_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HVD_EASGD_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "HVD_EASGD_")) and k not in SET_BY_COMMON_SH}
     env.update(SLURM_JOB_ID="4242", SLURM_JOB_NAME="hvd-easgd-train", SLURM_SUBMIT_DIR=str(REPO),
                SLURM_JOB_NODELIST="n1", SLURM_NTASKS="2", HVD_EASGD_VENV=sys.prefix)
     env.update(extra)
@@ -64,14 +69,18 @@ def test_run_dir_default_unless_chosen():
         assert default("--epochs", "3", *chosen) == ""
 
 
-def test_common_sets_up_environment():
+@pytest.mark.parametrize("chosen_level, expected_level", [(None, "2"), ("3", "3")], ids=["default", "user-set"])
+def test_common_sets_up_environment(chosen_level, expected_level):
     snippet = ('source "$SLURM_SUBMIT_DIR/slurm/common.sh" >/dev/null; '
                'echo "$PWD|$(command -v python)|$TF_CPP_MIN_LOG_LEVEL|${OMPI_ALLOW_RUN_AS_ROOT:-}|$SRUN_CPUS_PER_TASK"')
-    done = _bash(snippet, _fake_job_env(SLURM_CPUS_PER_TASK="3"))
+    env = _fake_job_env(SLURM_CPUS_PER_TASK="3")
+    if chosen_level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = chosen_level  # the user's level wins over the default
+    done = _bash(snippet, env)
     assert done.returncode == 0, done.stderr
     cwd, python, tf_level, as_root, srun_cpus = done.stdout.strip().split("|")
     assert cwd == str(REPO) and python == os.path.join(sys.prefix, "bin", "python")
-    assert tf_level == "2" and srun_cpus == "3"
+    assert tf_level == expected_level and srun_cpus == "3"
     assert as_root == ("1" if os.geteuid() == 0 else "")
 
 

@@ -1,6 +1,4 @@
-"""Callbacks: NaN abort, the center swap, and the learning-rate warm-up the CLI builds."""
-import argparse
-
+"""Callbacks: NaN abort and the center swap."""
 import keras
 import numpy as np
 import pytest
@@ -49,20 +47,6 @@ def test_center_swap_evaluates_on_the_center_and_restores_local_weights():
         np.testing.assert_array_equal(a, b)
     for a, b in zip(model.trainable_variables, local):
         np.testing.assert_array_equal(a.numpy(), b)
-
-
-def test_scale_lr_with_warmup_ramps_linearly_to_lr_times_ranks():
-    from hvd_easgd.trainer import _inner_optimizer
-
-    args = argparse.Namespace(lr=0.1, scale_lr=True, lr_warmup_epochs=1.0, optimizer="sgd", momentum=0.0)
-    config = _inner_optimizer(args, size=4, updates_per_epoch=10).get_config()["learning_rate"]
-    # a built-in Keras schedule: model.keras stays loadable without hvd_easgd
-    assert config["module"] == "keras.optimizers.schedules"
-    schedule = keras.optimizers.schedules.deserialize(config)
-    values = [float(schedule(step)) for step in (0, 5, 10, 50)]
-    assert values == pytest.approx([0.1, 0.25, 0.4, 0.4])
-    args.lr_warmup_epochs = 0.0
-    assert float(_inner_optimizer(args, size=4, updates_per_epoch=10).learning_rate.numpy()) == pytest.approx(0.4)
 
 
 def _nan_data(n):

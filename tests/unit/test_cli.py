@@ -1,11 +1,12 @@
 """train.py's command line: options, config files, and one-line errors with exit 2."""
+import json
 import subprocess
 
 import numpy as np
 import pytest
 import yaml
 
-from hvd_easgd import cli
+from hvd_easgd import checkpoint, cli, errors
 from tests.conftest import PYTHON, ROOT, quiet_env
 
 pytestmark = pytest.mark.unit
@@ -53,9 +54,9 @@ def test_other_ranks_leave_rank_0_time_to_speak_then_speak_themselves(monkeypatc
     # before rank 0 has printed; if nobody stops it, rank 0 did not see the error and it speaks
     sleeps = []
     monkeypatch.setenv("HOROVOD_RANK", "1")
-    monkeypatch.setattr(cli.time, "sleep", sleeps.append)
+    monkeypatch.setattr(errors.time, "sleep", sleeps.append)
     code, err = exit_and_stderr(["--tau", "5"], capsys)
-    assert code == 2 and sleeps == [cli.USAGE_ERROR_GRACE_SECONDS]
+    assert code == 2 and sleeps == [errors.USAGE_ERROR_GRACE_SECONDS]
     assert err == "train.py: error (rank 1): --tau is an option of --strategy easgd, not --strategy sync\n"
     monkeypatch.setenv("HOROVOD_RANK", "0")
     code, err = exit_and_stderr(["--tau", "5"], capsys)
@@ -91,8 +92,9 @@ def test_help_lists_strategies_from_the_registry(capsys):
     out = capsys.readouterr().out
     assert exc.value.code == 0
     for text in ("--strategy {easgd,sync}", "--tau", "--moving-rate", "--overlap", "--clip-norm",
-                 "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every"):
-        assert text in out
+                 "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every",
+                 "factor m up to 4, then 4*sqrt(m/4)", "factor ranks*sqrt(K)"):  # --scale-lr's rule
+        assert text in " ".join(out.split())
 
 
 def test_accumulation_composes_with_any_strategy():
@@ -110,3 +112,47 @@ def test_a_real_process_exits_2_without_traceback():
                                                    "with p=1 ranks, else the elastic step diverges. "
                                                    "Received: moving_rate=1.5")
     assert "Traceback" not in out.stderr
+
+
+def saved_run(run_dir, manifest_format, config):
+    """A run directory holding one complete checkpoint, its manifest written by hand."""
+    directory = run_dir / "checkpoints" / "epoch-000002"
+    directory.mkdir(parents=True)
+    (directory / "rank-00000.npz").write_bytes(b"")
+    manifest = {"epoch": 2, "num_ranks": 1, "shards": ["rank-00000.npz"], "config": config}
+    if manifest_format is not None:
+        manifest["format"] = manifest_format
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return str(run_dir)
+
+
+@pytest.mark.parametrize("manifest_format, named", [(1, "checkpoint format 1"), (None, "checkpoint format unknown")])
+def test_resume_refuses_a_checkpoint_of_another_format(manifest_format, named, tmp_path, capsys):
+    # format 1 meant other things by sample_count and --scale-lr: resuming it under
+    # format 2's rules would silently train another model
+    config = cli.effective_config(cli.parse_args(["--strategy", "easgd", "--tau", "4", "--epochs", "3"]))
+    run_dir = saved_run(tmp_path / "old", manifest_format, dict(config, run_dir=str(tmp_path / "old")))
+    code, err = exit_and_stderr(["--resume", run_dir, "--epochs", "4"], capsys)
+    assert code == 2 and err == (f"train.py: error: --resume {run_dir}: {named}, this hvd_easgd reads format "
+                                 f"{checkpoint.FORMAT_VERSION} (the meaning of saved state changed); resume it "
+                                 "with the hvd_easgd release that wrote it, or start a new run\n")
+    assert checkpoint.FORMAT_VERSION == 2
+
+
+def test_resume_takes_the_saved_options_and_lets_resumable_ones_change(tmp_path):
+    # the saved config holds strategy options under their flag names (effective_config)
+    config = cli.effective_config(cli.parse_args(["--strategy", "easgd", "--tau", "4", "--lr", "0.05",
+                                                  "--accumulate", "2", "--epochs", "3"]))
+    assert config["tau"] == 4 and not any("__" in key for key in config)
+    run_dir = saved_run(tmp_path / "run", checkpoint.FORMAT_VERSION, dict(config, run_dir=str(tmp_path / "run")))
+    args = cli.parse_args(["--resume", run_dir, "--epochs", "5"])
+    resumed = cli.effective_config(args)
+    assert (resumed["strategy"], resumed["tau"], resumed["lr"], resumed["accumulate"], resumed["epochs"]) == (
+        "easgd", 4, 0.05, 2, 5)
+    assert args.run_dir == run_dir
+
+
+def test_resume_of_a_directory_without_checkpoints(tmp_path, capsys):
+    code, err = exit_and_stderr(["--resume", str(tmp_path)], capsys)
+    assert code == 2 and err == (f"train.py: error: --resume {tmp_path}: no complete checkpoint under "
+                                 f"{tmp_path}/checkpoints\n")

@@ -1,0 +1,68 @@
+"""--scale-lr's rule (hvd_easgd.lr_scaling) and the optimizer the trainer builds with it."""
+import argparse
+import math
+
+import keras
+import pytest
+
+from hvd_easgd.lr_scaling import lr_scale
+from hvd_easgd.trainer import _inner_optimizer
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("size, accumulate, expected", [
+    (1, 1, 1.0), (2, 1, 2.0), (4, 1, 4.0),   # linear in the ranks, as before accumulation counted
+    (2, 2, 4.0),                             # m = 4: still linear
+    (2, 4, 4 * math.sqrt(2)),                # m = 8: 4 * sqrt(8 / 4)
+    (8, 1, 4 * math.sqrt(2)),                # the same m, the same update: the same factor
+    (4, 4, 8.0),                             # m = 16: 4 * sqrt(4)
+])
+def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root(size, accumulate, expected):
+    assert lr_scale(size, accumulate, "sync") == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("size, accumulate, expected", [
+    (1, 1, 1.0), (2, 1, 2.0), (4, 1, 4.0),   # k = 1: lr x ranks, as before
+    (2, 4, 4.0), (2, 9, 6.0), (3, 4, 6.0),
+])
+def test_easgd_is_ranks_times_the_square_root_of_k(size, accumulate, expected):
+    assert lr_scale(size, accumulate, "easgd") == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((0, 1, "sync"), "`size` must be an integer >= 1. Received: size=0"),
+    ((2, 1.5, "sync"), "`accumulate` must be an integer >= 1. Received: accumulate=1.5"),
+    ((2, True, "sync"), "Received: accumulate=True"),
+    ((2, 1, "ps"), "`strategy_name` must be one of ['easgd', 'sync']. Received: strategy_name='ps'"),
+])
+def test_bad_arguments_are_refused_in_keras_form(args, message):
+    with pytest.raises(ValueError) as err:
+        lr_scale(*args)
+    assert message in str(err.value)
+
+
+def namespace(**overrides):
+    values = dict(lr=0.1, scale_lr=True, lr_warmup_epochs=0.0, optimizer="sgd", momentum=0.0, accumulate=1,
+                  strategy="sync")
+    return argparse.Namespace(**{**values, **overrides})
+
+
+def test_scale_lr_with_warmup_ramps_linearly_to_the_scaled_rate():
+    config = _inner_optimizer(namespace(lr_warmup_epochs=1.0), size=4, updates_per_epoch=10).get_config()
+    # a built-in Keras schedule: model.keras stays loadable without hvd_easgd
+    assert config["learning_rate"]["module"] == "keras.optimizers.schedules"
+    schedule = keras.optimizers.schedules.deserialize(config["learning_rate"])
+    values = [float(schedule(step)) for step in (0, 5, 10, 50)]
+    assert values == pytest.approx([0.1, 0.25, 0.4, 0.4])
+
+
+@pytest.mark.parametrize("overrides, size, expected", [
+    ({}, 4, 0.4),
+    ({"accumulate": 4}, 2, 0.1 * 4 * math.sqrt(2)),
+    ({"accumulate": 4, "strategy": "easgd"}, 2, 0.4),
+    ({"scale_lr": False, "accumulate": 4}, 2, 0.1),
+])
+def test_the_trainer_takes_its_rate_from_lr_scale(overrides, size, expected):
+    optimizer = _inner_optimizer(namespace(**overrides), size=size, updates_per_epoch=10)
+    assert float(optimizer.learning_rate.numpy()) == pytest.approx(expected, rel=1e-6)
