@@ -25,6 +25,8 @@ import time
 
 from . import machine, mwms, plots, report
 from .curves import mean_over_seeds, summarise
+from .names import CUSTOM_LOOP, FIT
+from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
 from .processes import log_tail, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,9 +57,11 @@ def parse_args(argv=None):
     p.add_argument("--mpi-busy-poll", action="store_true",
                    help="let Open MPI busy-poll (OMPI_MCA_mpi_yield_when_idle=0; by default MPI launches yield, =1)")
     p.add_argument("--repeats", type=int,
-                   help="timed repeats per configuration (default 6, one balanced cycle of the 6 configurations; "
-                        "quick: 3)")
-    p.add_argument("--steps", type=int, default=400, help="digits-CNN steps per timed repeat")
+                   help="timed repeats per configuration (default: the fewest whole Williams designs giving at "
+                        f"least {MIN_REPEATS}: {default_repeats(len(CUSTOM_LOOP))} for the {len(CUSTOM_LOOP)} "
+                        f"custom-loop configurations, {default_repeats(len(FIT))} for the {len(FIT)} model.fit ones "
+                        "and MWMS; quick: 3)")
+    p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per timed repeat")
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--steps-per-call", type=int, default=20,
                    help="steps per tf.function call and model.fit steps_per_execution (a multiple of 20)")
@@ -79,7 +83,9 @@ def parse_args(argv=None):
                             else (["mpi"] if quick else list(CONTROLLERS)))
     if set(args.controller_list) - set(CONTROLLERS):
         p.error(f"--controllers must be chosen from {CONTROLLERS}")
-    args.repeats = args.repeats or (3 if quick else 6)
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be an integer >= 1. Received: --repeats={args.repeats}")
+    args.repeats = args.repeats or (3 if quick else None)  # None: each group's own default
     args.models = ["cnn"] if (quick or args.no_resnet) else ["cnn", "resnet"]
     args.run_mwms = not (quick or args.no_mwms)
     args.run_tta = not (quick or args.no_tta) and args.seeds > 0
@@ -157,9 +163,11 @@ def worker_command(args, np_, controller, out_json, tta):
     if controller == "mpi":
         env = mpi_polling_env(args)
     cmd += [sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", controller,
-            "--binding", binding, "--models", ",".join(args.models), "--repeats", str(args.repeats),
+            "--binding", binding, "--models", ",".join(args.models),
             "--steps", str(args.steps), "--resnet-steps", str(args.resnet_steps),
             "--steps-per-call", str(args.steps_per_call)]
+    if args.repeats is not None:
+        cmd += ["--repeats", str(args.repeats)]
     if not args.no_fit:
         cmd.append("--fit")
     if not args.no_allreduce:
@@ -240,12 +248,19 @@ def run_mwms(args, out_dir, results):
     if reason:
         results["failures"].append(f"MWMS baseline skipped: {reason}")
         return
+    horovod_tta = results["time_to_accuracy"]
+    if args.run_tta and horovod_tta is None:
+        results["failures"].append("MWMS time to accuracy skipped: it takes SyncAverage's learning rate "
+                                   "from the Horovod time-to-accuracy launch, which gave none")
     for np_ in args.np_list:
-        tta = args.run_tta and np_ == tta_np(args)
-        worker_args = ["--repeats", str(args.repeats), "--steps", str(args.steps),
+        tta = args.run_tta and horovod_tta is not None and np_ == horovod_tta["np"]
+        # MWMS is timed like the model.fit rows, so it gets their number of repeats.
+        worker_args = ["--repeats", str(args.repeats or default_repeats(len(FIT))), "--steps", str(args.steps),
                        "--steps-per-call", str(args.steps_per_call)]
         if tta:
-            worker_args += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs)]
+            # Synchronous gradient averaging, like SyncAverage: the same learning rate.
+            worker_args += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs),
+                            "--tta-lr", repr(horovod_tta["per_config"]["sync"]["lr"])]
         busy = wait_until_idle(args.wait_idle) if args.wait_idle else foreign_cpu_busy()
         print(f"[compare] MWMS np={np_} (tf_keras, RING, TF_CONFIG on 127.0.0.1)", flush=True)
         started = time.perf_counter()
@@ -279,7 +294,7 @@ def run_mwms(args, out_dir, results):
         })
         if merged["time_to_accuracy"]:
             runs = [summarise(r["seed"], r["curve"], args.target) for r in merged["time_to_accuracy"]]
-            results.setdefault("_mwms_tta", mean_over_seeds(runs))
+            results.setdefault("_mwms_tta", dict(mean_over_seeds(runs), lr=merged["tta_lr"]))
         print(f"[compare] MWMS np={np_}: {statistics.median(sps):,.0f} samples/s", flush=True)
 
 
@@ -288,20 +303,38 @@ def tta_np(args):
 
 
 # --- main ---------------------------------------------------------------------------------------------
-def method_notes(args):
+def order_note(args):
+    """How many repeats each group ran, and whether they make whole Williams designs."""
+    groups = [("Custom loop", len(CUSTOM_LOOP))] + ([] if args.no_fit else [("model.fit", len(FIT))])
+    parts = []
+    for label, n in groups:
+        repeats = args.repeats or default_repeats(n)
+        designs = (f"{repeats // design_length(n)} whole design(s) of {design_length(n)} rounds"
+                   if is_whole_design(n, repeats) else
+                   f"not a whole design of {design_length(n)} rounds, so only partly balanced")
+        parts.append(f"{label}: {n} configurations, median of {repeats} repeats ({designs})")
+    return "; ".join(parts)
+
+
+def method_notes(args, tta=None):
     notes = [
         f"Throughput: samples/s = steps × per-rank batch (32) × np ÷ the slowest rank's time for {args.steps} "
-        f"steps (ResNet: {args.resnet_steps}) after one discarded warm-up run (trace, first collectives); "
-        f"median of {args.repeats} repeats with min–max. Within a launch the configurations run round-robin "
-        "in a balanced order (rows of a Williams design: each configuration first, and directly after each "
-        "other, equally often), so noise and after-effects hit them alike.",
+        f"steps (ResNet: {args.resnet_steps}) after one discarded warm-up run (trace, first collectives), "
+        f"with min–max over the repeats. {order_note(args)}. Within a launch the configurations run "
+        "round-robin, each round a row of a Williams design: over one design (n rounds for an even number n "
+        "of configurations, 2n for odd n) each configuration runs in each position, and directly after each "
+        "other configuration within a round, equally often (once for even n, twice for odd n), and none runs "
+        "twice in a row across rounds (n ≥ 3), so noise and after-effects hit them alike.",
         f"Custom loop: one tf.function takes {args.steps_per_call} steps in a tf.range loop over pre-sharded "
         "tensors, collectives inside; the same for every configuration. model.fit rows use steps_per_execution="
         f"{args.steps_per_call} and are timed from the end of the first execution.",
         "One TF intra-op and one inter-op thread per rank (hvd_easgd.init(threads_per_rank=1)); same model, seed, "
-        "SGD(lr=0.05, momentum=0.9) and per-rank batch for every configuration; data sharded as hvd_easgd.data does.",
-        "Bytes/sample: payload bytes a rank hands to collectives per sample it trains on, from comm.account() "
-        "(raw_horovod: one grouped allreduce of all gradients per step, by construction); analytic value in brackets.",
+        "SGD(lr=0.05, momentum=0.9) and per-rank batch for every throughput configuration; data sharded as "
+        "hvd_easgd.data does.",
+        "Bytes/sample: payload bytes a rank hands to collectives per sample it trains on: for hvd_easgd from "
+        "comm.account(); for raw_horovod and no_comm counted inside the graph at horovod.tensorflow's "
+        "collective functions (calls, and the bytes of the tensors actually passed). Analytic value, from the "
+        "model's parameter count, in brackets.",
         "Scaling efficiency: samples/s at np=n ÷ (n × samples/s at np=1), same configuration and controller.",
         "Ratios come only from figures measured in this invocation; 'per repeat' ranges pair the interleaved "
         "repeats of the same launch.",
@@ -309,10 +342,19 @@ def method_notes(args):
         "sampled for 1 s before each launch and measured over each launch (all CPUs' busy time from /proc/stat "
         "minus our launches' own CPU time), is listed per launch above; the suite cannot stop them.",
     ]
+    if tta:
+        notes.append(f"Time to accuracy: each configuration trains at the learning rate train.py --lr "
+                     f"{tta['base_lr']} --scale-lr uses for it, {tta['base_lr']} × "
+                     "hvd_easgd.lr_scaling.lr_scale(np, accumulation k, strategy), the function train.py calls, so "
+                     "accumulation is scaled by train.py's rule"
+                     + ("; MWMS at SyncAverage's" if "mwms_fit" in tta["per_config"] else "")
+                     + ". Each row's learning rate is in the table.")
     if args.run_mwms:
         notes.append("MWMS: tf.distribute.MultiWorkerMirroredStrategy with RING collectives in tf_keras 2.18 "
                      "(Keras 3 model.fit fails under MWMS), workers started with TF_CONFIG on 127.0.0.1, the same "
-                     "CNN layer for layer, shards, batch and SGD; its repeats are consecutive within its own launch.")
+                     "CNN layer for layer, shards, batch and SGD; its "
+                     f"{args.repeats or default_repeats(len(FIT))} repeats (as many as the model.fit rows') are "
+                     "consecutive within its own launch.")
     if "mpi" in args.controller_list:
         notes.append(f"MPI launches: horovodrun --mpi, binding {args.mpi_binding} "
                      "(none = horovodrun's '-bind-to none -map-by slot'), "
@@ -398,7 +440,7 @@ def finish(results, args, out_dir, started):
                 row["time_to_accuracy"] = {k: res[k] for k in ("epochs_to_target", "seconds_to_target",
                                                                "seeds_reaching_target", "train_seconds")}
     results["headlines"] = report.headline_ratios(rows, results["allreduce"])
-    results["method"] = method_notes(args)
+    results["method"] = method_notes(args, tta)
     results["seconds"] = time.perf_counter() - started
     results["plots"] = plots.write_all(results, out_dir)
     text = report.markdown(results) + f"\nTotal wall time of the suite: {results['seconds']:.0f} s.\n"

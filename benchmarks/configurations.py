@@ -13,15 +13,16 @@ A configuration's ``run(xs, ys)`` is one ``tf.function`` that takes
 ``xs.shape[0]`` training steps in a ``tf.range`` loop over pre-sharded
 batches, so Python dispatch is paid once per call and equally for all.
 """
+import contextlib
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 import hvd_easgd
 
-STRATEGIES = ("sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync")
-BASELINES = ("no_comm", "raw_horovod")
-ALL = BASELINES + STRATEGIES
+from .collective_count import CollectiveCounter
+from .names import BASELINES, CUSTOM_LOOP, STRATEGIES
 
 # Every timed run must hold whole EASGD periods and accumulation windows, or
 # the measured calls per step would depend on where the window started.
@@ -42,6 +43,11 @@ def easgd_settings(name):
     """``easgd_tau10_overlap`` → (10, True)."""
     tau, _, variant = name[len("easgd_tau"):].partition("_")
     return int(tau), variant == "overlap"
+
+
+# What train.py is given to train like each strategy: (--strategy, --accumulate).
+TRAIN_PY_EQUIVALENT = {"sync": ("sync", 1), "easgd_tau4": ("easgd", 1), "easgd_tau10": ("easgd", 1),
+                       "easgd_tau10_overlap": ("easgd", 1), "accum4_sync": ("sync", 4)}
 
 
 def make_strategy(name):
@@ -95,12 +101,6 @@ def broadcast_like_raw_horovod(model):
         v.assign(hvd.broadcast(tf.convert_to_tensor(v), root_rank=0))
 
 
-def raw_horovod_account(steps, gradient_bytes):
-    """A raw Horovod step's traffic, exact by construction: it issues exactly
-    one grouped allreduce of all gradients and keeps no counter of its own."""
-    return {"bytes": steps * gradient_bytes, "calls": steps, "source": "by construction"}
-
-
 def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -115,7 +115,9 @@ class Configuration:
         self.model = hvd_easgd.models.build(model_name, input_shape, num_classes)
         inner = keras.optimizers.SGD(lr, momentum=0.9)
         self.expected = expected_traffic(name, self.model)
-        self._steps_since_reset = 0
+        # The baselines' traffic is counted at Horovod's collectives (none
+        # for no_comm); the strategies' comes from comm.account().
+        self._counter = CollectiveCounter() if name in BASELINES else None
         variables = self.model.trainable_variables
         loss_fn = _loss()
         spec = (tf.TensorSpec((None, batch, *input_shape), tf.float32), tf.TensorSpec((None, batch), tf.int64))
@@ -142,8 +144,7 @@ class Configuration:
             def reduce(grads):
                 return grads
         else:
-            raise ValueError(f"unknown configuration {name!r}; choose from {ALL}")
-        self._grad_bytes = 4 * trainable_count(self.model)
+            raise ValueError(f"unknown configuration {name!r}; choose from {CUSTOM_LOOP}")
 
         model, optimizer = self.model, self.optimizer
 
@@ -162,28 +163,32 @@ class Configuration:
         self._run = run
 
     # --- training ------------------------------------------------------------
+    def _tracing_context(self):
+        """Where ``run`` may be traced: a baseline's collectives are counted."""
+        return self._counter.counting() if self._counter is not None else contextlib.nullcontext()
+
     def trace(self):
         """Traces ``run`` without executing it (no collective is issued)."""
-        self._run.get_concrete_function()
+        with self._tracing_context():
+            self._run.get_concrete_function()
 
     def run(self, xs, ys):
         """Takes ``len(xs)`` steps; returns the last loss (read it to wait)."""
-        self._steps_since_reset += int(xs.shape[0])
-        return self._run(xs, ys)
+        with self._tracing_context():
+            return self._run(xs, ys)
 
     # --- communication account --------------------------------------------------
     def reset_account(self):
-        self._steps_since_reset = 0
-        if self.name in STRATEGIES:
+        if self._counter is not None:
+            self._counter.reset()
+        else:
             self.comm.reset_account()
 
     def account(self):
         """``{"bytes", "calls", "source"}`` since ``reset_account``, per rank."""
-        if self.name in STRATEGIES:
-            return dict(self.comm.account(), source="comm.account()")
-        if self.name == "raw_horovod":
-            return raw_horovod_account(self._steps_since_reset, self._grad_bytes)
-        return {"bytes": 0, "calls": 0, "source": "no collectives"}
+        if self._counter is not None:
+            return self._counter.account()
+        return dict(self.comm.account(), source="comm.account()")
 
     # --- evaluation ---------------------------------------------------------------
     def test_accuracy(self, x_test, y_test):

@@ -9,6 +9,7 @@ A fit is timed from the end of its first execution to the end of the epoch:
 tracing, the data iterator's start-up and the ranks' staggered arrival all
 fall before the clock starts, and the first collective lines the ranks up.
 """
+import contextlib
 import time
 
 import keras
@@ -16,9 +17,9 @@ import tensorflow as tf
 
 import hvd_easgd
 
-from .configurations import broadcast_like_raw_horovod, raw_horovod_account, trainable_count
-
-FIT_CONFIGS = ("raw_horovod_fit", "sync_fit")
+from .collective_count import CollectiveCounter
+from .configurations import broadcast_like_raw_horovod, trainable_count
+from .names import FIT
 
 
 class RawAllreduceSGD(keras.optimizers.SGD):
@@ -64,32 +65,35 @@ class FitConfiguration:
         elif name == "raw_horovod_fit":
             self.optimizer = RawAllreduceSGD(lr, momentum=0.9)
         else:
-            raise ValueError(f"unknown fit configuration {name!r}; choose from {FIT_CONFIGS}")
+            raise ValueError(f"unknown fit configuration {name!r}; choose from {FIT}")
         self.model.compile(optimizer=self.optimizer, loss=loss, steps_per_execution=steps_per_execution,
                            jit_compile=False)
         if name == "sync_fit":
             hvd_easgd.broadcast_initial_state(self.model, self.optimizer)
+            self._counter = None
         else:
             broadcast_like_raw_horovod(self.model)
-        self._grad_bytes = 4 * trainable_count(self.model)
-        self._timed_steps = 0
+            # Raw Horovod keeps no account: its collectives are counted where Keras traces them.
+            self._counter = CollectiveCounter()
 
     def fit_once(self, dataset, steps):
         """One epoch of ``steps`` steps; returns (seconds, timed steps)."""
         timer = _WindowTimer(self.reset_account)
-        self.model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer], shuffle=False)
-        self._timed_steps = steps - self.steps_per_execution
-        return timer.seconds, self._timed_steps
+        tracing = self._counter.counting() if self._counter is not None else contextlib.nullcontext()
+        with tracing:
+            self.model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer], shuffle=False)
+        return timer.seconds, steps - self.steps_per_execution
 
     def reset_account(self):
-        self._timed_steps = 0
-        if self.name == "sync_fit":
+        if self._counter is not None:
+            self._counter.reset()
+        else:
             self.comm.reset_account()
 
     def account(self):
-        if self.name == "sync_fit":
-            return dict(self.comm.account(), source="comm.account()")
-        return raw_horovod_account(self._timed_steps, self._grad_bytes)
+        if self._counter is not None:
+            return self._counter.account()
+        return dict(self.comm.account(), source="comm.account()")
 
 
 def dataset(x, y, batch):

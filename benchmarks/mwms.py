@@ -108,7 +108,7 @@ def merge(workers):
               "batch_per_rank": batch, "steps_per_repeat": first["steps_per_repeat"],
               "steps_per_execution": first["steps_per_execution"], "timed_steps_per_repeat": timed_steps,
               "trainable_params": first["trainable_params"], "versions": first["versions"],
-              "threads": first["threads"], "time_to_accuracy": None}
+              "threads": first["threads"], "time_to_accuracy": None, "tta_lr": first.get("tta_lr")}
     if first.get("tta"):
         runs = []
         for s, run in enumerate(first["tta"]):
@@ -159,11 +159,11 @@ def worker(args):
             lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True)
             .repeat().prefetch(4))
 
-    def build(seed):
+    def build(seed, lr):
         keras.utils.set_random_seed(seed)
         with strategy.scope():
             model = cnn(data.input_shape, data.num_classes, keras_api=keras)
-            model.compile(optimizer=keras.optimizers.SGD(args.lr, momentum=0.9),
+            model.compile(optimizer=keras.optimizers.SGD(lr, momentum=0.9),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           steps_per_execution=args.steps_per_call)
         return model
@@ -184,7 +184,7 @@ def worker(args):
            "threads": {"intra_op": 1, "inter_op": args.inter_op_threads}, "versions": versions()}
 
     # --- throughput: warm-up fit, then timed fits ---
-    model = build(0)
+    model = build(0, args.lr)
     out["trainable_params"] = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     ds = distributed(*shard(0, -(-args.steps // per_epoch) + 1, args.steps))
     seconds = []
@@ -199,8 +199,9 @@ def worker(args):
     if args.tta_seeds:
         evaluator = cnn(data.input_shape, data.num_classes, keras_api=keras)
         out["tta"] = []
+        out["tta_lr"] = args.tta_lr
         for seed in range(args.tta_seeds):
-            model = build(seed)
+            model = build(seed, args.tta_lr)
             initial = model.get_weights()
             model.fit(distributed(*shard(seed, 1, args.steps_per_call)), epochs=1,
                       steps_per_epoch=args.steps_per_call, verbose=0)
@@ -241,14 +242,19 @@ def parse_args(argv=None):
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=200)
     p.add_argument("--steps-per-call", type=int, default=20)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--tta-seeds", type=int, default=0)
     p.add_argument("--tta-epochs", type=int, default=20)
+    p.add_argument("--tta-lr", type=float, default=None,
+                   help="time-to-accuracy learning rate (compare.py passes SyncAverage's)")
     p.add_argument("--inter-op-threads", type=int, default=1)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.tta_seeds and args.tta_lr is None:
+        p.error("--tta-seeds needs --tta-lr")
+    return args
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ range; a ratio against another launch (MWMS) is of medians only.
 """
 import statistics
 
+from .names import CUSTOM_LOOP, FIT
+
 # (numerator, denominator, loop, goal, what the goal is)
 HEADLINES = (
     ("sync", "raw_horovod", "custom", 0.97, "SyncAverage ÷ raw Horovod (custom loop)"),
@@ -67,12 +69,13 @@ def headline_ratios(rows, allreduce_results):
             b = find(rows, config=den, model="cnn", loop=loop, np=np_, controller=controller)
             if a and b:
                 out.append(dict(ratio(a, b), label=label, np=np_, controller=controller, goal=goal,
-                                met=ratio(a, b)["value"] >= goal))
+                                met=ratio(a, b)["value"] >= goal, numerator=num, denominator=den))
         mwms = find(rows, config="mwms_fit", model="cnn", np=np_)
         for num, label in MWMS_HEADLINES:
             a = find(rows, config=num, model="cnn", np=np_, controller=controller)
             if a and mwms:
-                out.append(dict(ratio(a, mwms), label=label, np=np_, controller=controller, goal=None, met=None))
+                out.append(dict(ratio(a, mwms), label=label, np=np_, controller=controller, goal=None, met=None,
+                                numerator=num, denominator="mwms_fit"))
     for result in allreduce_results:
         for size in result["sizes"]:
             if "hvd_fraction_of_mpi4py" in size:
@@ -110,9 +113,7 @@ def throughput_table(rows, model):
     lines = ["| config | np | controller | loop | samples/s median (min–max) | scaling eff. "
              "| bytes/sample (expected) | calls/step (expected) | final test acc. |",
              "|---|---:|---|---|---:|---:|---:|---:|---:|"]
-    order = {name: i for i, name in enumerate(
-        ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync",
-         "raw_horovod_fit", "sync_fit", "mwms_fit"))}
+    order = {name: i for i, name in enumerate(CUSTOM_LOOP + FIT + ("mwms_fit",))}
     for row in sorted((r for r in rows if r["model"] == model),
                       key=lambda r: (r["np"], r["controller"], r["loop"], order.get(r["config"], 99))):
         lines.append(
@@ -126,14 +127,16 @@ def throughput_table(rows, model):
 
 def tta_table(tta):
     lines = [f"Digits CNN, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
-             f"SGD lr={tta['lr']} momentum 0.9, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; "
-             "wall time = training only (slowest rank), no evaluation or tracing; EASGD evaluated on its center.",
+             f"SGD momentum 0.9 at the learning rate train.py --lr {tta['base_lr']} --scale-lr gives each "
+             f"configuration, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; wall time = training only "
+             "(slowest rank), no evaluation or tracing; EASGD evaluated on its center.",
              "",
-             f"| config | epochs to {tta['target']} | seconds to {tta['target']} | seeds reaching it "
+             f"| config | lr | epochs to {tta['target']} | seconds to {tta['target']} | seeds reaching it "
              f"| final test acc. | training seconds ({tta['epochs']} epochs) |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, res in tta["per_config"].items():
-        lines.append(f"| {name} | {_num(res['epochs_to_target'])} | {_num(res['seconds_to_target'], '{:.2f}')} "
+        lines.append(f"| {name} | {res['lr']:g} | {_num(res['epochs_to_target'])} "
+                     f"| {_num(res['seconds_to_target'], '{:.2f}')} "
                      f"| {res['seeds_reaching_target']}/{len(res['runs'])} | {res['final_accuracy']:.3f} "
                      f"| {res['train_seconds']:.2f} |")
     return "\n".join(lines)

@@ -4,9 +4,9 @@
 ``horovodrun -np N --gloo|--mpi python -m benchmarks.worker --out FILE ...``.
 Start-up and tracing are paid once per launch; then repeats run
 round-robin over the configurations in a balanced order (each round a row
-of a Williams design), so a burst of noise from elsewhere on the machine,
-or a configuration's after-effects, hits them alike. Rank 0 writes
-everything measured to ``--out`` as JSON.
+of a Williams design, ``benchmarks.order``), so a burst of noise from
+elsewhere on the machine, or a configuration's after-effects, hits them
+alike. Rank 0 writes everything measured to ``--out`` as JSON.
 
 Throughput is samples/s over a fixed number of steps after a discarded
 warm-up run (the trace, the first collective), timed on every rank between
@@ -22,9 +22,13 @@ import time
 import numpy as np
 
 import hvd_easgd
+from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
+from hvd_easgd.lr_scaling import lr_scale
 
 from . import allreduce, configurations, curves, fit_variants, machine, report
+from .names import CUSTOM_LOOP, FIT, STRATEGIES
+from .order import default_repeats, design_length, interleaved_repeats, is_whole_design
 
 
 def parse_args(argv=None):
@@ -33,8 +37,10 @@ def parse_args(argv=None):
     p.add_argument("--controller", required=True, choices=("gloo", "mpi"))
     p.add_argument("--binding", default="none", help="process binding of this launch (recorded as given)")
     p.add_argument("--models", default="cnn", help="comma-separated: cnn (digits) and/or resnet (synthetic 32x32x3)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=400, help="digits-CNN steps per timed repeat")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed repeats per configuration (default: whole Williams designs of each group, "
+                        "at least benchmarks.order.MIN_REPEATS)")
+    p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per timed repeat")
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--steps-per-call", type=int, default=20,
                    help="steps per tf.function call (custom loop) and steps_per_execution (model.fit)")
@@ -44,6 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--tta-seeds", type=int, default=0, help="time-to-accuracy seeds (0: skip)")
     p.add_argument("--tta-epochs", type=int, default=20)
     p.add_argument("--tta-target", type=float, default=0.95)
+    p.add_argument("--tta-lr", type=float, default=None,
+                   help="time-to-accuracy base learning rate, scaled as train.py --scale-lr does "
+                        "(default: train.py's --lr)")
     p.add_argument("--allreduce", action="store_true", help="run the allreduce microbenchmark (np > 1)")
     p.add_argument("--quick", action="store_true", help="fewer microbenchmark iterations")
     args = p.parse_args(argv)
@@ -84,34 +93,16 @@ def rotated(items, by):
     return items[by:] + items[:by]
 
 
-def balanced_order(items, round_index):
-    """Round ``round_index`` of a Williams design: over n rounds (2n for odd
-    n) every item runs first equally often and directly after every other
-    item equally often, so neither position nor the predecessor (its caches,
-    Horovod's idle time) favours a configuration."""
-    n = len(items)
-    first, low, high = [0], 1, n - 1
-    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
-        first.append(low)
-        low += 1
-        if len(first) < n:
-            first.append(high)
-            high -= 1
-    cycle = round_index % (n if n % 2 == 0 else 2 * n)
-    order = [items[(i + cycle) % n] for i in first]
-    return order[::-1] if n % 2 and cycle >= n else order
+def repeats_of(args, configs):
+    """``--repeats``, or whole Williams designs of this group of configurations."""
+    return args.repeats or default_repeats(len(configs))
 
 
-def interleaved_repeats(configs, repeats, timed, after_repeat=None):
-    """``timed(config)`` for every configuration, ``repeats`` rounds in
-    balanced order; returns ``{name: [what timed returned, per round]}``."""
-    results = {c.name: [] for c in configs}
-    for r in range(repeats):
-        for config in balanced_order(configs, r):
-            results[config.name].append(timed(config))
-        if after_repeat is not None:
-            after_repeat(r, results)
-    return results
+def order_record(configs, repeats):
+    """What a row says about its group's run order."""
+    n = len(configs)
+    return {"group_size": n, "design_rounds": design_length(n), "repeats": repeats,
+            "whole_designs": is_whole_design(n, repeats)}
 
 
 def summed_traffic(accounts):
@@ -136,12 +127,13 @@ def pre_sharded(data, batch, rank, size, steps, seed=0):
             data.y_train[index].reshape(steps, batch))
 
 
-def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, traffic, expected):
+def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, traffic, expected, order):
     per_sample = traffic["bytes"] / traffic["samples"]
     return {
         "config": name, "model": model_name, "loop": loop, "np": launch.size,
         "controller": args.controller, "binding": args.binding,
         "batch_per_rank": batch, "steps_per_repeat": steps, "steps_per_call": args.steps_per_call,
+        "order": order,
         "samples_per_sec": report.throughput_summary(samples_per_sec),
         "bytes_per_sample": per_sample,
         "calls_per_step": traffic["calls"] / traffic["steps"],
@@ -163,7 +155,7 @@ def throughput(launch, args, model_name):
     xs, ys = pre_sharded(data, batch, launch.rank, launch.size, steps)
     chunks = [(tf.constant(xs[i:i + k]), tf.constant(ys[i:i + k])) for i in range(0, steps, k)]
     configs = [configurations.Configuration(name, model_name, data.input_shape, data.num_classes, batch,
-                                            launch.comm, lr=args.lr) for name in configurations.ALL]
+                                            launch.comm, lr=args.lr) for name in CUSTOM_LOOP]
 
     def timed(config, calls=chunks):
         launch.barrier()
@@ -180,18 +172,20 @@ def throughput(launch, args, model_name):
         config.trace()
         timed(config, chunks[:2])  # discarded: first collectives, caches, allocator
 
+    repeats = repeats_of(args, configs)
+
     def progress(r, results):
-        launch.say(f"{model_name}: repeat {r + 1}/{args.repeats}: "
+        launch.say(f"{model_name}: repeat {r + 1}/{repeats}: "
                    + ", ".join(f"{name}={runs[-1][0]:.0f}" for name, runs in results.items()))
 
-    results = interleaved_repeats(configs, args.repeats, timed, progress)
+    results = interleaved_repeats(configs, repeats, timed, progress)
     rows = []
     for config in configs:
         runs = results[config.name]  # (samples/s, account, last loss) per repeat
         traffic = dict(summed_traffic([account for _, account, _ in runs]),
-                       steps=steps * args.repeats, samples=steps * args.repeats * batch)
+                       steps=steps * repeats, samples=steps * repeats * batch)
         row = _row(launch, args, config.name, model_name, "custom", batch, steps, [sps for sps, _, _ in runs],
-                   traffic, config.expected)
+                   traffic, config.expected, order_record(configs, repeats))
         row["last_losses"] = [loss for _, _, loss in runs]  # a diverging configuration would show here
         rows.append(row)
     gradient_shapes = [list(v.shape) for v in configs[0].model.trainable_variables]
@@ -205,7 +199,7 @@ def fit_throughput(launch, args):
     xs, ys = pre_sharded(data, batch, launch.rank, launch.size, steps)
     ds = fit_variants.dataset(xs, ys, batch)
     configs = [fit_variants.FitConfiguration(name, "cnn", data.input_shape, data.num_classes, batch, launch.comm,
-                                             args.steps_per_call, lr=args.lr) for name in fit_variants.FIT_CONFIGS]
+                                             args.steps_per_call, lr=args.lr) for name in FIT]
 
     def timed(config):
         launch.barrier()
@@ -217,7 +211,8 @@ def fit_throughput(launch, args):
     for config in configs:
         timed(config)  # traces
         timed(config)  # a second untimed fit: the first timed ones ran slow without it
-    results = interleaved_repeats(configs, args.repeats, timed)
+    repeats = repeats_of(args, configs)
+    results = interleaved_repeats(configs, repeats, timed)
     rows = []
     for config in configs:
         runs = results[config.name]  # (samples/s, account, timed steps) per repeat
@@ -225,7 +220,7 @@ def fit_throughput(launch, args):
         traffic = dict(summed_traffic([account for _, account, _ in runs]), steps=timed_steps,
                        samples=timed_steps * batch)
         row = _row(launch, args, config.name, "cnn", "fit", batch, steps, [sps for sps, _, _ in runs], traffic,
-                   fit_variants.expected_traffic(config.model))
+                   fit_variants.expected_traffic(config.model), order_record(configs, repeats))
         row["steps_per_execution"] = args.steps_per_call
         row["timed_steps_per_repeat"] = steps - args.steps_per_call
         rows.append(row)
@@ -235,21 +230,29 @@ def fit_throughput(launch, args):
 
 
 # --- time to accuracy ---------------------------------------------------------------------
+def scaled_learning_rate(base, size, name):
+    """The learning rate ``train.py --lr BASE --scale-lr`` trains configuration ``name`` with."""
+    strategy, accumulate = configurations.TRAIN_PY_EQUIVALENT[name]
+    return base * lr_scale(size, accumulate, strategy)
+
+
 def time_to_accuracy(launch, args):
     """Trains each strategy ``--tta-epochs`` epochs per seed, epochs interleaved
     across strategies; wall time counts training only (the slowest rank's),
-    not evaluation or tracing."""
+    not evaluation or tracing. Learning rates follow ``train.py --scale-lr``."""
     import tensorflow as tf
 
     data = hvd_easgd.data.digits()
     batch = args.batch
     n = len(data.y_train)
     per_epoch = steps_per_epoch(n, batch, launch.size)
-    results = {name: [] for name in configurations.STRATEGIES}
+    base_lr = args.tta_lr if args.tta_lr is not None else train_py_parser().get_default("lr")
+    lrs = {name: scaled_learning_rate(base_lr, launch.size, name) for name in STRATEGIES}
+    results = {name: [] for name in STRATEGIES}
     for seed in range(args.tta_seeds):
         configs = [configurations.Configuration(name, "cnn", data.input_shape, data.num_classes, batch,
-                                                launch.comm, lr=args.lr, seed=seed)
-                   for name in configurations.STRATEGIES]
+                                                launch.comm, lr=lrs[name], seed=seed)
+                   for name in STRATEGIES]
         for config in configs:
             config.trace()
         points = {c.name: [] for c in configs}
@@ -273,8 +276,9 @@ def time_to_accuracy(launch, args):
         launch.say(f"time-to-accuracy seed {seed}: "
                    + ", ".join(f"{n}={c[-1]['accuracy']:.3f}" for n, c in points.items()))
     return {"target": args.tta_target, "epochs": args.tta_epochs, "seeds": args.tta_seeds, "np": launch.size,
-            "controller": args.controller, "batch_per_rank": batch, "lr": args.lr,
-            "per_config": {name: curves.mean_over_seeds(runs) for name, runs in results.items()}}
+            "controller": args.controller, "batch_per_rank": batch, "base_lr": base_lr,
+            "per_config": {name: dict(curves.mean_over_seeds(runs), lr=lrs[name])
+                           for name, runs in results.items()}}
 
 
 # --- main ------------------------------------------------------------------------------------

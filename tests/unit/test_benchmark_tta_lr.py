@@ -1,0 +1,63 @@
+"""The time-to-accuracy rows take their learning rate from train.py's --scale-lr rule."""
+import pytest
+
+from benchmarks import compare, configurations, names, worker
+from hvd_easgd.strategies import registry
+
+pytestmark = pytest.mark.unit
+
+
+def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
+    calls = []
+
+    def rule(size, accumulate, strategy_name):
+        calls.append((size, accumulate, strategy_name))
+        return 3.0 + accumulate  # distinct per k, so the product shows which k was asked for
+
+    monkeypatch.setattr(worker, "lr_scale", rule)
+    assert worker.scaled_learning_rate(0.02, 2, "accum4_sync") == pytest.approx(0.02 * 7.0)
+    assert worker.scaled_learning_rate(0.02, 4, "easgd_tau10_overlap") == pytest.approx(0.02 * 4.0)
+    assert worker.scaled_learning_rate(0.5, 3, "sync") == pytest.approx(0.5 * 4.0)
+    assert calls == [(2, 4, "sync"), (4, 1, "easgd"), (3, 1, "sync")]
+
+
+def test_every_strategy_row_has_a_train_py_equivalent():
+    assert set(configurations.TRAIN_PY_EQUIVALENT) == set(names.STRATEGIES)
+    for name, (strategy, accumulate) in configurations.TRAIN_PY_EQUIVALENT.items():
+        assert strategy in registry.available(), name
+        assert accumulate == (4 if name.startswith("accum4_") else 1), name
+
+
+def fake_mwms_worker(index, tta):
+    out = {"index": index, "batch_per_rank": 32, "steps_per_repeat": 200, "steps_per_execution": 20,
+           "timed_steps_per_repeat": 180, "repeat_seconds": [1.0] * 6, "trainable_params": 38282,
+           "versions": {"tf_keras": "2.18.0"}, "threads": {"intra_op": 1, "inter_op": 1}}
+    if tta:
+        out.update(tta=[{"seed": 0, "epoch_seconds": [0.5, 0.5], "accuracy": [0.9, 0.96]}], tta_lr=0.04)
+    return out
+
+
+def test_mwms_trains_at_syncaverages_learning_rate(monkeypatch, tmp_path):
+    launched = {}
+
+    def launch(num_workers, out_dir, log_path, timeout, worker_args):
+        launched[num_workers] = worker_args
+        return [fake_mwms_worker(i, "--tta-lr" in worker_args) for i in range(num_workers)]
+
+    monkeypatch.setattr(compare.mwms, "ensure_tf_keras", lambda: None)
+    monkeypatch.setattr(compare.mwms, "launch", launch)
+    monkeypatch.setattr(compare, "foreign_cpu_busy", lambda: 0.0)
+    args = compare.parse_args(["--np", "1,2"])
+    results = {"time_to_accuracy": {"np": 2, "per_config": {"sync": {"lr": 0.04}, "accum4_sync": {"lr": 0.16}}},
+               "failures": [], "launches": [], "rows": [], "versions": {}}
+    compare.run_mwms(args, str(tmp_path), results)
+    assert launched[2][launched[2].index("--tta-lr") + 1] == "0.04"
+    assert "--tta-lr" not in launched[1] and "--tta-seeds" not in launched[1]
+    assert launched[2][launched[2].index("--repeats") + 1] == "6"  # the model.fit group's repeats
+    assert results["_mwms_tta"]["lr"] == 0.04 and not results["failures"]
+
+
+def test_mwms_worker_refuses_time_to_accuracy_without_a_learning_rate(capsys):
+    with pytest.raises(SystemExit):
+        compare.mwms.parse_args(["--worker", "--index", "0", "--out-dir", "x", "--tta-seeds", "1"])
+    assert "--tta-seeds needs --tta-lr" in capsys.readouterr().err
