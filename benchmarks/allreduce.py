@@ -20,13 +20,13 @@ consecutive collectives line the ranks up, so no barrier runs inside the
 timed loop.
 """
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from hvd_easgd import atomic
 
 SIZES_MB = (1, 16, 64)
 MB = 1 << 20
@@ -150,9 +150,7 @@ def main(argv=None):
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
+        atomic.write_json(args.out, result, indent=1)
     return 0
 
 

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from hvd_easgd import atomic
+
 from .processes import log_tail, stop_process_groups
 
 TF_KERAS = "tf_keras==2.18.0"
@@ -228,9 +230,7 @@ def worker(args):
                 print(f"[mwms] seed {seed}: accuracy {accuracy[-1]:.3f}", flush=True)
 
     path = os.path.join(args.out_dir, f"worker{rank}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(path + ".tmp", path)
+    atomic.write_json(path, out)
     if rank == 0:
         print(f"[mwms] np={size}: repeats {[round(s, 3) for s in seconds]} s", flush=True)
     return 0

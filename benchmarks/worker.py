@@ -13,7 +13,6 @@ warm-up run (the trace, the first collective), timed on every rank between
 a barrier and the end of its last step; the slowest rank's time counts.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ import time
 import numpy as np
 
 import hvd_easgd
+from hvd_easgd import atomic
 from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
 from hvd_easgd.lr_scaling import lr_scale
@@ -318,10 +318,7 @@ def main(argv=None):
     out["loadavg_after"] = os.getloadavg()
     out["seconds"] = time.perf_counter() - started
     if comm.rank == 0:
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=1)
-        os.replace(tmp, args.out)
+        atomic.write_json(args.out, out, indent=1)
     launch.say(f"done in {out['seconds']:.0f} s")
     return 0
 
