@@ -193,11 +193,8 @@ class Configuration:
     # --- evaluation ---------------------------------------------------------------
     def test_accuracy(self, x_test, y_test):
         """Top-1 accuracy; for EASGD on the center x̃ (the model users keep)."""
-        holder = hvd_easgd.callbacks.center_strategy(self.optimizer)
-        if holder is not None and holder.built:
-            with hvd_easgd.callbacks.SwappedWeights(holder):
-                return _accuracy(self.model, x_test, y_test)
-        return _accuracy(self.model, x_test, y_test)
+        with hvd_easgd.KeptWeights(self.model, self.optimizer):
+            return _accuracy(self.model, x_test, y_test)
 
 
 def _accuracy(model, x, y):

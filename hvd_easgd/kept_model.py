@@ -16,17 +16,28 @@ Example::
         predictions = model.predict(x_test)
     if hvd_easgd.rank() == 0:
         hvd_easgd.save_kept_model(model, "model.keras")   # plain Keras file
+
+A custom loop whose model was never compiled names its optimizer(s):
+``hvd_easgd.KeptWeights(model, opt)``, ``save_kept_model(model, path, opt)``.
 """
 import numpy as np
 
 from .model_optimizers import distributed_optimizers
 
 
-def kept_variable_pairs(model):
-    """``[(model_variable, kept_variable)]`` over the model's DistributedOptimizers,
-    for the variables whose kept value is not the model's own."""
+def _optimizers(model, optimizers):
+    """The DistributedOptimizers to ask: the ones given (one or a list), else the model's."""
+    if optimizers is None:
+        return distributed_optimizers(model)
+    return list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+
+
+def kept_variable_pairs(model, optimizers=None):
+    """``[(model_variable, kept_variable)]`` over the DistributedOptimizers
+    (``optimizers``, default the model's), for the variables whose kept value
+    is not the model's own."""
     pairs = []
-    for optimizer in distributed_optimizers(model):
+    for optimizer in _optimizers(model, optimizers):
         if not optimizer.built:
             continue
         kept = optimizer.strategy.kept_variables()
@@ -35,9 +46,9 @@ def kept_variable_pairs(model):
     return pairs
 
 
-def kept_weights(model):
+def kept_weights(model, optimizers=None):
     """The kept model's trainable weights as NumPy arrays, in ``model.trainable_variables`` order."""
-    kept = {id(v): k for v, k in kept_variable_pairs(model)}
+    kept = {id(v): k for v, k in kept_variable_pairs(model, optimizers)}
     return [np.array(kept.get(id(v), v).numpy()) for v in model.trainable_variables]
 
 
@@ -46,10 +57,13 @@ class KeptWeights:
     its own (local) weights come back on exit.
 
     Nesting is safe: an inner block finds the kept weights already in.
+    ``optimizers`` (one or a list) is needed only when the model does not hold
+    its DistributedOptimizers (a custom loop on an uncompiled model).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, optimizers=None):
         self.model = model
+        self.optimizers = optimizers
         self._saved = None
 
     @property
@@ -59,7 +73,7 @@ class KeptWeights:
     def __enter__(self):
         if self.active:
             return self
-        pairs = kept_variable_pairs(self.model)
+        pairs = kept_variable_pairs(self.model, self.optimizers)
         self._saved = [(v, np.array(v.numpy())) for v, _ in pairs]
         for v, k in pairs:
             v.assign(k)
@@ -106,11 +120,13 @@ class LocalWeights:
         return False
 
 
-def save_kept_model(model, filepath):
+def save_kept_model(model, filepath, optimizers=None):
     """Saves the kept model as a plain Keras file (``keras.models.load_model``
     reads it without hvd_easgd). Call it on one rank, after ``fit`` (whose
-    callbacks have averaged the BatchNorm statistics across ranks)."""
-    for optimizer in distributed_optimizers(model):
+    callbacks have averaged the BatchNorm statistics across ranks).
+    ``optimizers`` as for ``KeptWeights``."""
+    optimizers = _optimizers(model, optimizers)
+    for optimizer in optimizers:
         optimizer.attach(model)  # the compile config then names the inner optimizer
-    with KeptWeights(model):
+    with KeptWeights(model, optimizers):
         model.save(filepath)

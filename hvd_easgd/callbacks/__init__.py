@@ -1,7 +1,6 @@
 """Keras callbacks, one per module."""
 from .average_statistics import AverageStatistics
 from .broadcast import BroadcastInitialState
-from .center_swap import CenterSwap, SwappedWeights, center_strategy
 from .checkpointing import PeriodicCheckpoint
 from .global_metrics import GlobalEvaluationMetrics
 from .metric_average import MetricAverage
@@ -9,9 +8,9 @@ from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
 from .run_recorder import RunRecorder
 from .swap_kept_weights import SwapKeptWeights
 
-__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "CenterSwap", "GlobalEvaluationMetrics",
+__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "GlobalEvaluationMetrics",
            "MetricAverage", "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwapKeptWeights",
-           "SwappedWeights", "center_strategy", "defaults"]
+           "defaults"]
 
 
 def defaults(swap_on_epoch=False, statistics_every_step=False):

@@ -1,8 +1,8 @@
 """Sync strategies: the rule for how workers combine their work."""
 from . import registry
 from .accumulation import GradientAccumulation
-from .base import KeepsCenter, SyncStrategy, walk
+from .base import SyncStrategy, walk
 from .easgd import EASGD
 from .sync_average import SyncAverage
 
-__all__ = ["EASGD", "GradientAccumulation", "KeepsCenter", "SyncAverage", "SyncStrategy", "registry", "walk"]
+__all__ = ["EASGD", "GradientAccumulation", "SyncAverage", "SyncStrategy", "registry", "walk"]

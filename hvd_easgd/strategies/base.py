@@ -270,15 +270,6 @@ class SyncStrategy:
         return f"{type(self).__name__}({args})"
 
 
-class KeepsCenter:
-    """Capability of a strategy whose kept model is a center x̃, not the local weights.
-
-    Such a strategy has ``variables`` (the local weights it was built on) and
-    ``center`` (x̃, in the same order). ``CenterSwap`` evaluates on the center
-    and the saved model holds it.
-    """
-
-
 def walk(strategy):
     """``strategy`` and every strategy it contains, depth first, parents first."""
     yield strategy

@@ -49,7 +49,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from .base import CliOption, KeepsCenter, SyncStrategy, all_finite, as_dense, state_variable_name
+from .base import CliOption, SyncStrategy, all_finite, as_dense, state_variable_name
 from .sync_average import SyncAverage
 
 
@@ -62,7 +62,7 @@ def _is_number(value):
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class EASGD(KeepsCenter, SyncStrategy):
+class EASGD(SyncStrategy):
     """Elastic averaging every ``communication_period`` optimizer steps.
 
     Args:

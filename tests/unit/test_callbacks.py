@@ -5,7 +5,7 @@ import pytest
 
 import hvd_easgd
 from hvd_easgd import EASGD, LocalCommunicator, SyncAverage
-from hvd_easgd.callbacks import AbortOnNonFinite, CenterSwap, NonFiniteTrainingError
+from hvd_easgd.callbacks import AbortOnNonFinite, NonFiniteTrainingError, SwapKeptWeights
 
 pytestmark = pytest.mark.unit
 
@@ -28,7 +28,7 @@ def test_training_aborts_after_n_consecutive_non_finite_steps():
     assert np.all(np.isfinite(model.layers[0].kernel.numpy()))  # nothing non-finite was applied
 
 
-def test_center_swap_evaluates_on_the_center_and_restores_local_weights():
+def test_swap_kept_weights_evaluates_on_the_center_and_restores_local_weights():
     model = compiled(EASGD(communication_period=1000, moving_rate=0.5))
     x = np.random.default_rng(0).standard_normal((32, 3)).astype(np.float32)
     y = x.sum(axis=1, keepdims=True)
@@ -42,7 +42,7 @@ def test_center_swap_evaluates_on_the_center_and_restores_local_weights():
         def on_test_batch_begin(self, batch, logs=None):
             seen["weights"] = [v.numpy().copy() for v in self.model.trainable_variables]
 
-    model.evaluate(x, y, verbose=0, callbacks=[CenterSwap(), Spy()])
+    model.evaluate(x, y, verbose=0, callbacks=[SwapKeptWeights(), Spy()])
     for a, b in zip(seen["weights"], center):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(model.trainable_variables, local):
