@@ -69,3 +69,29 @@ class CollectiveCounter:
         finally:
             for name, collective in originals.items():
                 setattr(self._module, name, collective)
+
+
+class TrafficAccount:
+    """A configuration's traffic since the last ``reset``: counted at Horovod's
+    collectives for a baseline (``counter`` given), else hvd_easgd's own
+    ``comm.account()``."""
+
+    def __init__(self, comm, counter=None):
+        self.comm = comm
+        self.counter = counter
+
+    def tracing(self):
+        """Where the configuration's step may be traced: a baseline's collectives are counted."""
+        return self.counter.counting() if self.counter is not None else contextlib.nullcontext()
+
+    def reset(self):
+        if self.counter is not None:
+            self.counter.reset()
+        else:
+            self.comm.reset_account()
+
+    def account(self):
+        """``{"bytes", "calls", "source"}``, per rank."""
+        if self.counter is not None:
+            return self.counter.account()
+        return dict(self.comm.account(), source="comm.account()")

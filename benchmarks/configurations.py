@@ -13,7 +13,6 @@ A configuration's ``run(xs, ys)`` is one ``tf.function`` that takes
 ``xs.shape[0]`` training steps in a ``tf.range`` loop over pre-sharded
 batches, so Python dispatch is paid once per call and equally for all.
 """
-import contextlib
 
 import keras
 import numpy as np
@@ -21,7 +20,7 @@ import tensorflow as tf
 
 import hvd_easgd
 
-from .collective_count import CollectiveCounter
+from .collective_count import CollectiveCounter, TrafficAccount
 from .names import BASELINES, CUSTOM_LOOP, STRATEGIES
 
 # Every timed run must hold whole EASGD periods and accumulation windows, or
@@ -117,7 +116,7 @@ class Configuration:
         self.expected = expected_traffic(name, self.model)
         # The baselines' traffic is counted at Horovod's collectives (none
         # for no_comm); the strategies' comes from comm.account().
-        self._counter = CollectiveCounter() if name in BASELINES else None
+        self.traffic = TrafficAccount(comm, CollectiveCounter() if name in BASELINES else None)
         variables = self.model.trainable_variables
         loss_fn = _loss()
         spec = (tf.TensorSpec((None, batch, *input_shape), tf.float32), tf.TensorSpec((None, batch), tf.int64))
@@ -165,7 +164,7 @@ class Configuration:
     # --- training ------------------------------------------------------------
     def _tracing_context(self):
         """Where ``run`` may be traced: a baseline's collectives are counted."""
-        return self._counter.counting() if self._counter is not None else contextlib.nullcontext()
+        return self.traffic.tracing()
 
     def trace(self):
         """Traces ``run`` without executing it (no collective is issued)."""
@@ -179,16 +178,11 @@ class Configuration:
 
     # --- communication account --------------------------------------------------
     def reset_account(self):
-        if self._counter is not None:
-            self._counter.reset()
-        else:
-            self.comm.reset_account()
+        self.traffic.reset()
 
     def account(self):
         """``{"bytes", "calls", "source"}`` since ``reset_account``, per rank."""
-        if self._counter is not None:
-            return self._counter.account()
-        return dict(self.comm.account(), source="comm.account()")
+        return self.traffic.account()
 
     # --- evaluation ---------------------------------------------------------------
     def test_accuracy(self, x_test, y_test):

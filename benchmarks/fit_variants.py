@@ -9,7 +9,6 @@ A fit is timed from the end of its first execution to the end of the epoch:
 tracing, the data iterator's start-up and the ranks' staggered arrival all
 fall before the clock starts, and the first collective lines the ranks up.
 """
-import contextlib
 import time
 
 import keras
@@ -17,7 +16,7 @@ import tensorflow as tf
 
 import hvd_easgd
 
-from .collective_count import CollectiveCounter
+from .collective_count import CollectiveCounter, TrafficAccount
 from .configurations import broadcast_like_raw_horovod, trainable_count
 from .names import FIT
 
@@ -70,30 +69,24 @@ class FitConfiguration:
                            jit_compile=False)
         if name == "sync_fit":
             hvd_easgd.broadcast_initial_state(self.model, self.optimizer)
-            self._counter = None
+            self.traffic = TrafficAccount(comm)
         else:
             broadcast_like_raw_horovod(self.model)
             # Raw Horovod keeps no account: its collectives are counted where Keras traces them.
-            self._counter = CollectiveCounter()
+            self.traffic = TrafficAccount(comm, CollectiveCounter())
 
     def fit_once(self, dataset, steps):
         """One epoch of ``steps`` steps; returns (seconds, timed steps)."""
         timer = _WindowTimer(self.reset_account)
-        tracing = self._counter.counting() if self._counter is not None else contextlib.nullcontext()
-        with tracing:
+        with self.traffic.tracing():
             self.model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[timer], shuffle=False)
         return timer.seconds, steps - self.steps_per_execution
 
     def reset_account(self):
-        if self._counter is not None:
-            self._counter.reset()
-        else:
-            self.comm.reset_account()
+        self.traffic.reset()
 
     def account(self):
-        if self._counter is not None:
-            return self._counter.account()
-        return dict(self.comm.account(), source="comm.account()")
+        return self.traffic.account()
 
 
 def dataset(x, y, batch):

@@ -23,11 +23,7 @@ class VirtualClusterSlurm(SlurmCluster):
         self.env = dict(env, SLURM_CONF=str(self.conf), HVD_EASGD_VENV=sys.prefix)
 
     def write_config(self):
-        r, hosts = self.root, self.cluster.hosts
-        for sub in ["state", "log", "munge"] + [f"spool/{h}" for h in hosts]:
-            (r / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(r, 0o755)
-        os.chmod(r / "munge", 0o711)
+        hosts = self.cluster.hosts
         hardware, self.cpus = _node_hardware()
         first, last = self.cluster.address(hosts[0]), self.cluster.address(hosts[-1]).rsplit(".", 1)[1]
         prefix, first_octet = first.rsplit(".", 1)
@@ -35,44 +31,18 @@ class VirtualClusterSlurm(SlurmCluster):
         # must be node-local: on one file system two nodes' slurmstepds would collide.
         for host in hosts:
             os.makedirs(os.path.join(self.cluster.host_scratch(host), "pmix"), exist_ok=True)
-        (r / "mpi.conf").write_text(f"PMIxCliTmpDirBase={self.cluster.scratch}/pmix\n")
-        self.conf.write_text(f"""\
-# {len(hosts)} nodes of the virtual cluster {self.cluster.name} (tests/multinode/slurm_on_cluster.py).
-ClusterName=hvdeasgdvc
+        self._write_config(
+            about=f"{len(hosts)} nodes of the virtual cluster {self.cluster.name} "
+                  "(tests/multinode/slurm_on_cluster.py).",
+            site=f"""ClusterName=hvdeasgdvc
 SlurmctldHost=node1({first})
 SlurmctldPort=6817
 SlurmdPort=6818
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={r}/munge/munge.socket
-# Every daemon binds its node's cluster address, never every address.
-CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
-StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool/%n
-SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd-%n.pid
-SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd-%n.log
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-MailProg=/bin/true
-ReturnToService=2
-InactiveLimit=0
-KillWait=5
-MinJobAge=600
-NodeName=node[1-{len(hosts)}] NodeAddr={prefix}.[{first_octet}-{last}] {hardware} State=UNKNOWN
-PartitionName=debug Nodes=node[1-{len(hosts)}] Default=YES MaxTime=INFINITE State=UP
-""")
-        subprocess.run(["mungekey", "--create", "--keyfile", str(r / "munge" / "munge.key")],
-                       check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
+# Every daemon binds its node's cluster address, never every address.""",
+            nodes=f"""NodeName=node[1-{len(hosts)}] NodeAddr={prefix}.[{first_octet}-{last}] {hardware} State=UNKNOWN
+PartitionName=debug Nodes=node[1-{len(hosts)}] Default=YES MaxTime=INFINITE State=UP""",
+            node_names=hosts)
+        (self.root / "mpi.conf").write_text(f"PMIxCliTmpDirBase={self.cluster.scratch}/pmix\n")
 
     def _spawn(self, name, cmd, host="node1"):
         log = open(self.root / "log" / f"{name}.console", "w")

@@ -97,32 +97,44 @@ class SlurmCluster:
 
     # --- set-up --------------------------------------------------------------------
     def write_config(self):
-        for sub in ("state", "spool", "log", "munge"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        # munged wants its socket directory reachable by everyone and its key private.
-        os.chmod(self.root, 0o755)
-        os.chmod(self.root / "munge", 0o711)
         hardware, self.cpus = _node_hardware()
-        r = self.root
-        self.conf.write_text(f"""\
-# One-node cluster for hvd_easgd's slurm tier (written by tests/slurm/conftest.py).
-ClusterName=hvdeasgdtest
+        self._write_config(
+            about="One-node cluster for hvd_easgd's slurm tier (written by tests/slurm/conftest.py).",
+            site=f"""ClusterName=hvdeasgdtest
 SlurmctldHost={self.host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
+# Bind to the node's own address (127.0.0.1 here), never to every interface.""",
+            nodes=f"""NodeName={self.host} NodeHostname={self.host} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN
+PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP""",
+            node_names=[])
+
+    def _write_config(self, about, site, nodes, node_names):
+        """Writes slurm.conf (``site`` lines, the settings every test cluster
+        shares, then ``nodes``) and a fresh munge key. With ``node_names``, each
+        slurmd on this file system gets its own spool, pid and log file (%n)."""
+        r = self.root
+        for sub in ["state", "spool", "log", "munge"] + [f"spool/{name}" for name in node_names]:
+            (r / sub).mkdir(parents=True, exist_ok=True)
+        # munged wants its socket directory reachable by everyone and its key private.
+        os.chmod(r, 0o755)
+        os.chmod(r / "munge", 0o711)
+        per_node = "-%n" if node_names else ""
+        self.conf.write_text(f"""\
+# {about}
+{site}
+CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={r}/munge/munge.socket
-# Bind to the node's own address (127.0.0.1 here), never to every interface.
-CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool{"/%n" if node_names else ""}
 SlurmctldPidFile={r}/slurmctld.pid
-SlurmdPidFile={r}/slurmd.pid
+SlurmdPidFile={r}/slurmd{per_node}.pid
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
+SlurmdLogFile={r}/log/slurmd{per_node}.log
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 # No cgroups: the tier must run inside containers and VMs without them.
@@ -138,8 +150,7 @@ InactiveLimit=0
 KillWait=5
 # Finished jobs stay visible to `scontrol show job` (there is no slurmdbd).
 MinJobAge=600
-NodeName={self.host} NodeHostname={self.host} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN
-PartitionName=debug Nodes={self.host} Default=YES MaxTime=INFINITE State=UP
+{nodes}
 """)
         subprocess.run(["mungekey", "--create", "--keyfile", str(r / "munge" / "munge.key")],
                        check=True, capture_output=True, timeout=COMMAND_TIMEOUT)

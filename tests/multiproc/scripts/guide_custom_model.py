@@ -8,7 +8,6 @@
 * a custom loop that forgot broadcast_initial_state is refused at build.
 Each rank writes OUT/rank<r>.json; tests/multiproc/test_keras_guides.py asserts.
 """
-import json
 import os
 import sys
 import traceback
@@ -18,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_easgd
+from tests.multiproc.scripts.rank_checks import gathered_max_diff, write_rank_results
 from hvd_easgd.comm import RanksDisagreeError
 
 OUT = sys.argv[1]
@@ -41,13 +41,6 @@ class CustomModel(keras.Model):
                 metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
 
-
-def gathered_max_diff(variables):
-    worst = 0.0
-    for v in variables:
-        values = comm.allgather(tf.reshape(tf.convert_to_tensor(v), [1, -1])).numpy()
-        worst = max(worst, float(np.max(np.abs(values - values[0]))))
-    return worst
 
 
 def make_model():
@@ -84,8 +77,8 @@ twice.fit(x, y, epochs=2, callbacks=hvd_easgd.callbacks.defaults(), **FIT)
 twice.fit(x, y, epochs=2, callbacks=hvd_easgd.callbacks.defaults(), **FIT)
 a, b = state(once), state(twice)
 results["repeat_fit_maxdiff"] = {k: float(max(np.max(np.abs(p - q)) for p, q in zip(a[k], b[k]))) for k in a}
-results["center_maxdiff"] = gathered_max_diff(once.optimizer.strategy.center)
-results["local_maxdiff"] = gathered_max_diff(once.trainable_variables)
+results["center_maxdiff"] = gathered_max_diff(comm, once.optimizer.strategy.center)
+results["local_maxdiff"] = gathered_max_diff(comm, once.trainable_variables)
 
 # --- the model you keep -------------------------------------------------------------------------
 x_test = rng.standard_normal((64, 6)).astype(np.float32)
@@ -132,5 +125,4 @@ try:
 except RanksDisagreeError as err:
     results["check_off_error"] = str(err)
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
+write_rank_results(OUT, RANK, results)

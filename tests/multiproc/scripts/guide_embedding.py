@@ -4,8 +4,6 @@ length, sharded with hvd_easgd.shard_dataset.
 
 Each rank writes OUT/rank<r>.json; tests/multiproc/test_keras_guides.py asserts.
 """
-import json
-import os
 import sys
 
 import keras
@@ -13,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_easgd
+from tests.multiproc.scripts.rank_checks import gathered_max_diff, write_rank_results
 
 OUT = sys.argv[1]
 comm = hvd_easgd.init(threads_per_rank=1)
@@ -20,13 +19,6 @@ RANK, SIZE = comm.rank, comm.size
 results = {"rank": RANK}
 VOCAB, LENGTH, SAMPLES = 50, 6, 1001  # odd: a plain .shard() gives rank 0 one sample more
 
-
-def gathered_max_diff(variables):
-    worst = 0.0
-    for v in variables:
-        values = comm.allgather(tf.reshape(tf.convert_to_tensor(v), [1, -1])).numpy()
-        worst = max(worst, float(np.max(np.abs(values - values[0]))))
-    return worst
 
 
 rng = np.random.default_rng(2)
@@ -50,9 +42,8 @@ model.compile(optimizer=hvd_easgd.DistributedOptimizer(keras.optimizers.Adam(0.0
 history = model.fit(dataset, epochs=4, verbose=0, callbacks=hvd_easgd.callbacks.defaults())
 results["losses"] = history.history["loss"]
 results["accuracy"] = history.history["accuracy"]
-results["weights_maxdiff"] = gathered_max_diff(model.trainable_variables)
-results["optimizer_maxdiff"] = gathered_max_diff(model.optimizer.variables)
+results["weights_maxdiff"] = gathered_max_diff(comm, model.trainable_variables)
+results["optimizer_maxdiff"] = gathered_max_diff(comm, model.optimizer.variables)
 results["iterations"] = int(model.optimizer.iterations.numpy())
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
+write_rank_results(OUT, RANK, results)

@@ -6,8 +6,6 @@ wrap both optimizers, add the callbacks, shard the data.
 The discriminator trains under SyncAverage, the generator under EASGD. Each
 rank writes OUT/rank<r>.json; tests/multiproc/test_keras_guides.py asserts.
 """
-import json
-import os
 import sys
 import traceback
 
@@ -16,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_easgd
+from tests.multiproc.scripts.rank_checks import gathered_max_diff, write_rank_results
 
 OUT = sys.argv[1]
 comm = hvd_easgd.init(threads_per_rank=1)
@@ -56,13 +55,6 @@ class GAN(keras.Model):
         return {"d_loss": d_loss, "g_loss": g_loss}
 
 
-def gathered_max_diff(variables):
-    worst = 0.0
-    for v in variables:
-        values = comm.allgather(tf.reshape(tf.convert_to_tensor(v), [1, -1])).numpy()
-        worst = max(worst, float(np.max(np.abs(values - values[0]))))
-    return worst
-
 
 def generated_mean_distance(generator):
     noise = np.random.default_rng(7).standard_normal((2000, LATENT)).astype(np.float32)
@@ -96,9 +88,9 @@ except Exception as err:  # noqa: BLE001 - recorded for the test to assert on
 
 if results["fit_error"] is None:
     center = g_opt.strategy.center
-    results["discriminator_maxdiff"] = gathered_max_diff(discriminator.trainable_weights)
-    results["d_optimizer_maxdiff"] = gathered_max_diff(d_opt.variables)
-    results["generator_center_maxdiff"] = gathered_max_diff(center)
+    results["discriminator_maxdiff"] = gathered_max_diff(comm, discriminator.trainable_weights)
+    results["d_optimizer_maxdiff"] = gathered_max_diff(comm, d_opt.variables)
+    results["generator_center_maxdiff"] = gathered_max_diff(comm, center)
     results["both_synced_at_build"] = bool(d_opt.initial_state_synced and g_opt.initial_state_synced)
     results["g_steps"] = int(g_opt.strategy.step_counter.numpy())
     # The center moved from the broadcast start, and rank r's local weights are not the center.
@@ -109,5 +101,4 @@ if results["fit_error"] is None:
         results["distance_after"] = generated_mean_distance(generator)
     results["distance_before"] = distance_before
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
+write_rank_results(OUT, RANK, results)

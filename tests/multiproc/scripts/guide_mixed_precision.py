@@ -10,16 +10,15 @@ A tiny BatchNorm model trained for 50 steps with model.fit:
   under SyncAverage and under EASGD.
 Each rank writes OUT/rank<r>.json; tests/multiproc/test_keras_guides.py asserts.
 """
-import json
 import os
 import sys
 import traceback
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import hvd_easgd
+from tests.multiproc.scripts.rank_checks import gathered_max_diff, write_rank_results
 
 OUT = sys.argv[1]
 comm = hvd_easgd.init(threads_per_rank=1)
@@ -32,13 +31,6 @@ x_all = rng.standard_normal((SIZE * STEPS * BATCH, 8)).astype(np.float32) * 2 + 
 y_all = (x_all[:, :4].sum(axis=1) > 4).astype(np.int64) + 2 * (x_all[:, 4] > 1)
 x, y = x_all[RANK::SIZE], y_all[RANK::SIZE]  # this rank's shard: STEPS batches
 
-
-def gathered_max_diff(variables):
-    worst = 0.0
-    for v in variables:
-        values = comm.allgather(tf.reshape(tf.cast(tf.convert_to_tensor(v), tf.float64), [1, -1])).numpy()
-        worst = max(worst, float(np.max(np.abs(values - values[0]))))
-    return worst
 
 
 def build_model():
@@ -86,8 +78,8 @@ def train(name, policy, layout, strategy=None, sample_weight=None):
     record.update(
         losses=curve.losses,
         weights=[w.numpy().astype(np.float64).ravel().tolist() for w in model.trainable_weights],
-        weights_maxdiff=gathered_max_diff(model.trainable_weights),
-        statistics_maxdiff=gathered_max_diff(hvd_easgd.statistics.floating_state(model)),
+        weights_maxdiff=gathered_max_diff(comm, model.trainable_weights),
+        statistics_maxdiff=gathered_max_diff(comm, hvd_easgd.statistics.floating_state(model)),
         loss_scale=float(loss_scaler.dynamic_scale.numpy()) if loss_scaler is not None else None,
         iterations=int(optimizer.iterations.numpy()),
     )
@@ -97,7 +89,7 @@ def train(name, policy, layout, strategy=None, sample_weight=None):
         record["skipped_steps"] = int(strategy.skipped_steps.numpy())
         record["consecutive_skips"] = int(strategy.consecutive_skips.numpy())
         if hasattr(strategy, "center"):
-            record["center_maxdiff"] = gathered_max_diff(strategy.center)
+            record["center_maxdiff"] = gathered_max_diff(comm, strategy.center)
             record["center_moved"] = float(max(np.max(np.abs(c.numpy() - s)) for c, s in
                                                zip(strategy.center, START_WEIGHTS)))
             record["steps_per_rank"] = comm.allgather_json(record["strategy_steps"])
@@ -130,5 +122,4 @@ train("overflow_sync", "mixed_float16", "outside", sample_weight=weights)
 train("overflow_easgd", "mixed_float16", "inside", strategy=hvd_easgd.EASGD(communication_period=5),
       sample_weight=weights)
 
-with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-    json.dump(results, f)
+write_rank_results(OUT, RANK, results)
