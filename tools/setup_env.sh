@@ -58,11 +58,17 @@ if [ -n "$missing" ]; then
     mkdir -p /etc/ssh && touch /etc/ssh/sshd_not_to_be_run
     if [ ! -e /usr/sbin/policy-rc.d ]; then
       printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
-      trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+      made_policy_rc_d=1
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # also if apt-get fails
     fi ;;
   esac
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  # Ours only for this install: later services on this machine start as usual.
+  if [ -n "${made_policy_rc_d:-}" ]; then
+    rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+  fi
 fi
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
