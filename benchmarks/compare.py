@@ -38,6 +38,7 @@ from .processes import log_tail, stop_process_groups
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
 CONTROLLERS = ("gloo", "mpi")
+RATED_REPEATS = 3
 
 
 def default_np_list():
@@ -107,7 +108,7 @@ def parse_args(argv=None):
     args.models = ["cnn"] if (quick or args.no_resnet) else ["cnn", "resnet"]
     args.run_mwms = not (quick or args.no_mwms)
     args.run_tta = not (quick or args.no_tta) and args.seeds > 0
-    args.launch_timeout = args.launch_timeout or (170 if quick else 600)
+    args.launch_timeout = args.launch_timeout or (170 if quick else 1200 if args.link_rates else 600)
     args.link_rate_list = args.link_rates.split(",") if args.link_rates else []
     if args.link_rates is not None:
         if args.hosts < 2 or args.ranks_per_host < 1:
@@ -119,6 +120,9 @@ def parse_args(argv=None):
             except ValueError as err:
                 p.error(str(err))
         args.rated_models = ["cnn"] if quick else ["cnn", "wide_mlp"]
+        # At 100 Mbit/s one SyncAverage step of the wide MLP takes ~2.3 s: 3 repeats of 20 steps (not a
+        # whole Williams design of 6) keep the run of both rates under about 15 minutes.
+        args.repeats = args.repeats or RATED_REPEATS
         if quick:
             args.steps, args.wide_mlp_steps, args.link_probe_mb = 2 * args.steps_per_call, args.steps_per_call, 4
     return args

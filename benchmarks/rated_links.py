@@ -8,7 +8,8 @@ links are shaped to that rate (tc tbf on every host's egress), and launches one
 launch first measures the link with a large allreduce (``link_probe``), then
 times every configuration on the digits CNN and on the wide MLP (5.4 M
 parameters, 21.7 MB of gradients) exactly as the single-host suite does
-(``benchmarks.worker``). The cluster is removed at the end, also on failure.
+(``benchmarks.worker``). The launch at the slowest rate also measures the
+time to ``--target`` test accuracy on digits. The cluster is removed at the end, also on failure.
 
 Against each rate it sets the analytic speed-up of EASGD over SyncAverage,
 (c + T) / (c + T/τ): c is the compute time of a step (from ``no_comm``), T the
@@ -23,7 +24,7 @@ import time
 
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from . import plots
+from . import plots, report
 from .processes import log_tail, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,7 +42,11 @@ def hosts_argument(hosts, ranks_per_host):
     return ",".join(f"{h}:{ranks_per_host}" for h in VirtualCluster.host_names(hosts))
 
 
-def worker_command(args, out_json):
+def slowest_rate(rates):
+    return min(rates, key=parse_rate)
+
+
+def worker_command(args, out_json, tta=False):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     np_ = args.hosts * args.ranks_per_host
     cmd = [horovodrun, "--disable-cache", "-np", str(np_), "-H", hosts_argument(args.hosts, args.ranks_per_host),
@@ -51,6 +56,8 @@ def worker_command(args, out_json):
            "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb)]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
+    if tta:
+        cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target)]
     return cmd
 
 
@@ -145,6 +152,10 @@ def markdown(results):
                  f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–" for tau in (4, 10)]
         lines.append(f"| {a['model']} | {a['link_rate']} | {1e3 * a['compute_seconds_per_step']:.1f} | "
                      f"{1e3 * a['sync_comm_seconds_per_step']:.1f} | " + " | ".join(cells) + " |")
+    tta = results["time_to_accuracy"]
+    if tta:
+        lines += ["", f"Time to accuracy across the {tta['link']['nominal']} link "
+                  f"({tta['link']['measured_mbit']:,.0f} Mbit/s measured).", "", report.tta_table(tta)]
     if results["failures"]:
         lines += ["", "Failures:"] + [f"- {f}" for f in results["failures"]]
     lines += ["", f"Total wall time: {results['seconds']:.0f} s."]
@@ -166,15 +177,17 @@ def main(args, out_dir, command, stamp):
                "settings": {"steps": args.steps, "wide_mlp_steps": args.wide_mlp_steps,
                             "steps_per_call": args.steps_per_call, "repeats": args.repeats,
                             "link_probe_mb": args.link_probe_mb},
-               "links": [], "launches": [], "rows": [], "failures": []}
+               "links": [], "launches": [], "rows": [], "time_to_accuracy": None, "failures": []}
     started = time.perf_counter()
     try:
         for rate in args.link_rate_list:
             state = cluster.up(args.hosts, args.ranks_per_host, rate)
             out_json = os.path.join(out_dir, f"launch-{rate}.json")
             log_path = os.path.join(out_dir, "logs", f"hvd-{rate}.log")
-            cmd = worker_command(args, out_json)
-            print(f"[compare] {rate}: horovodrun across {args.hosts} hosts", flush=True)
+            tta = args.run_tta and rate == slowest_rate(args.link_rate_list)
+            cmd = worker_command(args, out_json, tta)
+            print(f"[compare] {rate}: horovodrun across {args.hosts} hosts" + (" + time-to-accuracy" if tta else ""),
+                  flush=True)
             t0 = time.perf_counter()
             code = run_on_cluster(cluster, cmd, log_path, args.launch_timeout)
             if code != 0 or not os.path.exists(out_json):
@@ -191,6 +204,8 @@ def main(args, out_dir, command, stamp):
             results["links"].append(link)
             results["launches"].append({"link_rate": rate, "command": shlex.join(cmd),
                                         "seconds": time.perf_counter() - t0, "versions": launch["versions"]})
+            if launch.get("time_to_accuracy"):
+                results["time_to_accuracy"] = dict(launch["time_to_accuracy"], link=link)
             for row in launch["rows"]:
                 row["link"] = {"nominal": rate, "measured_mbit": link["measured_mbit"]}
                 results["rows"].append(row)
