@@ -73,6 +73,8 @@ def test_every_host_prunes_its_own_run_directory(tmp_path):
     # Two simulated ranks, each the first rank of its own host, each writing to its own
     # node-local run directory: rank 1 sees its shards but never rank 0's manifests.
     cluster = SimulatedCluster(2)
+    for rank, comm in enumerate(cluster.communicators):  # one rank per host, as on two nodes
+        comm.local_rank, comm.local_size, comm.cross_rank, comm.cross_size = 0, 1, rank, 2
     run_dirs = [str(tmp_path / f"host{r}") for r in range(2)]
     pairs = []
     for comm in cluster.communicators:
