@@ -8,6 +8,10 @@ printed) and PNG plots to ``benchmarks/results/<timestamp>/`` or ``--out``.
 ``--quick``: np=2, one controller, 3 repeats, digits CNN only, no MWMS, no
 ResNet, no time-to-accuracy (about two minutes on two cores).
 
+``--link-rates 1gbit,100mbit [--hosts 2 --ranks-per-host 1]``: the strategies
+across hosts of a virtual cluster whose links have each rate
+(``benchmarks.rated_links``; needs root).
+
 This process never imports TensorFlow: it launches, waits (every launch
 with a timeout, after which its whole process group is ended) and reports.
 """
@@ -23,7 +27,9 @@ import subprocess
 import sys
 import time
 
-from . import machine, mwms, plots, report
+from tools.vcluster import parse_rate
+
+from . import machine, mwms, plots, rated_links, report
 from .curves import mean_over_seeds, summarise
 from .names import CUSTOM_LOOP, FIT
 from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
@@ -32,6 +38,7 @@ from .processes import log_tail, stop_process_groups
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
 CONTROLLERS = ("gloo", "mpi")
+RATED_REPEATS = 3
 
 
 def default_np_list():
@@ -74,6 +81,18 @@ def parse_args(argv=None):
     p.add_argument("--no-resnet", action="store_true", help="skip the synthetic-image ResNet")
     p.add_argument("--no-tta", action="store_true", help="skip time-to-accuracy")
     p.add_argument("--launch-timeout", type=int, help="seconds per launch (default 170 quick, 600 full)")
+    rated = p.add_argument_group("across a rated link (on the virtual cluster, tools/vcluster.py; needs root)")
+    rated.add_argument("--link-rates", metavar="RATES",
+                       help="comma-separated tc rates, e.g. 1gbit,100mbit: run SyncAverage, EASGD tau=4 and 10, "
+                            "accumulation k=4, raw Horovod and no_comm across hosts whose links have each rate")
+    rated.add_argument("--hosts", type=int, default=2, help="virtual hosts (with --link-rates)")
+    rated.add_argument("--ranks-per-host", type=int, default=1, help="ranks per virtual host (with --link-rates)")
+    rated.add_argument("--cluster-name", default="hvdbench",
+                       help="the virtual cluster's name (with --link-rates); the tests use hvdt<pid>")
+    rated.add_argument("--wide-mlp-steps", type=int, default=20,
+                       help="wide-MLP (5.4 M parameters) steps per timed repeat (with --link-rates)")
+    rated.add_argument("--link-probe-mb", type=float, default=32,
+                       help="MB of the allreduce that measures each link (with --link-rates)")
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                    help="before each launch, wait up to this long for other processes to leave the CPUs idle")
     args = p.parse_args(argv)
@@ -89,7 +108,23 @@ def parse_args(argv=None):
     args.models = ["cnn"] if (quick or args.no_resnet) else ["cnn", "resnet"]
     args.run_mwms = not (quick or args.no_mwms)
     args.run_tta = not (quick or args.no_tta) and args.seeds > 0
-    args.launch_timeout = args.launch_timeout or (170 if quick else 600)
+    args.launch_timeout = args.launch_timeout or (170 if quick else 1200 if args.link_rates else 600)
+    args.link_rate_list = args.link_rates.split(",") if args.link_rates else []
+    if args.link_rates is not None:
+        if args.hosts < 2 or args.ranks_per_host < 1:
+            p.error("--hosts must be an integer >= 2 and --ranks-per-host >= 1 with --link-rates. "
+                    f"Received: --hosts={args.hosts} --ranks-per-host={args.ranks_per_host}")
+        for rate in args.link_rate_list:
+            try:
+                parse_rate(rate)
+            except ValueError as err:
+                p.error(str(err))
+        args.rated_models = ["cnn"] if quick else ["cnn", "wide_mlp"]
+        # At 100 Mbit/s one SyncAverage step of the wide MLP takes ~2.3 s: 3 repeats of 20 steps (not a
+        # whole Williams design of 6) keep the run of both rates under about 15 minutes.
+        args.repeats = args.repeats or RATED_REPEATS
+        if quick:
+            args.steps, args.wide_mlp_steps, args.link_probe_mb = 2 * args.steps_per_call, args.steps_per_call, 4
     return args
 
 
@@ -374,6 +409,8 @@ def main(argv=None):
     results = {"timestamp": stamp, "command": command.strip(), "quick": args.quick, "machine": machine.describe(),
                "versions": {}, "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                "launches": [], "rows": [], "allreduce": [], "time_to_accuracy": None, "failures": []}
+    if args.link_rate_list:
+        return rated_links.main(args, out_dir, command.strip(), stamp)
     results["versions"]["mpi_library"] = machine.mpi_library()
     started = time.perf_counter()
     tta_pending = args.run_tta

@@ -5,7 +5,9 @@
 * ``accuracy_vs_time.png``: test accuracy against training wall time, mean
   over seeds, one line per strategy;
 * ``bytes_per_sample.png``: measured payload bytes per sample next to the
-  analytic expectation.
+  analytic expectation;
+* ``throughput_vs_link_rate.png`` (rated-link runs): samples/s against the
+  measured link rate, one line per configuration.
 """
 import os
 
@@ -102,3 +104,35 @@ def write_all(results, out_dir):
     made.append(accuracy_vs_time(results.get("time_to_accuracy"), os.path.join(out_dir, "accuracy_vs_time.png")))
     made.append(bytes_per_sample(results["rows"], os.path.join(out_dir, "bytes_per_sample.png")))
     return [os.path.basename(p) for p in made if p]
+
+
+def throughput_vs_link_rate(results, out_dir):
+    """``throughput_vs_link_rate.png``: samples/s against the measured link rate, one panel per model and
+    one line per configuration (a rated-link run of the virtual cluster)."""
+    rows = results["rows"]
+    models = [m for m in results["models"] if any(r["model"] == m for r in rows)]
+    if not models:
+        return []
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        model_rows = [r for r in rows if r["model"] == model]
+        for config in _configs(model_rows):
+            points = sorted((r["link"]["measured_mbit"], r["samples_per_sec"]) for r in model_rows
+                            if r["config"] == config)
+            x = [p[0] for p in points]
+            y = [p[1]["median"] for p in points]
+            err = [[m - p[1]["min"] for p, m in zip(points, y)], [p[1]["max"] - m for p, m in zip(points, y)]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=config)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("link rate, measured (Mbit/s)")
+        ax.set_ylabel("samples/s (all ranks)")
+        topology = results["topology"]
+        ax.set_title(f"{model}: {topology['hosts']} hosts × {topology['ranks_per_host']} rank")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "throughput_vs_link_rate.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [os.path.basename(path)]

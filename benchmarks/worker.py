@@ -26,7 +26,7 @@ from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
 from hvd_easgd.lr_scaling import lr_scale
 
-from . import allreduce, configurations, curves, fit_variants, machine, report
+from . import allreduce, configurations, curves, fit_variants, link_probe, machine, report
 from .names import CUSTOM_LOOP, FIT, STRATEGIES
 from .order import default_repeats, design_length, interleaved_repeats, is_whole_design
 
@@ -42,6 +42,11 @@ def parse_args(argv=None):
                         "at least benchmarks.order.MIN_REPEATS)")
     p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per timed repeat")
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
+    p.add_argument("--wide-mlp-steps", type=int, default=20, help="wide-MLP (5.4 M parameters) steps per timed repeat")
+    p.add_argument("--configs", default=",".join(CUSTOM_LOOP),
+                   help=f"comma-separated custom-loop configurations, from {','.join(CUSTOM_LOOP)}")
+    p.add_argument("--link-probe-mb", type=float, default=0.0,
+                   help="before anything else, time allreduces of this many MB to measure the link (0: skip)")
     p.add_argument("--steps-per-call", type=int, default=20,
                    help="steps per tf.function call (custom loop) and steps_per_execution (model.fit)")
     p.add_argument("--batch", type=int, default=32, help="per-rank batch")
@@ -59,7 +64,10 @@ def parse_args(argv=None):
     multiple = configurations.STEP_MULTIPLE
     if args.steps_per_call % multiple:
         p.error(f"--steps-per-call must be a multiple of {multiple} (whole EASGD periods and accumulation windows)")
-    for flag in ("steps", "resnet_steps"):
+    args.config_list = args.configs.split(",")
+    if not args.config_list or set(args.config_list) - set(CUSTOM_LOOP):
+        p.error(f"--configs must be chosen from {','.join(CUSTOM_LOOP)}. Received: --configs={args.configs}")
+    for flag in ("steps", "resnet_steps", "wide_mlp_steps"):
         if getattr(args, flag) % args.steps_per_call:
             p.error(f"--{flag.replace('_', '-')} must be a multiple of --steps-per-call")
     if args.steps < 2 * args.steps_per_call:
@@ -148,14 +156,14 @@ def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, tr
 def throughput(launch, args, model_name):
     import tensorflow as tf
 
-    data = (hvd_easgd.data.digits() if model_name == "cnn"
-            else hvd_easgd.data.synthetic((32, 32, 3), 10))
-    steps = args.steps if model_name == "cnn" else args.resnet_steps
+    data = (hvd_easgd.data.synthetic((32, 32, 3), 10) if model_name == "resnet"
+            else hvd_easgd.data.digits())
+    steps = {"cnn": args.steps, "resnet": args.resnet_steps, "wide_mlp": args.wide_mlp_steps}[model_name]
     batch, k = args.batch, args.steps_per_call
     xs, ys = pre_sharded(data, batch, launch.rank, launch.size, steps)
     chunks = [(tf.constant(xs[i:i + k]), tf.constant(ys[i:i + k])) for i in range(0, steps, k)]
     configs = [configurations.Configuration(name, model_name, data.input_shape, data.num_classes, batch,
-                                            launch.comm, lr=args.lr) for name in CUSTOM_LOOP]
+                                            launch.comm, lr=args.lr) for name in args.config_list]
 
     def timed(config, calls=chunks):
         launch.barrier()
@@ -298,6 +306,9 @@ def main(argv=None):
         "versions": machine.versions(), "rows": [], "allreduce": None, "time_to_accuracy": None,
         "loadavg_before": load_before,
     }
+    if args.link_probe_mb:
+        out["link_probe"] = link_probe.measure(comm, args.link_probe_mb)
+        launch.say(f"link probe: {out['link_probe']['bits_per_second'] / 1e6:,.0f} Mbit/s")
     started = time.perf_counter()
     gradient_shapes = None
     for model_name in args.models.split(","):

@@ -68,18 +68,26 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3):
         np.savez(tmp, **arrays)
     # Every shard is on disk before the manifest makes the checkpoint count.
     ok = comm.allgather_json({"rank": comm.rank, "ok": True})
+    outdated = []
     if comm.rank == 0:
         manifest = {"format": FORMAT_VERSION, "epoch": epoch, "num_ranks": comm.size,
                     "shards": [f"rank-{r['rank']:05d}.npz" for r in ok], "config": config}
         atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
-        _prune(run_dir, keep)
+        outdated = _outdated_epochs(run_dir, keep)
+    # Rank 0 decides, from the manifests it sees, and the first rank of every host prunes
+    # its own view of the run directory: where that is node-local storage, the shards of
+    # other hosts never reach rank 0's disk (and no manifest reaches theirs).
+    outdated = comm.allgather_json(outdated)[0]
+    if comm.local_rank == 0:
+        for old_epoch in outdated:
+            shutil.rmtree(checkpoint_dir(run_dir, old_epoch), ignore_errors=True)
     return directory
 
 
-def _prune(run_dir, keep):
+def _outdated_epochs(run_dir, keep):
+    """Epochs of the complete checkpoints beyond the newest ``keep``."""
     done = complete_checkpoints(run_dir)
-    for _, path in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(path, ignore_errors=True)
+    return [epoch for epoch, _ in (done[:-keep] if keep > 0 else [])]
 
 
 def complete_checkpoints(run_dir):

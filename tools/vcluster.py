@@ -487,7 +487,8 @@ Host {' '.join(names + addresses)}
         state = self.state()
         removed = []
         if state is not None:
-            netnss = [h["netns"] for h in state["hosts"]] + [state["switch_netns"]]
+            # extra_netns: namespaces added to a running cluster (tools/vcluster_public.py).
+            netnss = [h["netns"] for h in state["hosts"]] + [state["switch_netns"]] + state.get("extra_netns", [])
             pids = [h["sshd_pid"] for h in state["hosts"] if h.get("sshd_pid")]
             for netns in netnss:
                 if os.path.exists(_netns_path(netns)):

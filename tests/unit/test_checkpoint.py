@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 import hvd_easgd
-from hvd_easgd import EASGD, GradientAccumulation, LocalCommunicator, checkpoint
+from hvd_easgd import EASGD, GradientAccumulation, LocalCommunicator, SyncAverage, checkpoint
+from hvd_easgd.comm.simulated_comm import SimulatedCluster
 
 pytestmark = pytest.mark.unit
 
@@ -66,6 +67,30 @@ def test_keeps_the_last_k(tmp_path):
     for epoch in range(1, 6):
         checkpoint.save(str(tmp_path), epoch, model, opt, opt.comm, {}, keep=2)
     assert [e for e, _ in checkpoint.complete_checkpoints(str(tmp_path))] == [4, 5]
+
+
+def test_every_host_prunes_its_own_run_directory(tmp_path):
+    # Two simulated ranks, each the first rank of its own host, each writing to its own
+    # node-local run directory: rank 1 sees its shards but never rank 0's manifests.
+    cluster = SimulatedCluster(2)
+    for rank, comm in enumerate(cluster.communicators):  # one rank per host, as on two nodes
+        comm.local_rank, comm.local_size, comm.cross_rank, comm.cross_size = 0, 1, rank, 2
+    run_dirs = [str(tmp_path / f"host{r}") for r in range(2)]
+    pairs = []
+    for comm in cluster.communicators:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        pairs.append((model, hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), SyncAverage(), comm=comm)))
+
+    def save_five_epochs(rank):
+        model, opt = pairs[rank]
+        for epoch in range(1, 6):
+            checkpoint.save(run_dirs[rank], epoch, model, opt, opt.comm, {}, keep=2)
+
+    cluster.run(save_five_epochs)
+    for rank, run_dir in enumerate(run_dirs):
+        assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["epoch-000004", "epoch-000005"], rank
+    assert os.listdir(os.path.join(run_dirs[1], "checkpoints", "epoch-000005")) == ["rank-00001.npz"]
 
 
 def test_refuses_another_rank_count_or_another_model(tmp_path):

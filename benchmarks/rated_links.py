@@ -1,0 +1,229 @@
+"""The strategies across a link with a rate, on the virtual cluster (tools/vcluster.py).
+
+    python -m benchmarks.compare --hosts 2 --ranks-per-host 1 --link-rates 1gbit,100mbit
+
+For each nominal rate the suite builds a cluster of ``--hosts`` hosts whose
+links are shaped to that rate (tc tbf on every host's egress), and launches one
+``horovodrun --mpi`` from node1 with the ranks spread over the hosts. That
+launch first measures the link with a large allreduce (``link_probe``), then
+times every configuration on the digits CNN and on the wide MLP (5.4 M
+parameters, 21.7 MB of gradients) exactly as the single-host suite does
+(``benchmarks.worker``). The launch at the slowest rate also measures the
+time to ``--target`` test accuracy on digits. The cluster is removed at the end, also on failure.
+
+Against each rate it sets the analytic speed-up of EASGD over SyncAverage,
+(c + T) / (c + T/τ): c is the compute time of a step (from ``no_comm``), T the
+communication time of a SyncAverage step (its step time minus c).
+"""
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
+
+from . import plots, report
+from .processes import log_tail, stop_process_groups
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
+MODELS = ("cnn", "wide_mlp")
+LINK_PROBE_MB = 32
+# The settings every rated-link launch runs with; recorded in results.json.
+# Open MPI keeps its traffic on the cluster interface and yields when idle
+# (the ranks share two cores with Horovod's background threads).
+MPI_ENV = {"OMPI_MCA_btl_tcp_if_include": INTERFACE, "OMPI_MCA_oob_tcp_if_include": INTERFACE,
+           "OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def hosts_argument(hosts, ranks_per_host):
+    return ",".join(f"{h}:{ranks_per_host}" for h in VirtualCluster.host_names(hosts))
+
+
+def slowest_rate(rates):
+    return min(rates, key=parse_rate)
+
+
+def worker_command(args, out_json, tta=False):
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    np_ = args.hosts * args.ranks_per_host
+    cmd = [horovodrun, "--disable-cache", "-np", str(np_), "-H", hosts_argument(args.hosts, args.ranks_per_host),
+           "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
+           "--models", ",".join(args.rated_models), "--configs", ",".join(CONFIGS),
+           "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
+           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb)]
+    if args.repeats is not None:
+        cmd += ["--repeats", str(args.repeats)]
+    if tta:
+        cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target)]
+    return cmd
+
+
+def launch_env():
+    """The launcher's environment: ours without any loopback-only Open MPI setting, plus MPI_ENV."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    env.update(MPI_ENV, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
+    return env
+
+
+def horovod_settings(env):
+    """What decides how Horovod moves the bytes, as the launch had it."""
+    return {"controller": "mpi (horovodrun --mpi)",
+            "environment": {k: v for k, v in sorted(env.items()) if k.startswith(("HOROVOD_", "OMPI_MCA_"))},
+            "note": "HOROVOD_* variables not listed take Horovod 0.28.1's defaults"}
+
+
+def run_on_cluster(cluster, cmd, log_path, timeout):
+    """Runs ``cmd`` on node1 (the launcher), output to ``log_path``; returns its status (None: timed out)."""
+    env = cluster.launcher_env(launch_env())
+    with open(log_path, "w") as log:
+        log.write("$ " + shlex.join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cluster.launcher_command(cmd, cwd=REPO_ROOT), env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            stop_process_groups([proc])
+            cluster.stop_jobs()  # ranks on the other hosts, should ssh have left any behind
+
+
+# --- the model of a step ----------------------------------------------------------------------------
+def step_seconds(row):
+    """Seconds per training step of one rank, from the row's median samples/s."""
+    return row["batch_per_rank"] * row["np"] / row["samples_per_sec"]["median"]
+
+
+def analysis(rows):
+    """Per (model, rate): c, T, and EASGD ÷ SyncAverage measured against (c + T) / (c + T/τ)."""
+    found = []
+    keys = sorted({(r["model"], r["link"]["nominal"]) for r in rows}, key=lambda k: (k[0], -parse_rate(k[1])))
+    for model, rate in keys:
+        by = {r["config"]: r for r in rows if r["model"] == model and r["link"]["nominal"] == rate}
+        if "no_comm" not in by or "sync" not in by:
+            continue
+        c, sync = step_seconds(by["no_comm"]), step_seconds(by["sync"])
+        t = max(sync - c, 0.0)
+        entry = {"model": model, "link_rate": rate, "measured_mbit": by["sync"]["link"]["measured_mbit"],
+                 "compute_seconds_per_step": c, "sync_comm_seconds_per_step": t, "easgd": {}}
+        for tau in (4, 10):
+            row = by.get(f"easgd_tau{tau}")
+            if row is None:
+                continue
+            measured = row["samples_per_sec"]["median"] / by["sync"]["samples_per_sec"]["median"]
+            predicted = (c + t) / (c + t / tau)
+            entry["easgd"][tau] = {"measured": measured, "analytic": predicted,
+                                   "relative_error": measured / predicted - 1}
+        found.append(entry)
+    return found
+
+
+# --- report -------------------------------------------------------------------------------------------
+def markdown(results):
+    lines = [f"# Strategies across a rated link ({results['timestamp']})", "",
+             f"`{results['command']}`", "",
+             f"Topology: {results['topology']['hosts']} hosts × {results['topology']['ranks_per_host']} rank(s), "
+             f"virtual cluster `{results['topology']['cluster']}`, tc tbf on every host's egress.", "",
+             "| nominal rate | measured (allreduce bus bandwidth) |", "|---|---:|"]
+    lines += [f"| {link['nominal']} | {link['measured_mbit']:,.0f} Mbit/s |" for link in results["links"]]
+    rates = [link["nominal"] for link in results["links"]]
+    for model in results["models"]:
+        lines += ["", f"**{model}**, samples/s, median (min–max) of the repeats:", "",
+                  "| configuration | " + " | ".join(rates) + " |", "|---|" + "---:|" * len(rates)]
+        for config in CONFIGS:
+            cells = []
+            for rate in rates:
+                row = next((r for r in results["rows"] if r["model"] == model and r["config"] == config
+                            and r["link"]["nominal"] == rate), None)
+                s = row and row["samples_per_sec"]
+                cells.append(f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})" if s else "–")
+            lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    lines += ["", "c: compute time per step (no_comm); T: communication time per SyncAverage step "
+              "(its step time − c). EASGD ÷ SyncAverage, measured against (c + T)/(c + T/τ):", "",
+              "| model | rate | c (ms) | T (ms) | τ=4 measured / analytic | τ=10 measured / analytic |",
+              "|---|---|---:|---:|---:|---:|"]
+    for a in results["analysis"]:
+        cells = [f"{a['easgd'][tau]['measured']:.2f} / {a['easgd'][tau]['analytic']:.2f} "
+                 f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–" for tau in (4, 10)]
+        lines.append(f"| {a['model']} | {a['link_rate']} | {1e3 * a['compute_seconds_per_step']:.1f} | "
+                     f"{1e3 * a['sync_comm_seconds_per_step']:.1f} | " + " | ".join(cells) + " |")
+    tta = results["time_to_accuracy"]
+    if tta:
+        lines += ["", f"Time to accuracy across the {tta['link']['nominal']} link "
+                  f"({tta['link']['measured_mbit']:,.0f} Mbit/s measured).", "", report.tta_table(tta)]
+    if results["failures"]:
+        lines += ["", "Failures:"] + [f"- {f}" for f in results["failures"]]
+    lines += ["", f"Total wall time: {results['seconds']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+# --- main ---------------------------------------------------------------------------------------------
+def main(args, out_dir, command, stamp):
+    check_privileges()
+    for rate in args.link_rate_list:
+        parse_rate(rate)  # every rate is valid before the first cluster is built
+    cluster = VirtualCluster(args.cluster_name)
+    env = launch_env()
+    results = {"timestamp": stamp, "command": command,
+               "topology": {"cluster": args.cluster_name, "hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
+                            "np": args.hosts * args.ranks_per_host, "interface": INTERFACE,
+                            "launcher": "node1", "shaping": "tc tbf on the egress of every host's " + INTERFACE},
+               "horovod_settings": horovod_settings(env), "models": list(args.rated_models),
+               "settings": {"steps": args.steps, "wide_mlp_steps": args.wide_mlp_steps,
+                            "steps_per_call": args.steps_per_call, "repeats": args.repeats,
+                            "link_probe_mb": args.link_probe_mb},
+               "links": [], "launches": [], "rows": [], "time_to_accuracy": None, "failures": []}
+    started = time.perf_counter()
+    try:
+        for rate in args.link_rate_list:
+            state = cluster.up(args.hosts, args.ranks_per_host, rate)
+            out_json = os.path.join(out_dir, f"launch-{rate}.json")
+            log_path = os.path.join(out_dir, "logs", f"hvd-{rate}.log")
+            tta = args.run_tta and rate == slowest_rate(args.link_rate_list)
+            cmd = worker_command(args, out_json, tta)
+            print(f"[compare] {rate}: horovodrun across {args.hosts} hosts" + (" + time-to-accuracy" if tta else ""),
+                  flush=True)
+            t0 = time.perf_counter()
+            code = run_on_cluster(cluster, cmd, log_path, args.launch_timeout)
+            if code != 0 or not os.path.exists(out_json):
+                why = "timed out" if code is None else f"exit status {code}"
+                results["failures"].append(f"{rate}: {why} (log: logs/{os.path.basename(log_path)})")
+                print(f"[compare] {rate} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)
+                continue
+            with open(out_json) as f:
+                launch = json.load(f)
+            probe = launch["link_probe"]
+            link = {"nominal": rate, "nominal_bits_per_second": parse_rate(rate),
+                    "qdisc": state["link"]["qdisc"], "measured_bits_per_second": probe["bits_per_second"],
+                    "measured_mbit": probe["bits_per_second"] / 1e6, "probe": probe}
+            results["links"].append(link)
+            results["launches"].append({"link_rate": rate, "command": shlex.join(cmd),
+                                        "seconds": time.perf_counter() - t0, "versions": launch["versions"]})
+            if launch.get("time_to_accuracy"):
+                results["time_to_accuracy"] = dict(launch["time_to_accuracy"], link=link)
+            for row in launch["rows"]:
+                row["link"] = {"nominal": rate, "measured_mbit": link["measured_mbit"]}
+                results["rows"].append(row)
+            print(f"[compare] {rate}: measured {link['measured_mbit']:,.0f} Mbit/s; "
+                  + ", ".join(f"{r['model']}/{r['config']}={r['samples_per_sec']['median']:,.0f}"
+                              for r in launch["rows"]), flush=True)
+    except ClusterError as err:
+        results["failures"].append(f"virtual cluster: {err}")
+    finally:
+        cluster.down()
+    results["analysis"] = analysis(results["rows"])
+    results["seconds"] = time.perf_counter() - started
+    results["plots"] = plots.throughput_vs_link_rate(results, out_dir)
+    text = markdown(results)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text)
+    print(text, flush=True)
+    print(f"[compare] wrote {out_dir}/results.json, results.md, {', '.join(results['plots'])}", flush=True)
+    return 0 if results["rows"] and not results["failures"] else 1
