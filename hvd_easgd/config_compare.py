@@ -9,7 +9,8 @@ Standard library only.
 # and saves. Every other option changes what is trained, so it must match.
 RESUMABLE_KEYS = frozenset({
     "epochs", "run_dir", "resume", "config", "checkpoint_every", "keep_checkpoints", "eval_every",
-    "threads_per_rank", "verbose", "max_bad_steps", "tensorboard",
+    "threads_per_rank", "verbose", "max_bad_steps", "tensorboard", "checkpoint_every_steps",
+    "checkpoint_every_minutes", "checkpoint_on_signal", "agree_every", "stop_grace_seconds", "auto_resume",
 })
 
 

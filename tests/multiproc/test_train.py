@@ -3,6 +3,7 @@ resume (exact), bad input, and ranks that disagree or die."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -98,8 +99,8 @@ def test_resume_is_refused_with_another_strategy_or_rank_count(default_run):
     assert "Exit code: 2" in out.stderr or "exit code: 2" in out.stderr.lower()
 
 
-def shard_arrays(run_dir, epoch):
-    directory = os.path.join(run_dir, "checkpoints", f"epoch-{epoch:06d}")
+def shard_arrays(run_dir, name):
+    directory = os.path.join(run_dir, "checkpoints", name)
     arrays = {}
     for rank in range(2):
         with np.load(os.path.join(directory, f"rank-{rank:05d}.npz")) as shard:
@@ -107,32 +108,79 @@ def shard_arrays(run_dir, epoch):
     return arrays
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("options", [
-    ["--strategy", "sync"],
-    ["--strategy", "easgd", "--tau", "4"],
-    ["--strategy", "sync", "--accumulate", "3"],
-], ids=["sync", "easgd", "accumulate"])
-def test_resume_is_bit_identical_to_an_uninterrupted_run(options, tmp_path):
-    common = [TRAIN, *options, "--threads-per-rank", "1", "--eval-every", "2", "--seed", "3"]
-    straight, broken = str(tmp_path / "a"), str(tmp_path / "b")
-    a = horovodrun(common + ["--epochs", "4", "--run-dir", straight], timeout=150)
-    assert a.returncode == 0, a.stderr[-2000:]
-    # run B stops after epoch 2 (its last checkpoint), then resumes to epoch 4
-    first = horovodrun(common + ["--epochs", "2", "--run-dir", broken], timeout=150)
-    assert first.returncode == 0, first.stderr[-2000:]
-    resumed = horovodrun([TRAIN, "--resume", broken, "--epochs", "4"], timeout=150)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    expected, got = shard_arrays(straight, 4), shard_arrays(broken, 4)
+def assert_same_state(expected_dir, got_dir, name):
+    expected, got = shard_arrays(expected_dir, name), shard_arrays(got_dir, name)
     assert expected.keys() == got.keys()
     differing = [k for k in expected if not np.array_equal(expected[k], got[k])]
     assert not differing, differing[:5]
+    return expected
+
+
+RESUMED_OPTIONS = {
+    "sync": ["--strategy", "sync"],
+    "easgd": ["--strategy", "easgd", "--tau", "4"],
+    "accumulate": ["--strategy", "sync", "--accumulate", "3"],
+}
+COMMON = ["--threads-per-rank", "1", "--eval-every", "2", "--seed", "3", "--epochs", "2"]
+# np=2 on digits: 22 micro-batches per epoch (21 with --accumulate 3). Global micro-batch 25 is
+# mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off EASGD's
+# tau phase (25 % 4 = 1).
+MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000003",
+             "accumulate": "epoch-000001-step-000004"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted 2-epoch run per configuration, shared by the resume tests; a
+    checkpoint every 5 micro-batches, all kept: the states a stopped run leaves on disk."""
+    runs = {}
+
+    def get(name):
+        if name not in runs:
+            run_dir = str(tmp_path_factory.mktemp(f"straight-{name}") / "run")
+            proc = horovodrun([TRAIN, *RESUMED_OPTIONS[name], *COMMON, "--checkpoint-every-steps", "5",
+                               "--keep-checkpoints", "100", "--run-dir", run_dir], timeout=150)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            runs[name] = run_dir
+        return runs[name]
+
+    return get
+
+
+def stopped_at(straight, checkpoint_name, run_dir):
+    """``run_dir`` as a run of ``straight``'s configuration stopped right after ``checkpoint_name``
+    leaves it: that checkpoint and the ones before it, config.yaml and metrics.json."""
+    os.makedirs(os.path.join(run_dir, "checkpoints"))
+    kept = sorted(os.listdir(os.path.join(straight, "checkpoints")))
+    for name in kept[:kept.index(checkpoint_name) + 1]:
+        shutil.copytree(os.path.join(straight, "checkpoints", name), os.path.join(run_dir, "checkpoints", name))
+    for name in ("config.yaml", "metrics.json"):
+        shutil.copy(os.path.join(straight, name), run_dir)
+    return run_dir
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["epoch-end", "mid-epoch"])
+@pytest.mark.parametrize("name", list(RESUMED_OPTIONS))
+def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrupted, tmp_path):
+    straight = uninterrupted(name)
+    start = "epoch-000001" if where == "epoch-end" else MID_EPOCH[name]
+    broken = stopped_at(straight, start, str(tmp_path / "b"))
+    manifest = json.load(open(os.path.join(broken, "checkpoints", start, "manifest.json")))
+    assert manifest["global_step"] == (manifest["steps_per_epoch"] if where == "epoch-end" else 25)
+    resumed = horovodrun([TRAIN, "--resume", broken], timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    # weights, optimizer slots, strategy state (accumulators, EASGD's center and step counter)
+    expected = assert_same_state(straight, broken, "epoch-000002")
     # under EASGD the local weights really differ per rank: a rank-0-only checkpoint would lose them
-    if "easgd" in options:
+    if name == "easgd":
         model_keys = [k for k in expected if k.startswith("0:model/")]
         assert any(not np.array_equal(expected[k], expected["1" + k[1:]]) for k in model_keys)
+    # the resumed run's step checkpoints fall on the same micro-batches as the uninterrupted run's
+    later = sorted(os.listdir(os.path.join(broken, "checkpoints")))
+    assert later == sorted(os.listdir(os.path.join(straight, "checkpoints")))
     metrics = json.load(open(os.path.join(broken, "metrics.json")))
-    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3, 4]
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
