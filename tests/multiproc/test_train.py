@@ -241,3 +241,53 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
 
     manifest, _ = checkpoint.latest(str(run_dir))
     assert manifest["num_ranks"] == 2 and manifest["epoch"] >= 1
+
+
+STOPPED = re.compile(r"\[(?:1,)?(\d)\]<stderr>:train\.py: stopped on a signal after the checkpoint at epoch (\d+), "
+                     r"micro-batch (\d+); exit status 75")
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_to_one_rank_checkpoints_every_rank_at_one_step_then_auto_resume_finishes(uninterrupted, tmp_path):
+    straight = uninterrupted("sync")
+    pid_dir, run_dir = tmp_path / "pids", tmp_path / "run"
+    pid_dir.mkdir()
+    options = [*RESUMED_OPTIONS["sync"], *COMMON, "--checkpoint-every-steps", "5", "--keep-checkpoints", "100",
+               "--checkpoint-on-signal", "TERM", "--agree-every", "3", "--run-dir", str(run_dir)]
+    cmd = horovodrun_command([script("record_pid_then_train.py"), str(pid_dir), *options])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        first = run_dir / "checkpoints" / "epoch-000000-step-000005"
+        deadline = time.time() + 150
+        while not (first / "manifest.json").is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert (first / "manifest.json").is_file(), "training never reached its first step checkpoint"
+        os.kill(int((pid_dir / "pid1").read_text()), signal.SIGTERM)  # rank 1 only
+        signalled_at = time.time()
+        out, _ = proc.communicate(timeout=90)
+        elapsed = time.time() - signalled_at
+        print(f"stopped {elapsed:.1f}s after the signal")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    # Bound: the agreement comes within --agree-every (3) micro-batches, then one checkpoint and the exit.
+    assert elapsed <= 30, f"the job took {elapsed:.0f}s to stop after the signal"
+    stops = {rank: (int(epoch), int(step)) for rank, epoch, step in STOPPED.findall(out)}
+    assert set(stops) == {"0", "1"} and stops["0"] == stops["1"], out[-3000:]  # every rank, the same step
+    epoch, step = stops["0"]
+    assert epoch == 0 and step % 3 == 0 and step > 5, stops  # at an agreement, after the signal
+    # the first rank to exit reports 75; the launcher then stops the other (143 if it had not exited yet)
+    statuses = dict(re.findall(r"Process (\d+) exit with status code (\d+)", out))
+    assert "75" in statuses.values() and set(statuses.values()) <= {"75", "143"}, statuses
+    assert proc.returncode != 0
+    from hvd_easgd import checkpoint
+
+    manifest, directory = checkpoint.latest(str(run_dir))
+    assert (manifest["epoch"], manifest["step_in_epoch"]) == (epoch, step)
+    assert sorted(os.listdir(directory)) == ["manifest.json", "rank-00000.npz", "rank-00001.npz"]
+
+    resumed = horovodrun([TRAIN, "--auto-resume", "--run-dir", str(run_dir)], timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert_same_state(straight, str(run_dir), "epoch-000002")
