@@ -162,11 +162,6 @@ def parse_args(argv=None):
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     first, _ = parser.parse_known_args(argv)
-    if first.auto_resume and not first.resume:
-        if not first.run_dir:
-            raise UsageError("--auto-resume needs --run-dir (the directory to resume from or start in)")
-        if checkpoint.complete_checkpoints(first.run_dir):
-            argv, first.resume = argv + ["--resume", first.run_dir], first.run_dir
     defaults = {}
     if first.resume:
         saved = {k: v for k, v in _saved_config(first.resume).items() if k not in ("resume", "config", "run_dir")}
@@ -175,6 +170,11 @@ def parse_args(argv=None):
         defaults.update(_load_yaml(first.config, parser))
     parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
+    if args.auto_resume and not args.resume:
+        if not args.run_dir:
+            raise UsageError("--auto-resume needs --run-dir (the directory to resume from or start in)")
+        if checkpoint.complete_checkpoints(args.run_dir):
+            return parse_args(argv + ["--resume", args.run_dir])  # its saved config becomes the defaults
     if args.resume:
         args.run_dir = args.resume
     _validate(args)

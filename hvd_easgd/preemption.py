@@ -7,6 +7,13 @@ here; ``callbacks.PeriodicCheckpoint`` sums the notes of every rank in one
 small allreduce every ``check_every`` micro-batches, so all ranks see the
 request at the same global step, checkpoint there together, and stop.
 
+A stop can also be asked for without a signal, by creating the file
+``RUN_DIR/STOP`` (``STOP_FILE``): rank 0 looks for it at each agreement and
+removes it once the checkpoint is written. The SLURM templates use it, since
+a batch script cannot signal ranks that horovodrun started on other hosts,
+and a file written before the ranks are up is not lost (a signal that early
+would kill them).
+
 A second signal, or a save that has not finished ``grace_seconds`` after the
 first signal (a rank died, a collective hangs), ends the process at once
 with ``EXIT_FORCED``. Every checkpoint file is written under a temporary name
@@ -20,6 +27,7 @@ import threading
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed on request; run again with --auto-resume
 EXIT_FORCED = 76  # a second signal or the grace period: stopped at once, last complete checkpoint kept
 
+STOP_FILE = "STOP"
 SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "INT": signal.SIGINT}
 
 
@@ -38,9 +46,10 @@ class StopRequests:
       names: signal names without ``SIG``; empty installs nothing.
       grace_seconds: after the first signal, exit with ``EXIT_FORCED`` if the
         process is still running this long after it.
+      stop_file: a path whose existence also requests a stop (see above); None: none.
     """
 
-    def __init__(self, names=(), grace_seconds=120.0):
+    def __init__(self, names=(), grace_seconds=120.0, stop_file=None):
         unknown = [n for n in names if n not in SIGNALS]
         if unknown:
             raise ValueError(f"`names` must be among {sorted(SIGNALS)}. Received: names={list(names)}")
@@ -48,6 +57,7 @@ class StopRequests:
             raise ValueError(f"`grace_seconds` must be > 0. Received: grace_seconds={grace_seconds}")
         self.names, self.grace_seconds = tuple(names), grace_seconds
         self.received = None  # the first signal's number
+        self.stop_file = stop_file
 
     @property
     def enabled(self):
@@ -55,7 +65,13 @@ class StopRequests:
 
     @property
     def requested(self):
-        return self.received is not None
+        """A signal arrived on this rank, or the stop file exists (looked up at each call)."""
+        return self.received is not None or bool(self.stop_file and os.path.exists(self.stop_file))
+
+    def consume(self):
+        """Removes the stop file once its checkpoint is written (a later run must not stop at once)."""
+        if self.stop_file and os.path.exists(self.stop_file):
+            os.remove(self.stop_file)
 
     def install(self):
         for name in self.names:

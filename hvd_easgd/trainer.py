@@ -53,7 +53,8 @@ def train(args, config, dataset, strategy):
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, args.batch_size * comm.size,
                                      steps, previous_epochs=previous_epochs, write=comm.rank == 0)
-    stop_requests = preemption.StopRequests(_signal_names(args), args.stop_grace_seconds).install()
+    stop_requests = preemption.StopRequests(_signal_names(args), args.stop_grace_seconds,
+                                            stop_file=os.path.join(run_dir, preemption.STOP_FILE)).install()
     checkpointer = callbacks.PeriodicCheckpoint(
         run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints, every_steps=args.checkpoint_every_steps,
         every_minutes=args.checkpoint_every_minutes, steps_per_epoch=steps, initial_step=start_epoch * steps + start_step,

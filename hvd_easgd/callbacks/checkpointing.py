@@ -80,7 +80,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         """Every rank learns, at the same step, whether any rank was signalled or rank 0's clock says save."""
         minutes_due = (self.comm.rank == 0 and self.every_minutes > 0
                        and time.monotonic() - self._last_save >= 60 * self.every_minutes)
-        local = np.array([float(self.stop_requests.requested), float(minutes_due)], np.float32)
+        # Rank 0 alone looks for the stop file (another host's file system cache may lag).
+        asked = self.stop_requests.received is not None or (self.comm.rank == 0 and self.stop_requests.requested)
+        local = np.array([float(asked), float(minutes_due)], np.float32)
         # Bookkeeping, not training traffic: left out of the strategy's byte account.
         signalled, minutes = self.comm.allreduce([local], op="sum", record=False)[0].numpy()
         if minutes > 0:
@@ -96,6 +98,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self._last_save = time.monotonic()
 
     def _stop(self, epoch, step_in_epoch):
+        if self.comm.rank == 0:
+            self.stop_requests.consume()
         self.stopped_at = (epoch, step_in_epoch)
         self.model.stop_training = True
 
