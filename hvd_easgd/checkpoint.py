@@ -151,11 +151,14 @@ def latest(run_dir):
 
 
 def restore(directory, manifest, model, optimizer, comm):
-    """Loads this rank's shard into the model, optimizer and strategy."""
-    if manifest["num_ranks"] != comm.size:
-        raise CheckpointError(f"the checkpoint was written by {manifest['num_ranks']} ranks; "
-                              f"this run has {comm.size}")
-    path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
+    """Loads this rank's shard into the model, optimizer and strategy.
+
+    At another number of ranks every rank loads rank 0's shard: only valid
+    where every rank saved the same state (``config_compare.resize_refusal``
+    says where; the trainer checks it first).
+    """
+    resized = manifest["num_ranks"] != comm.size
+    path = os.path.join(directory, f"rank-{0 if resized else comm.rank:05d}.npz")
     with np.load(path) as shard:
         groups = state_groups(model, optimizer)
         expected = {f"{name}/{i:05d}" for name, vs in groups.items() for i in range(len(vs))}

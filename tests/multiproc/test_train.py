@@ -88,10 +88,8 @@ def test_accumulation_with_scale_lr_trains_as_well_as_sync(tmp_path):
     assert len(metrics["epochs"]) == 10 and metrics["final"]["test_accuracy"] >= 0.95
 
 
-def test_resume_is_refused_with_another_strategy_or_rank_count(default_run):
+def test_resume_is_refused_with_another_strategy(default_run):
     run_dir, _ = default_run
-    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "12"], timeout=120)
-    assert out.returncode == 2 and "differs: number of ranks (2 saved, 1 now)" in out.stderr
     out = horovodrun([TRAIN, "--resume", run_dir, "--strategy", "easgd", "--epochs", "12"], timeout=120)
     assert out.returncode != 0
     messages = [line for line in (out.stdout + out.stderr).splitlines() if "train.py: error" in line]
@@ -291,3 +289,43 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_at_one_step_then_auto_resume
     resumed = horovodrun([TRAIN, "--auto-resume", "--run-dir", str(run_dir)], timeout=150)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert_same_state(straight, str(run_dir), "epoch-000002")
+
+
+def iterations(run_dir, name, rank=0):
+    """The inner optimizer's update count in a checkpoint's shard: the largest integer scalar
+    among the optimizer's variables (the wrapper's own counter stays 0)."""
+    with np.load(os.path.join(run_dir, "checkpoints", name, f"rank-{rank:05d}.npz")) as shard:
+        return max(int(shard[k]) for k in shard.files
+                   if k.startswith("optimizer/") and shard[k].ndim == 0 and shard[k].dtype == np.int64)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("size, steps_per_epoch", [(1, 44), (3, 14)])
+def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterrupted, tmp_path):
+    # saved at np=2 after 2 epochs of 22 updates; continued to epoch 8 at np=1 (44 per epoch) or np=3 (14)
+    straight = uninterrupted("sync")
+    run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
+    assert iterations(run_dir, "epoch-000002") == 2 * 22
+    cmd = [TRAIN, "--resume", run_dir, "--epochs", "8"]
+    out = run([PYTHON, *cmd], timeout=200) if size == 1 else horovodrun(cmd, np=3, timeout=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    from hvd_easgd import checkpoint
+
+    manifest, _ = checkpoint.latest(run_dir)
+    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (8, size, steps_per_epoch)
+    for rank in range(size):  # the update count continues: 44 saved, then 6 epochs at this size
+        assert iterations(run_dir, "epoch-000008", rank) == 2 * 22 + 6 * steps_per_epoch
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, 9))
+    assert metrics["final"]["test_accuracy"] >= 0.95
+
+
+def test_a_resume_at_another_size_that_cannot_be_exact_is_refused_naming_the_reason(uninterrupted, tmp_path):
+    easgd = stopped_at(uninterrupted("easgd"), "epoch-000001", str(tmp_path / "easgd"))
+    out = run([PYTHON, TRAIN, "--resume", easgd], timeout=120)
+    assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): --strategy easgd keeps per-rank "
+                                    "state") in out.stderr, out.stderr[-2000:]
+    mid = stopped_at(uninterrupted("sync"), MID_EPOCH["sync"], str(tmp_path / "mid"))
+    out = run([PYTHON, TRAIN, "--resume", mid], timeout=120)
+    assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): the checkpoint is mid-epoch "
+                                    "(micro-batch 3 of epoch 2)") in out.stderr, out.stderr[-2000:]
