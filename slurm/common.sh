@@ -118,7 +118,8 @@ launch_requeueable() {
     kill -0 "$pid" 2>/dev/null || break
   done
   trap - USR1
-  if [ "$stop_requested" = 1 ]; then
+  # 0: the run finished before the warning reached it; nothing to continue.
+  if [ "$stop_requested" = 1 ] && [ "$status" != 0 ]; then
     echo "hvd_easgd: ranks ended with status $status after the warning; requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID"
     exit 0
