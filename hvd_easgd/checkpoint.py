@@ -14,6 +14,13 @@ Layout::
     RUN_DIR/checkpoints/epoch-000003/rank-00000.npz
                                      rank-00001.npz
                                      manifest.json     (last)
+    RUN_DIR/checkpoints/epoch-000003-step-000017/...   (3 epochs and 17 micro-batches done)
+
+Directory names sort by global step, as strings and as numbers: an epoch
+boundary ``epoch-E`` is step 0 of epoch E, before ``epoch-E-step-S``. The
+manifest's ``epoch`` counts whole epochs done and ``step_in_epoch`` the
+micro-batches done since (absent in checkpoints written before step
+checkpoints existed: read as 0).
 
 The manifest's ``format`` says what the shards mean. It goes up whenever the
 meaning of saved state changes, even where the arrays keep their shapes, and
@@ -24,6 +31,11 @@ a checkpoint of another format is refused with a message naming both:
   sums over the counted samples), ``--scale-lr`` by ``lr_scaling.lr_scale``
   (accumulation-aware), strategies serialised through ``keras.saving``. A
   format-1 run resumed under these rules would silently train another model.
+  Step checkpoints kept format 2: they add the manifest fields
+  ``step_in_epoch``, ``global_step`` and ``steps_per_epoch`` (read as 0 and
+  absent when missing) but the shards mean what they meant; a mid-epoch
+  shard simply holds the state at that micro-batch (mid-window accumulators,
+  EASGD's step counter and so its tau phase).
 """
 import json
 import os
@@ -55,13 +67,33 @@ def _shard_arrays(groups):
             for name, variables in groups.items() for i, v in enumerate(variables)}
 
 
-def checkpoint_dir(run_dir, epoch):
-    return os.path.join(run_dir, "checkpoints", f"epoch-{epoch:06d}")
+def checkpoint_dir(run_dir, epoch, step_in_epoch=0):
+    name = f"epoch-{epoch:06d}" + (f"-step-{step_in_epoch:06d}" if step_in_epoch else "")
+    return os.path.join(run_dir, "checkpoints", name)
 
 
-def save(run_dir, epoch, model, optimizer, comm, config, keep=3):
-    """Writes this rank's shard; rank 0 writes the manifest after every rank has."""
-    directory = checkpoint_dir(run_dir, epoch)
+def _position(name):
+    """``(epoch, step_in_epoch)`` from a checkpoint directory's name, None for other names."""
+    parts = name.split("-")
+    try:
+        if len(parts) == 2 and parts[0] == "epoch":
+            return int(parts[1]), 0
+        if len(parts) == 4 and parts[0] == "epoch" and parts[2] == "step":
+            return int(parts[1]), int(parts[3])
+    except ValueError:
+        pass
+    return None
+
+
+def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0, steps_per_epoch=None):
+    """Writes this rank's shard; rank 0 writes the manifest after every rank has.
+
+    ``epoch`` whole epochs and ``step_in_epoch`` micro-batches are done; a
+    mid-epoch checkpoint needs ``steps_per_epoch`` (micro-batches per epoch).
+    """
+    if step_in_epoch and not steps_per_epoch:
+        raise ValueError(f"a mid-epoch checkpoint needs `steps_per_epoch`. Received: steps_per_epoch={steps_per_epoch}")
+    directory = checkpoint_dir(run_dir, epoch, step_in_epoch)
     os.makedirs(directory, exist_ok=True)
     arrays = _shard_arrays(state_groups(model, optimizer))
     with atomic.temporary_path(os.path.join(directory, f"rank-{comm.rank:05d}.npz")) as tmp:
@@ -70,40 +102,43 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3):
     ok = comm.allgather_json({"rank": comm.rank, "ok": True})
     outdated = []
     if comm.rank == 0:
-        manifest = {"format": FORMAT_VERSION, "epoch": epoch, "num_ranks": comm.size,
+        manifest = {"format": FORMAT_VERSION, "epoch": epoch, "step_in_epoch": step_in_epoch,
+                    "steps_per_epoch": steps_per_epoch,
+                    "global_step": epoch * steps_per_epoch + step_in_epoch if steps_per_epoch else None,
+                    "num_ranks": comm.size,
                     "shards": [f"rank-{r['rank']:05d}.npz" for r in ok], "config": config}
         atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
-        outdated = _outdated_epochs(run_dir, keep)
+        outdated = _outdated_checkpoints(run_dir, keep)
     # Rank 0 decides, from the manifests it sees, and the first rank of every host prunes
     # its own view of the run directory: where that is node-local storage, the shards of
     # other hosts never reach rank 0's disk (and no manifest reaches theirs).
     outdated = comm.allgather_json(outdated)[0]
     if comm.local_rank == 0:
-        for old_epoch in outdated:
-            shutil.rmtree(checkpoint_dir(run_dir, old_epoch), ignore_errors=True)
+        for name in outdated:
+            shutil.rmtree(os.path.join(run_dir, "checkpoints", name), ignore_errors=True)
     return directory
 
 
-def _outdated_epochs(run_dir, keep):
-    """Epochs of the complete checkpoints beyond the newest ``keep``."""
+def _outdated_checkpoints(run_dir, keep):
+    """Directory names of the complete checkpoints beyond the newest ``keep``
+    (names, not epochs: an epoch may hold several step checkpoints)."""
     done = complete_checkpoints(run_dir)
-    return [epoch for epoch, _ in (done[:-keep] if keep > 0 else [])]
+    return [os.path.basename(path) for _, path in (done[:-keep] if keep > 0 else [])]
 
 
 def complete_checkpoints(run_dir):
-    """``[(epoch, path)]`` of checkpoints whose manifest exists, oldest first."""
+    """``[(epoch, path)]`` of checkpoints whose manifest exists, oldest first
+    (by global step: epoch, then micro-batch within it)."""
     root = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(root):
         return []
     found = []
     for name in os.listdir(root):
         path = os.path.join(root, name)
-        if name.startswith("epoch-") and os.path.isfile(os.path.join(path, MANIFEST)):
-            try:
-                found.append((int(name.split("-", 1)[1]), path))
-            except ValueError:
-                continue
-    return sorted(found)
+        position = _position(name)
+        if position is not None and os.path.isfile(os.path.join(path, MANIFEST)):
+            found.append((position, path))
+    return [(epoch, path) for (epoch, _), path in sorted(found)]
 
 
 def latest(run_dir):
@@ -120,15 +155,19 @@ def latest(run_dir):
             f"--resume {run_dir}: checkpoint format {found}, this hvd_easgd reads format {FORMAT_VERSION} "
             f"(the meaning of saved state changed); resume it with the hvd_easgd release that wrote it, "
             "or start a new run")
+    manifest.setdefault("step_in_epoch", 0)  # written before step checkpoints existed
     return manifest, path
 
 
 def restore(directory, manifest, model, optimizer, comm):
-    """Loads this rank's shard into the model, optimizer and strategy."""
-    if manifest["num_ranks"] != comm.size:
-        raise CheckpointError(f"the checkpoint was written by {manifest['num_ranks']} ranks; "
-                              f"this run has {comm.size}")
-    path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
+    """Loads this rank's shard into the model, optimizer and strategy.
+
+    At another number of ranks every rank loads rank 0's shard: only valid
+    where every rank saved the same state (``config_compare.resize_refusal``
+    says where; the trainer checks it first).
+    """
+    resized = manifest["num_ranks"] != comm.size
+    path = os.path.join(directory, f"rank-{0 if resized else comm.rank:05d}.npz")
     with np.load(path) as shard:
         groups = state_groups(model, optimizer)
         expected = {f"{name}/{i:05d}" for name, vs in groups.items() for i in range(len(vs))}

@@ -16,6 +16,7 @@ from .comm import RanksDisagreeError
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import RULE_HELP, lr_scale
 from .models import MODELS
+from .preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from .strategies import GradientAccumulation, registry
 from .trainer import train
 
@@ -88,6 +89,21 @@ def build_parser():
     run.add_argument("--run-dir", default=None, help="default runs/<timestamp>-<strategy>")
     run.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue from the last checkpoint there")
     run.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints")
+    run.add_argument("--checkpoint-every-steps", type=int, default=0, metavar="N",
+                     help="also checkpoint every N micro-batches (0: off); resumes at that exact micro-batch")
+    run.add_argument("--checkpoint-every-minutes", type=float, default=0.0, metavar="M",
+                     help="also checkpoint every M minutes by rank 0's clock, agreed every --agree-every "
+                          "micro-batches (0: off)")
+    run.add_argument("--checkpoint-on-signal", default="none", metavar="SIGNALS",
+                     help="TERM, USR1, ... (comma-separated) or none: on any rank, every rank checkpoints at "
+                          f"one agreed micro-batch and exits with status {EXIT_PREEMPTED}; a second signal, or "
+                          f"--stop-grace-seconds without a finished checkpoint, exits at once with {EXIT_FORCED}")
+    run.add_argument("--agree-every", type=int, default=10, metavar="N",
+                     help="micro-batches between the ranks' agreements on signals and the minutes trigger")
+    run.add_argument("--stop-grace-seconds", type=float, default=120.0, metavar="S",
+                     help="after a signal, exit at once if still running S seconds later")
+    run.add_argument("--auto-resume", action="store_true",
+                     help="with --run-dir: resume if it holds a complete checkpoint, else start fresh")
     run.add_argument("--keep-checkpoints", type=int, default=3, metavar="K")
     run.add_argument("--eval-every", type=int, default=1, metavar="N", help="epochs between test evaluations")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
@@ -154,6 +170,11 @@ def parse_args(argv=None):
         defaults.update(_load_yaml(first.config, parser))
     parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
+    if args.auto_resume and not args.resume:
+        if not args.run_dir:
+            raise UsageError("--auto-resume needs --run-dir (the directory to resume from or start in)")
+        if checkpoint.complete_checkpoints(args.run_dir):
+            return parse_args(argv + ["--resume", args.run_dir])  # its saved config becomes the defaults
     if args.resume:
         args.run_dir = args.resume
     _validate(args)
@@ -177,6 +198,16 @@ def _validate(args):
         raise UsageError(f"--momentum must satisfy 0 <= momentum < 1. Received: --momentum={args.momentum}")
     if args.checkpoint_every < 0 or args.keep_checkpoints < 1:
         raise UsageError("--checkpoint-every must be >= 0 and --keep-checkpoints >= 1")
+    if args.checkpoint_every_steps < 0 or args.checkpoint_every_minutes < 0:
+        raise UsageError("--checkpoint-every-steps and --checkpoint-every-minutes must be >= 0")
+    if args.agree_every < 1 or args.stop_grace_seconds <= 0:
+        raise UsageError("--agree-every must be >= 1 and --stop-grace-seconds > 0")
+    names = [] if args.checkpoint_on_signal.lower() == "none" else args.checkpoint_on_signal.upper().split(",")
+    names = [n[3:] if n.startswith("SIG") else n for n in names]
+    if not set(names) <= set(SIGNALS):
+        raise UsageError(f"--checkpoint-on-signal must be none or names among {','.join(sorted(SIGNALS))}. "
+                         f"Received: --checkpoint-on-signal={args.checkpoint_on_signal}")
+    args.checkpoint_on_signal = ",".join(names) or "none"
     if args.lr_warmup_epochs < 0:
         raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: {args.lr_warmup_epochs}")
     if args.lr_warmup_epochs and not args.scale_lr:
@@ -248,6 +279,9 @@ def main(argv=None):
         train(args, effective_config(args), dataset, strategy)
     except (UsageError, RanksDisagreeError, checkpoint.CheckpointError) as err:
         exit_with_usage_error(err)
+    except TrainingPreempted as err:
+        print(f"train.py: {err}; exit status {EXIT_PREEMPTED}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_PREEMPTED)
     except NonFiniteTrainingError as err:
         exit_with_rank_error(err, EXIT_FAILURE)
     except Exception as err:  # a collective failed because another rank died or stalled

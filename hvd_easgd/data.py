@@ -270,8 +270,9 @@ def _read_batches(index_batches, x, y, batches_per_gather=1):
     return grouped.unbatch()
 
 
-def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, steps=None):
-    """A tf.data pipeline over epochs [start_epoch, epochs) of this rank's shards.
+def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, steps=None, start_step=0):
+    """A tf.data pipeline over epochs [start_epoch, epochs) of this rank's shards,
+    from micro-batch ``start_step`` of ``start_epoch`` on (a mid-epoch resume).
 
     Returns ``(dataset, steps)``: batches of (float32 images, int64 labels),
     ``steps`` per epoch. ``steps`` (default: ``steps_per_epoch``) is exactly
@@ -279,6 +280,7 @@ def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, st
     (``epoch_indices``), also on resume. Each epoch's permutation is computed
     when the pipeline reaches it and each batch is gathered when it is read:
     memory does not grow with ``epochs``. ``ImageFiles`` take ``batch_size`` 1.
+    A mid-epoch start skips index batches, never samples: nothing is read twice.
     """
     if data.variable_size and batch_size != 1:
         raise ValueError(f"images of different sizes need batch_size 1. Received: batch_size={batch_size}")
@@ -294,7 +296,9 @@ def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, st
         batches.set_shape((steps, batch_size))
         return tf.data.Dataset.from_tensor_slices(batches)
 
-    index = tf.data.Dataset.range(start_epoch, max(start_epoch, epochs)).flat_map(index_batches)
+    if not 0 <= start_step < steps:
+        raise ValueError(f"`start_step` must satisfy 0 <= start_step < steps={steps}. Received: start_step={start_step}")
+    index = tf.data.Dataset.range(start_epoch, max(start_epoch, epochs)).flat_map(index_batches).skip(start_step)
     ds = _read_batches(index, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size))
     return ds.prefetch(2), steps
 

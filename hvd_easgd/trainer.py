@@ -18,7 +18,7 @@ import keras
 import tensorflow as tf
 import yaml
 
-from . import _compat, atomic, callbacks, checkpoint, models, runtime
+from . import _compat, atomic, callbacks, checkpoint, models, preemption, runtime
 from .config_compare import resume_mismatches
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
@@ -49,19 +49,29 @@ def train(args, config, dataset, strategy):
     placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if comm.rank == 0:
         _write_run_config(run_dir, config, comm.size, placement)
-    start_epoch, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm)
+    start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, args.batch_size * comm.size,
                                      steps, previous_epochs=previous_epochs, write=comm.rank == 0)
-    train_ds, test_ds = _datasets(args, dataset, comm, start_epoch, steps)
+    stop_requests = preemption.StopRequests(_signal_names(args), args.stop_grace_seconds,
+                                            stop_file=os.path.join(run_dir, preemption.STOP_FILE)).install()
+    checkpointer = callbacks.PeriodicCheckpoint(
+        run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints, every_steps=args.checkpoint_every_steps,
+        every_minutes=args.checkpoint_every_minutes, steps_per_epoch=steps, initial_step=start_epoch * steps + start_step,
+        stop_requests=stop_requests, check_every=args.agree_every)
+    test_ds = _test_dataset(dataset, comm)
     exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
+    chosen = _callbacks(args, run_dir, comm, recorder, exact_evaluation, checkpointer,
+                        resumed=resume_from is not None)
     started = time.perf_counter()
-    if start_epoch < args.epochs:
-        model.fit(train_ds, epochs=args.epochs, initial_epoch=start_epoch, steps_per_epoch=steps,
-                  validation_data=test_ds, validation_freq=args.eval_every, shuffle=False,
-                  callbacks=_callbacks(args, run_dir, config, comm, recorder, exact_evaluation,
-                                       resumed=resume_from is not None),
-                  verbose=_verbosity(args, comm))
+    # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
+    # the rest of that epoch alone, then the epochs after it.
+    for first_epoch, first_step in _fit_parts(start_epoch, start_step, args.epochs):
+        train_ds = _training_dataset(args, dataset, comm, first_epoch, steps, first_step)
+        model.fit(train_ds, epochs=first_epoch + 1 if first_step else args.epochs, initial_epoch=first_epoch,
+                  steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=args.eval_every,
+                  shuffle=False, callbacks=chosen, verbose=_verbosity(args, comm))
+        checkpointer.raise_if_stopped()  # the checkpoint a signal asked for is written: exit EXIT_PREEMPTED
     wall = time.perf_counter() - started
 
     final = _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, steps,
@@ -223,12 +233,16 @@ def _write_run_config(run_dir, config, num_ranks, placement):
                             "versions": _compat.versions()}, f, sort_keys=True)
 
 
-def _restore(resume_from, run_dir, model, optimizer, comm):
+def _restore(resume_from, run_dir, model, optimizer, comm, steps):
     """Loads every rank's state from ``resume_from``; returns ``(start_epoch,
-    metrics rows up to it)``, ``(0, [])`` for a fresh run."""
+    start_step, metrics rows up to start_epoch)``, ``(0, 0, [])`` for a fresh run."""
     if resume_from is None:
-        return 0, []
+        return 0, 0, []
     manifest, directory = resume_from
+    start_step = manifest.get("step_in_epoch", 0)
+    if start_step and manifest.get("steps_per_epoch") != steps:
+        raise UsageError(f"--resume {run_dir}: the checkpoint was taken at micro-batch {start_step} of epochs of "
+                         f"{manifest.get('steps_per_epoch')} micro-batches; this run's epochs hold {steps}")
     optimizer.attach(model)
     optimizer.build(model.trainable_variables)
     checkpoint.restore(directory, manifest, model, optimizer, comm)
@@ -238,21 +252,41 @@ def _restore(resume_from, run_dir, model, optimizer, comm):
     if os.path.isfile(metrics_path):
         with open(metrics_path) as f:
             previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
-    return start_epoch, previous
+    return start_epoch, start_step, previous
 
 
-def _datasets(args, dataset, comm, start_epoch, steps):
-    """This rank's training pipeline from ``start_epoch`` on, and its shard of the test set."""
+def _fit_parts(start_epoch, start_step, epochs):
+    """``[(first_epoch, first_step)]``: one ``model.fit`` from an epoch start; two
+    from mid-epoch (the rest of that epoch, then the epochs after it)."""
+    if start_epoch >= epochs:
+        return []
+    if start_step == 0:
+        return [(start_epoch, 0)]
+    return [(start_epoch, start_step)] + ([(start_epoch + 1, 0)] if start_epoch + 1 < epochs else [])
+
+
+def _training_dataset(args, dataset, comm, start_epoch, steps, start_step):
+    """This rank's training pipeline from micro-batch ``start_step`` of ``start_epoch`` on
+    (to the end of that epoch only, when it starts mid-epoch)."""
+    last = start_epoch + 1 if start_step else args.epochs
     train_ds, _ = training_dataset(dataset, args.batch_size, args.seed, comm.rank, comm.size, start_epoch,
-                                   args.epochs, steps)
+                                   last, steps, start_step=start_step)
+    return train_ds
+
+
+def _test_dataset(dataset, comm):
+    """This rank's shard of the test set."""
     try:
-        test_ds = test_dataset(dataset, rank=comm.rank, size=comm.size)
+        return test_dataset(dataset, rank=comm.rank, size=comm.size)
     except DataError as err:
         raise UsageError(str(err)) from None
-    return train_ds, test_ds
 
 
-def _callbacks(args, run_dir, config, comm, recorder, exact_evaluation, resumed):
+def _signal_names(args):
+    return () if args.checkpoint_on_signal == "none" else tuple(args.checkpoint_on_signal.split(","))
+
+
+def _callbacks(args, run_dir, comm, recorder, exact_evaluation, checkpointer, resumed):
     broadcast = callbacks.BroadcastInitialState()
     # A resumed rank has its own state back (EASGD's local weights differ per
     # rank); a broadcast from rank 0 would erase it.
@@ -261,7 +295,7 @@ def _callbacks(args, run_dir, config, comm, recorder, exact_evaluation, resumed)
     # per-rank checkpoints (local weights) before any swap of the kept weights.
     chosen = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
               callbacks.AbortOnNonFinite(args.max_bad_steps),
-              callbacks.PeriodicCheckpoint(run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints),
+              checkpointer,
               callbacks.SwapKeptWeights()]
     if comm.rank == 0 and args.tensorboard:
         chosen.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,

@@ -73,3 +73,56 @@ run_dir_default() {
   done
   printf '%s\n' --run-dir "runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"
 }
+
+# run_dir_of ARGS...: the run directory ARGS name (--run-dir or --resume), or nothing.
+run_dir_of() {
+  local previous="" arg
+  for arg in "$@"; do
+    case "$previous" in --run-dir|--resume) printf '%s\n' "$arg"; return 0 ;; esac
+    case "$arg" in --run-dir=*|--resume=*) printf '%s\n' "${arg#*=}"; return 0 ;; esac
+    previous=$arg
+  done
+}
+
+# launch_requeueable ARGS...: launch_ranks ARGS in the background, and on
+# SIGUSR1 (the warning `#SBATCH --signal=B:USR1@SECONDS` asks SLURM to send
+# this script before the time limit) has the ranks checkpoint, then requeues
+# this job. The ranks are asked through the file RUN_DIR/STOP, which rank 0
+# looks for every --agree-every micro-batches (train.py then checkpoints on
+# every rank at one step and exits with status 75): a file reaches ranks that
+# horovodrun started on other hosts, and a warning that comes before the ranks
+# are up is not lost. Without a run directory in ARGS (a --config naming it),
+# the signal goes to the ranks of srun steps only (scancel --signal=USR1).
+# A requeued job keeps its id, so runs/<job name>-<job id> and --auto-resume
+# continue it. Needs train.py's --checkpoint-on-signal (or any agreement) on.
+launch_requeueable() {
+  local run_dir stop_requested=0 pid status=0
+  run_dir=$(run_dir_of "$@")
+  [ -z "$run_dir" ] || rm -f "$run_dir/STOP"  # a stale request must not stop this run at once
+  ask_ranks_to_checkpoint() {
+    stop_requested=1
+    echo "hvd_easgd: SIGUSR1 at $(date -Is): the ranks checkpoint, then job $SLURM_JOB_ID requeues"
+    if [ -n "$run_dir" ]; then
+      mkdir -p "$run_dir" && touch "$run_dir/STOP"
+    else
+      scancel --signal=USR1 "$SLURM_JOB_ID"
+    fi
+  }
+  trap ask_ranks_to_checkpoint USR1
+  launch_ranks "$@" &
+  pid=$!
+  # `wait` returns early when the trap runs: wait again until the ranks are gone.
+  while :; do
+    status=0
+    wait "$pid" || status=$?
+    kill -0 "$pid" 2>/dev/null || break
+  done
+  trap - USR1
+  # 0: the run finished before the warning reached it; nothing to continue.
+  if [ "$stop_requested" = 1 ] && [ "$status" != 0 ]; then
+    echo "hvd_easgd: ranks ended with status $status after the warning; requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+  fi
+  return "$status"
+}

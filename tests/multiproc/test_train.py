@@ -3,6 +3,7 @@ resume (exact), bad input, and ranks that disagree or die."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -87,10 +88,8 @@ def test_accumulation_with_scale_lr_trains_as_well_as_sync(tmp_path):
     assert len(metrics["epochs"]) == 10 and metrics["final"]["test_accuracy"] >= 0.95
 
 
-def test_resume_is_refused_with_another_strategy_or_rank_count(default_run):
+def test_resume_is_refused_with_another_strategy(default_run):
     run_dir, _ = default_run
-    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "12"], timeout=120)
-    assert out.returncode == 2 and "differs: number of ranks (2 saved, 1 now)" in out.stderr
     out = horovodrun([TRAIN, "--resume", run_dir, "--strategy", "easgd", "--epochs", "12"], timeout=120)
     assert out.returncode != 0
     messages = [line for line in (out.stdout + out.stderr).splitlines() if "train.py: error" in line]
@@ -98,8 +97,8 @@ def test_resume_is_refused_with_another_strategy_or_rank_count(default_run):
     assert "Exit code: 2" in out.stderr or "exit code: 2" in out.stderr.lower()
 
 
-def shard_arrays(run_dir, epoch):
-    directory = os.path.join(run_dir, "checkpoints", f"epoch-{epoch:06d}")
+def shard_arrays(run_dir, name):
+    directory = os.path.join(run_dir, "checkpoints", name)
     arrays = {}
     for rank in range(2):
         with np.load(os.path.join(directory, f"rank-{rank:05d}.npz")) as shard:
@@ -107,32 +106,79 @@ def shard_arrays(run_dir, epoch):
     return arrays
 
 
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("options", [
-    ["--strategy", "sync"],
-    ["--strategy", "easgd", "--tau", "4"],
-    ["--strategy", "sync", "--accumulate", "3"],
-], ids=["sync", "easgd", "accumulate"])
-def test_resume_is_bit_identical_to_an_uninterrupted_run(options, tmp_path):
-    common = [TRAIN, *options, "--threads-per-rank", "1", "--eval-every", "2", "--seed", "3"]
-    straight, broken = str(tmp_path / "a"), str(tmp_path / "b")
-    a = horovodrun(common + ["--epochs", "4", "--run-dir", straight], timeout=150)
-    assert a.returncode == 0, a.stderr[-2000:]
-    # run B stops after epoch 2 (its last checkpoint), then resumes to epoch 4
-    first = horovodrun(common + ["--epochs", "2", "--run-dir", broken], timeout=150)
-    assert first.returncode == 0, first.stderr[-2000:]
-    resumed = horovodrun([TRAIN, "--resume", broken, "--epochs", "4"], timeout=150)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    expected, got = shard_arrays(straight, 4), shard_arrays(broken, 4)
+def assert_same_state(expected_dir, got_dir, name):
+    expected, got = shard_arrays(expected_dir, name), shard_arrays(got_dir, name)
     assert expected.keys() == got.keys()
     differing = [k for k in expected if not np.array_equal(expected[k], got[k])]
     assert not differing, differing[:5]
+    return expected
+
+
+RESUMED_OPTIONS = {
+    "sync": ["--strategy", "sync"],
+    "easgd": ["--strategy", "easgd", "--tau", "4"],
+    "accumulate": ["--strategy", "sync", "--accumulate", "3"],
+}
+COMMON = ["--threads-per-rank", "1", "--eval-every", "2", "--seed", "3", "--epochs", "2"]
+# np=2 on digits: 22 micro-batches per epoch (21 with --accumulate 3). Global micro-batch 25 is
+# mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off EASGD's
+# tau phase (25 % 4 = 1).
+MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000003",
+             "accumulate": "epoch-000001-step-000004"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted 2-epoch run per configuration, shared by the resume tests; a
+    checkpoint every 5 micro-batches, all kept: the states a stopped run leaves on disk."""
+    runs = {}
+
+    def get(name):
+        if name not in runs:
+            run_dir = str(tmp_path_factory.mktemp(f"straight-{name}") / "run")
+            proc = horovodrun([TRAIN, *RESUMED_OPTIONS[name], *COMMON, "--checkpoint-every-steps", "5",
+                               "--keep-checkpoints", "100", "--run-dir", run_dir], timeout=150)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            runs[name] = run_dir
+        return runs[name]
+
+    return get
+
+
+def stopped_at(straight, checkpoint_name, run_dir):
+    """``run_dir`` as a run of ``straight``'s configuration stopped right after ``checkpoint_name``
+    leaves it: that checkpoint and the ones before it, config.yaml and metrics.json."""
+    os.makedirs(os.path.join(run_dir, "checkpoints"))
+    kept = sorted(os.listdir(os.path.join(straight, "checkpoints")))
+    for name in kept[:kept.index(checkpoint_name) + 1]:
+        shutil.copytree(os.path.join(straight, "checkpoints", name), os.path.join(run_dir, "checkpoints", name))
+    for name in ("config.yaml", "metrics.json"):
+        shutil.copy(os.path.join(straight, name), run_dir)
+    return run_dir
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("where", ["epoch-end", "mid-epoch"])
+@pytest.mark.parametrize("name", list(RESUMED_OPTIONS))
+def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrupted, tmp_path):
+    straight = uninterrupted(name)
+    start = "epoch-000001" if where == "epoch-end" else MID_EPOCH[name]
+    broken = stopped_at(straight, start, str(tmp_path / "b"))
+    manifest = json.load(open(os.path.join(broken, "checkpoints", start, "manifest.json")))
+    assert manifest["global_step"] == (manifest["steps_per_epoch"] if where == "epoch-end" else 25)
+    resumed = horovodrun([TRAIN, "--resume", broken], timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    # weights, optimizer slots, strategy state (accumulators, EASGD's center and step counter)
+    expected = assert_same_state(straight, broken, "epoch-000002")
     # under EASGD the local weights really differ per rank: a rank-0-only checkpoint would lose them
-    if "easgd" in options:
+    if name == "easgd":
         model_keys = [k for k in expected if k.startswith("0:model/")]
         assert any(not np.array_equal(expected[k], expected["1" + k[1:]]) for k in model_keys)
+    # the resumed run's step checkpoints fall on the same micro-batches as the uninterrupted run's
+    later = sorted(os.listdir(os.path.join(broken, "checkpoints")))
+    assert later == sorted(os.listdir(os.path.join(straight, "checkpoints")))
     metrics = json.load(open(os.path.join(broken, "metrics.json")))
-    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3, 4]
+    assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
@@ -193,3 +239,93 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
 
     manifest, _ = checkpoint.latest(str(run_dir))
     assert manifest["num_ranks"] == 2 and manifest["epoch"] >= 1
+
+
+STOPPED = re.compile(r"\[(?:1,)?(\d)\]<stderr>:train\.py: stopped on a signal after the checkpoint at epoch (\d+), "
+                     r"micro-batch (\d+); exit status 75")
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_to_one_rank_checkpoints_every_rank_at_one_step_then_auto_resume_finishes(uninterrupted, tmp_path):
+    straight = uninterrupted("sync")
+    pid_dir, run_dir = tmp_path / "pids", tmp_path / "run"
+    pid_dir.mkdir()
+    options = [*RESUMED_OPTIONS["sync"], *COMMON, "--checkpoint-every-steps", "5", "--keep-checkpoints", "100",
+               "--checkpoint-on-signal", "TERM", "--agree-every", "3", "--run-dir", str(run_dir)]
+    cmd = horovodrun_command([script("record_pid_then_train.py"), str(pid_dir), *options])
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        first = run_dir / "checkpoints" / "epoch-000000-step-000005"
+        deadline = time.time() + 150
+        while not (first / "manifest.json").is_file() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert (first / "manifest.json").is_file(), "training never reached its first step checkpoint"
+        os.kill(int((pid_dir / "pid1").read_text()), signal.SIGTERM)  # rank 1 only
+        signalled_at = time.time()
+        out, _ = proc.communicate(timeout=90)
+        elapsed = time.time() - signalled_at
+        print(f"stopped {elapsed:.1f}s after the signal")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    # Bound: the agreement comes within --agree-every (3) micro-batches, then one checkpoint and the exit.
+    assert elapsed <= 30, f"the job took {elapsed:.0f}s to stop after the signal"
+    stops = {rank: (int(epoch), int(step)) for rank, epoch, step in STOPPED.findall(out)}
+    assert set(stops) == {"0", "1"} and stops["0"] == stops["1"], out[-3000:]  # every rank, the same step
+    epoch, step = stops["0"]
+    assert epoch == 0 and step % 3 == 0 and step > 5, stops  # at an agreement, after the signal
+    # the first rank to exit reports 75; the launcher then stops the other (143 if it had not exited yet)
+    statuses = dict(re.findall(r"Process (\d+) exit with status code (\d+)", out))
+    assert "75" in statuses.values() and set(statuses.values()) <= {"75", "143"}, statuses
+    assert proc.returncode != 0
+    from hvd_easgd import checkpoint
+
+    manifest, directory = checkpoint.latest(str(run_dir))
+    assert (manifest["epoch"], manifest["step_in_epoch"]) == (epoch, step)
+    assert sorted(os.listdir(directory)) == ["manifest.json", "rank-00000.npz", "rank-00001.npz"]
+
+    resumed = horovodrun([TRAIN, "--auto-resume", "--run-dir", str(run_dir)], timeout=150)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert_same_state(straight, str(run_dir), "epoch-000002")
+
+
+def iterations(run_dir, name, rank=0):
+    """The inner optimizer's update count in a checkpoint's shard: the largest integer scalar
+    among the optimizer's variables (the wrapper's own counter stays 0)."""
+    with np.load(os.path.join(run_dir, "checkpoints", name, f"rank-{rank:05d}.npz")) as shard:
+        return max(int(shard[k]) for k in shard.files
+                   if k.startswith("optimizer/") and shard[k].ndim == 0 and shard[k].dtype == np.int64)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("size, steps_per_epoch", [(1, 44), (3, 14)])
+def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterrupted, tmp_path):
+    # saved at np=2 after 2 epochs of 22 updates; continued to epoch 8 at np=1 (44 per epoch) or np=3 (14)
+    straight = uninterrupted("sync")
+    run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
+    assert iterations(run_dir, "epoch-000002") == 2 * 22
+    cmd = [TRAIN, "--resume", run_dir, "--epochs", "8"]
+    out = run([PYTHON, *cmd], timeout=200) if size == 1 else horovodrun(cmd, np=3, timeout=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    from hvd_easgd import checkpoint
+
+    manifest, _ = checkpoint.latest(run_dir)
+    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (8, size, steps_per_epoch)
+    for rank in range(size):  # the update count continues: 44 saved, then 6 epochs at this size
+        assert iterations(run_dir, "epoch-000008", rank) == 2 * 22 + 6 * steps_per_epoch
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, 9))
+    assert metrics["final"]["test_accuracy"] >= 0.95
+
+
+def test_a_resume_at_another_size_that_cannot_be_exact_is_refused_naming_the_reason(uninterrupted, tmp_path):
+    easgd = stopped_at(uninterrupted("easgd"), "epoch-000001", str(tmp_path / "easgd"))
+    out = run([PYTHON, TRAIN, "--resume", easgd], timeout=120)
+    assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): --strategy easgd keeps per-rank "
+                                    "state") in out.stderr, out.stderr[-2000:]
+    mid = stopped_at(uninterrupted("sync"), MID_EPOCH["sync"], str(tmp_path / "mid"))
+    out = run([PYTHON, TRAIN, "--resume", mid], timeout=120)
+    assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): the checkpoint is mid-epoch "
+                                    "(micro-batch 3 of epoch 2)") in out.stderr, out.stderr[-2000:]

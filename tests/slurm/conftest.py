@@ -128,7 +128,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={r}/munge/munge.socket
+# cred_expire: a requeued job may start again only once its old credential
+# expired (120 s by default); 10 s lets the requeue test finish in time.
+AuthInfo=socket={r}/munge/munge.socket,cred_expire=10
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool{"/%n" if node_names else ""}
 SlurmctldPidFile={r}/slurmctld.pid

@@ -69,6 +69,22 @@ def test_run_dir_default_unless_chosen():
         assert default("--epochs", "3", *chosen) == ""
 
 
+@pytest.mark.parametrize("name", ["train.sbatch", "train-gpu.sbatch"])
+def test_train_templates_are_warned_and_requeue_with_auto_resume(name):
+    headers = _headers(name)
+    assert re.fullmatch(r"B:USR1@\d+", headers["signal"]) and headers["open-mode"] == "append"
+    text = (REPO / "slurm" / name).read_text()
+    assert 'launch_requeueable train.py "${run_dir[@]}" --auto-resume --checkpoint-on-signal USR1 "$@"' in text
+
+
+def test_run_dir_of_finds_the_run_directory():
+    script = 'source "$SLURM_SUBMIT_DIR/slurm/common.sh" >/dev/null; run_dir_of "$@"'
+    for args, expected in ((["--run-dir", "a", "--epochs", "3"], "a"), (["--resume=b"], "b"),
+                           (["--epochs", "3"], "")):
+        done = _bash(script, _fake_job_env(), *args)
+        assert done.returncode == 0 and done.stdout.strip() == expected, (args, done.stdout, done.stderr)
+
+
 @pytest.mark.parametrize("chosen_level, expected_level", [(None, "2"), ("3", "3")], ids=["default", "user-set"])
 def test_common_sets_up_environment(chosen_level, expected_level):
     snippet = ('source "$SLURM_SUBMIT_DIR/slurm/common.sh" >/dev/null; '

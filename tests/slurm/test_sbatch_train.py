@@ -3,6 +3,7 @@ in both launch modes, submitted with sbatch and followed with scontrol."""
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,45 @@ def test_benchmark_sbatch_reaches_the_suite(slurm_cluster, tmp_path):
     output = _output(info)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output[-4000:]
     assert "usage:" in output.lower(), output[-4000:]
+
+
+@pytest.mark.timeout(600)
+def test_train_sbatch_is_warned_checkpoints_requeues_itself_and_completes(slurm_cluster, tmp_path):
+    """A two-minute job warned 50 s before its limit (slurmctld sends the warning at a periodic
+    check, every ~30 s, once now >= end - warning - 30 s: 40-70 s after the start). A step
+    takes 13-400 ms here depending on the load of the machine, so the first attempt gets an
+    endless --epochs from its --config file; once the job has requeued itself, the test
+    lowers --epochs there (a resumed run may change it) to a few epochs past the checkpoint,
+    and the requeued job resumes from the checkpoint (--auto-resume) and completes."""
+    run_dir, config = tmp_path / "run", tmp_path / "config.yaml"
+    config.write_text("epochs: 100000\n")
+    sbatch_args = [a for a in _sbatch_args(slurm_cluster, tmp_path) if not a.startswith("--time")]
+    job_id = slurm_cluster.submit(
+        REPO / "slurm" / "train.sbatch", [*sbatch_args, "--time=00:02:00", "--signal=B:USR1@50"],
+        ["--config", str(config), "--run-dir", str(run_dir), "--eval-every", "1000", "--no-tensorboard",
+         "--agree-every", "5"],
+        env={"HVD_EASGD_LAUNCH": "srun", "HVD_EASGD_VENV": sys.prefix})
+    deadline = time.monotonic() + 150
+    while int(slurm_cluster.job(job_id).get("Restarts", 0)) < 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    info = slurm_cluster.job(job_id)
+    assert int(info.get("Restarts", 0)) >= 1, f"job {job_id} did not requeue itself: {info.get('JobState')}\n" + (
+        _output(info)[-3000:])
+    from hvd_easgd import checkpoint
+
+    manifest, _ = checkpoint.latest(str(run_dir))
+    epochs = max(manifest["epoch"] + 2, 10)
+    config.write_text(f"epochs: {epochs}\n")  # before the requeued job starts: cred_expire holds it 10 s
+    info = slurm_cluster.wait(job_id, timeout=240)
+    output = _output(info)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
+        f"job {job_id}: JobState={info['JobState']} Restarts={info.get('Restarts')}\n{output[-4000:]}")
+    assert int(info["Restarts"]) >= 1
+    assert "requeueing job " + job_id in output
+    stop = re.search(r"stopped on a signal after the checkpoint at epoch (\d+), micro-batch (\d+); exit status 75",
+                     output)
+    assert stop and (int(stop.group(1)), int(stop.group(2))) == (manifest["epoch"], manifest["step_in_epoch"])
+    accuracies = [float(a) for a in ACCURACY_LINE.findall(output)]
+    assert len(accuracies) == 1 and accuracies[0] >= 0.95, output[-4000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, epochs + 1))

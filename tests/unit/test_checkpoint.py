@@ -69,6 +69,15 @@ def test_keeps_the_last_k(tmp_path):
     assert [e for e, _ in checkpoint.complete_checkpoints(str(tmp_path))] == [4, 5]
 
 
+def test_step_checkpoints_are_pruned_like_epoch_ones(tmp_path):
+    model, opt = trained(SyncAverage(), steps=1)
+    positions = [(1, 0), (1, 5), (2, 0), (2, 5), (3, 0)]  # (epochs done, micro-batches since), in order
+    for epoch, step in positions:
+        checkpoint.save(str(tmp_path), epoch, model, opt, opt.comm, {}, keep=2, step_in_epoch=step,
+                        steps_per_epoch=10)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["epoch-000002-step-000005", "epoch-000003"]
+
+
 def test_every_host_prunes_its_own_run_directory(tmp_path):
     # Two simulated ranks, each the first rank of its own host, each writing to its own
     # node-local run directory: rank 1 sees its shards but never rank 0's manifests.
@@ -93,12 +102,12 @@ def test_every_host_prunes_its_own_run_directory(tmp_path):
     assert os.listdir(os.path.join(run_dirs[1], "checkpoints", "epoch-000005")) == ["rank-00001.npz"]
 
 
-def test_refuses_another_rank_count_or_another_model(tmp_path):
+def test_another_rank_count_loads_rank_0s_shard_and_another_model_is_refused(tmp_path):
     model, opt = trained(EASGD(communication_period=2, moving_rate=0.3), steps=1)
     checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {})
     manifest, directory = checkpoint.latest(str(tmp_path))
-    with pytest.raises(checkpoint.CheckpointError, match="written by 4 ranks; this run has 1"):
-        checkpoint.restore(directory, dict(manifest, num_ranks=4), model, opt, opt.comm)
+    # written by "4 ranks": this rank takes rank 0's shard (config_compare.resize_refusal says when that is exact)
+    checkpoint.restore(directory, dict(manifest, num_ranks=4), model, opt, opt.comm)
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     other_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
                                                EASGD(communication_period=2, moving_rate=0.3), comm=opt.comm)
@@ -107,3 +116,19 @@ def test_refuses_another_rank_count_or_another_model(tmp_path):
         checkpoint.restore(directory, manifest, other, other_opt, opt.comm)
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
         checkpoint.latest(str(tmp_path / "elsewhere"))
+
+
+@pytest.mark.parametrize("strategy, step, reason", [
+    ("sync", 0, None),
+    ("sync", 5, "the checkpoint is mid-epoch (micro-batch 5 of epoch 3)"),
+    ("easgd", 0, "--strategy easgd keeps per-rank state"),
+])
+def test_resize_is_allowed_only_where_every_rank_saved_the_same_state(strategy, step, reason):
+    from hvd_easgd.config_compare import resize_refusal, resume_mismatches
+
+    manifest = {"epoch": 2, "step_in_epoch": step, "num_ranks": 2, "config": {"strategy": strategy}}
+    refusal = resize_refusal(manifest, {"strategy": strategy})
+    assert (refusal is None) if reason is None else refusal.startswith(reason)
+    differs = resume_mismatches(manifest, {"strategy": strategy}, 3)
+    assert differs == ([] if reason is None else [f"number of ranks (2 saved, 3 now): {refusal}"])
+    assert resume_mismatches(manifest, {"strategy": strategy}, 2) == []

@@ -156,3 +156,20 @@ def test_resume_of_a_directory_without_checkpoints(tmp_path, capsys):
     code, err = exit_and_stderr(["--resume", str(tmp_path)], capsys)
     assert code == 2 and err == (f"train.py: error: --resume {tmp_path}: no complete checkpoint under "
                                  f"{tmp_path}/checkpoints\n")
+
+
+def test_auto_resume_resumes_a_directory_with_a_checkpoint_and_starts_fresh_otherwise(tmp_path, capsys):
+    config = cli.effective_config(cli.parse_args(["--strategy", "easgd", "--tau", "4", "--epochs", "3"]))
+    run_dir = saved_run(tmp_path / "run", checkpoint.FORMAT_VERSION, dict(config, run_dir=str(tmp_path / "run")))
+    args = cli.parse_args(["--auto-resume", "--run-dir", run_dir])
+    assert args.resume == run_dir and cli.effective_config(args)["tau"] == 4  # the saved options
+    fresh = cli.parse_args(["--auto-resume", "--run-dir", str(tmp_path / "empty")])
+    assert fresh.resume is None and fresh.strategy == "sync"
+    code, err = exit_and_stderr(["--auto-resume"], capsys)
+    assert code == 2 and "--auto-resume needs --run-dir" in err
+
+
+def test_checkpoint_on_signal_names(capsys):
+    assert cli.parse_args(["--checkpoint-on-signal", "sigterm,USR1"]).checkpoint_on_signal == "TERM,USR1"
+    code, err = exit_and_stderr(["--checkpoint-on-signal", "KILL"], capsys)
+    assert code == 2 and "--checkpoint-on-signal must be none or names among" in err
