@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from hvd_easgd import checkpoint
 from tests.multinode.conftest import HOSTS, RANKS_PER_HOST, horovodrun_on_hosts, launch, popen
 
 pytestmark = pytest.mark.multinode
@@ -17,10 +18,13 @@ def test_a_host_dies_the_job_ends_within_60s_and_its_checkpoint_resumes(cluster,
     args = ["--run-dir", str(run_dir), "--epochs", "400", "--threads-per-rank", "1"]
     proc = popen(cluster, horovodrun_on_hosts("node1:1,node2:1", "gloo", args, np=2))
     try:
+        # Wait for a *complete* checkpoint (its manifest written): the directory exists as soon as
+        # the first shard is being written, and a kill then would leave nothing to resume from.
         deadline = time.monotonic() + 120
-        while not (run_dir / "checkpoints").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        while (not checkpoint.complete_checkpoints(str(run_dir)) and proc.poll() is None
+               and time.monotonic() < deadline):
             time.sleep(0.5)
-        assert (run_dir / "checkpoints").is_dir(), "training never reached its first checkpoint"
+        assert checkpoint.complete_checkpoints(str(run_dir)), "training never completed its first checkpoint"
         killed = cluster.kill_host("node2")  # every process of node2: its sshd, the session, the rank
         killed_at = time.monotonic()
         out, _ = proc.communicate(timeout=90)
@@ -40,8 +44,6 @@ def test_a_host_dies_the_job_ends_within_60s_and_its_checkpoint_resumes(cluster,
     errors = [line for line in out.splitlines() if "train.py: error" in line]
     assert len(errors) <= 1 and all("another rank died" in line for line in errors), out[-3000:]
     assert not re.search(r"^\[\d+\]<std(err|out)>:\s*Traceback", out, re.M), out[-3000:]
-
-    from hvd_easgd import checkpoint
 
     manifest, _ = checkpoint.latest(str(run_dir))
     assert manifest["num_ranks"] == 2 and manifest["epoch"] >= 1
