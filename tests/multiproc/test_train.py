@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
+from hvd_easgd import checkpoint
 from tests.conftest import PYTHON, ROOT, horovodrun, horovodrun_command, quiet_env, run, script
 
 pytestmark = pytest.mark.multiproc
@@ -219,10 +220,12 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
+        # A complete checkpoint (manifest written), not just its directory: a kill between the
+        # first shard and the manifest would leave nothing to check below.
         deadline = time.time() + 120
-        while not (run_dir / "checkpoints").is_dir() and time.time() < deadline:
+        while not checkpoint.complete_checkpoints(str(run_dir)) and time.time() < deadline:
             time.sleep(0.5)
-        assert (run_dir / "checkpoints").is_dir(), "training never reached its first checkpoint"
+        assert checkpoint.complete_checkpoints(str(run_dir)), "training never completed its first checkpoint"
         os.kill(int((pid_dir / "pid1").read_text()), signal.SIGKILL)
         killed_at = time.time()
         out, _ = proc.communicate(timeout=90)
@@ -235,8 +238,6 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
     assert elapsed <= 60, f"the job took {elapsed:.0f}s to end after a rank died"
     assert "Process 1 exit with status code" in out or "exited with non-zero status" in out, out[-2000:]
     # the checkpoints written before the kill are complete and usable
-    from hvd_easgd import checkpoint
-
     manifest, _ = checkpoint.latest(str(run_dir))
     assert manifest["num_ranks"] == 2 and manifest["epoch"] >= 1
 
