@@ -281,7 +281,6 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_at_one_step_then_auto_resume
     statuses = dict(re.findall(r"Process (\d+) exit with status code (\d+)", out))
     assert "75" in statuses.values() and set(statuses.values()) <= {"75", "143"}, statuses
     assert proc.returncode != 0
-    from hvd_easgd import checkpoint
 
     manifest, directory = checkpoint.latest(str(run_dir))
     assert (manifest["epoch"], manifest["step_in_epoch"]) == (epoch, step)
@@ -310,8 +309,6 @@ def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterr
     cmd = [TRAIN, "--resume", run_dir, "--epochs", "8"]
     out = run([PYTHON, *cmd], timeout=200) if size == 1 else horovodrun(cmd, np=3, timeout=200)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    from hvd_easgd import checkpoint
-
     manifest, _ = checkpoint.latest(run_dir)
     assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (8, size, steps_per_epoch)
     for rank in range(size):  # the update count continues: 44 saved, then 6 epochs at this size
