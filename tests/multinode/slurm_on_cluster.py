@@ -5,12 +5,11 @@ the daemons started inside the hosts' namespaces, every client command run on
 node1, and a configuration that names every host with its cluster address.
 """
 import os
-import subprocess
 import sys
 
 from tests.conftest import ROOT
 from tests.multinode.conftest import multinode_env
-from tests.slurm.conftest import COMMAND_TIMEOUT, START_TIMEOUT, SlurmCluster, _node_hardware
+from tests.slurm.conftest import COMMAND_TIMEOUT, SlurmCluster, _node_hardware
 
 
 class VirtualClusterSlurm(SlurmCluster):
@@ -44,26 +43,15 @@ PartitionName=debug Nodes=node[1-{len(hosts)}] Default=YES MaxTime=INFINITE Stat
             node_names=hosts)
         (self.root / "mpi.conf").write_text(f"PMIxCliTmpDirBase={self.cluster.scratch}/pmix\n")
 
-    def _spawn(self, name, cmd, host="node1"):
-        log = open(self.root / "log" / f"{name}.console", "w")
-        self.daemons[name] = subprocess.Popen(self.cluster.host_command(host, cmd, cwd="/"), stdout=log,
-                                              stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        log.close()
+    def node_hosts(self):
+        return self.cluster.hosts
 
-    def start(self):
-        m = self.root / "munge"
-        self._spawn("munged", ["munged", "-F", "--force", f"--socket={m}/munge.socket",
-                               f"--key-file={m}/munge.key", f"--log-file={m}/munged.log",
-                               f"--pid-file={m}/munged.pid", f"--seed-file={m}/munged.seed"])
-        self._wait_for(lambda: (m / "munge.socket").exists(), "munged's socket", timeout=15)
-        self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
-        for host in self.cluster.hosts:
-            self._spawn(f"slurmd-{host}", ["slurmd", "-D", "-f", str(self.conf), "-N", host], host=host)
-        self._wait_for(self._nodes_idle, "every node idle in sinfo", timeout=START_TIMEOUT)
+    def _on_host(self, host, cmd):
+        # munged and slurmctld on node1; each slurmd on its own host.
+        return self.cluster.host_command(host or "node1", cmd, cwd="/")
 
-    def _nodes_idle(self):
-        out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()
-        return len(out) == len(self.cluster.hosts) and set(out) == {"idle"}
+    def _check_listeners(self):
+        return None  # tests/multinode/test_topology.py checks every daemon's listeners on every host
 
     def run(self, cmd, check=True, timeout=COMMAND_TIMEOUT, env=None, cwd=ROOT):
         """A SLURM client command on node1, as a user on the login node types it."""

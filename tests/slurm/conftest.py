@@ -157,10 +157,18 @@ MinJobAge=600
         subprocess.run(["mungekey", "--create", "--keyfile", str(r / "munge" / "munge.key")],
                        check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
 
-    def _spawn(self, name, cmd):
+    def node_hosts(self):
+        """The hosts that run a slurmd, one node each."""
+        return [self.host]
+
+    def _on_host(self, host, cmd):
+        """``cmd`` as it runs on ``host`` (here every daemon runs on this machine)."""
+        return cmd
+
+    def _spawn(self, name, cmd, host=None):
         log = open(self.root / "log" / f"{name}.console", "w")
-        self.daemons[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                              start_new_session=True)
+        self.daemons[name] = subprocess.Popen(self._on_host(host, cmd), stdout=log, stderr=subprocess.STDOUT,
+                                              env=self.env, start_new_session=True)
         log.close()
 
     def start(self):
@@ -171,13 +179,14 @@ MinJobAge=600
                                f"--pid-file={m}/munged.pid", f"--seed-file={m}/munged.seed"])
         self._wait_for(lambda: (m / "munge.socket").exists(), "munged's socket", timeout=15)
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.host])
-        self._wait_for(self._node_idle, f"node {self.host} to be idle in sinfo", timeout=START_TIMEOUT)
-        self._check_loopback_only()
+        for host in self.node_hosts():
+            self._spawn(f"slurmd-{host}", ["slurmd", "-D", "-f", str(self.conf), "-N", host], host=host)
+        self._wait_for(self._nodes_idle, "every node idle in sinfo", timeout=START_TIMEOUT)
+        self._check_listeners()
 
-    def _node_idle(self):
-        out = self.run(["sinfo", "-h", "-N", "-n", self.host, "-o", "%T"], check=False).stdout.strip()
-        return out == "idle"
+    def _nodes_idle(self):
+        out = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False).stdout.split()
+        return len(out) == len(self.node_hosts()) and set(out) == {"idle"}
 
     def _wait_for(self, ready, what, timeout):
         deadline = time.monotonic() + timeout
@@ -191,7 +200,8 @@ MinJobAge=600
             time.sleep(0.5)
         pytest.fail(f"SLURM did not start: no {what} after {timeout}s\n" + self.logs())
 
-    def _check_loopback_only(self):
+    def _check_listeners(self):
+        """Every daemon listens on loopback only (this one-node cluster's address)."""
         import psutil
 
         for name, proc in self.daemons.items():
