@@ -58,6 +58,8 @@ class StopRequests:
         self.names, self.grace_seconds = tuple(names), grace_seconds
         self.received = None  # the first signal's number
         self.stop_file = stop_file
+        self._previous_handlers = {}
+        self._grace_timer = None
 
     @property
     def enabled(self):
@@ -75,13 +77,24 @@ class StopRequests:
 
     def install(self):
         for name in self.names:
-            signal.signal(SIGNALS[name], self._on_signal)
+            self._previous_handlers[name] = signal.signal(SIGNALS[name], self._on_signal)
         return self
+
+    def uninstall(self):
+        """Puts the previous handlers back and cancels a running grace period:
+        for a process that goes on after training (a notebook, a test runner),
+        which the grace period would otherwise end with ``EXIT_FORCED``."""
+        for name, handler in self._previous_handlers.items():
+            signal.signal(SIGNALS[name], handler)
+        self._previous_handlers = {}
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None
 
     def _on_signal(self, signum, frame):
         if self.received is not None:
             os._exit(EXIT_FORCED)  # the second signal: at once, without touching any checkpoint file
         self.received = signum
-        timer = threading.Timer(self.grace_seconds, os._exit, (EXIT_FORCED,))
-        timer.daemon = True
-        timer.start()
+        self._grace_timer = threading.Timer(self.grace_seconds, os._exit, (EXIT_FORCED,))
+        self._grace_timer.daemon = True
+        self._grace_timer.start()

@@ -22,11 +22,16 @@ def test_a_signal_or_the_stop_file_is_a_request(tmp_path):
         assert requests.requested
         requests.consume()
         assert not stop_file.exists() and not requests.requested
-        requests.grace_seconds = 60  # the grace timer is a daemon thread: it dies with the test process
         os.kill(os.getpid(), signal.SIGUSR1)
         assert requests.received == signal.SIGUSR1 and requests.requested
+        timer = requests._grace_timer
+        assert timer is not None and timer.is_alive()
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        # The grace period would end this test process 120 s later with EXIT_FORCED (CI saw
+        # pytest exit 76 in a later test): uninstall cancels it and restores the handler.
+        requests.uninstall()
+    timer.join(timeout=5)
+    assert not timer.is_alive() and signal.getsignal(signal.SIGUSR1) is previous
 
 
 def test_the_second_signal_exits_at_once_with_exit_forced():
@@ -43,6 +48,15 @@ def test_the_grace_period_exits_with_exit_forced():
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=quiet_env(), capture_output=True, timeout=60)
     assert out.returncode == preemption.EXIT_FORCED
+
+
+def test_uninstall_cancels_the_grace_period():
+    # A process that goes on after training must not be ended by a grace period it no longer needs.
+    code = ("import os, signal, time; from hvd_easgd import preemption; "
+            "r = preemption.StopRequests(('TERM',), grace_seconds=0.5).install(); "
+            "os.kill(os.getpid(), signal.SIGTERM); r.uninstall(); time.sleep(1.5)")
+    out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=quiet_env(), capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_unknown_signal_names_are_refused():
