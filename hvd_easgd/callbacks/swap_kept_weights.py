@@ -48,18 +48,15 @@ class SwapKeptWeights(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         self._swap_out()
 
-    def on_test_begin(self, logs=None):
+    # evaluate (and fit's validation) and predict swap alike: in for the run, and
+    # back out after it unless the kept weights were already in (swap_on_epoch).
+    def _begin_inference(self, logs=None):
         self._swap_state = self._swap is not None
         self._swap_in()
 
-    def on_test_end(self, logs=None):
+    def _end_inference(self, logs=None):
         if not self._swap_state:
             self._swap_out()
 
-    def on_predict_begin(self, logs=None):
-        self._swap_state = self._swap is not None
-        self._swap_in()
-
-    def on_predict_end(self, logs=None):
-        if not self._swap_state:
-            self._swap_out()
+    on_test_begin = on_predict_begin = _begin_inference
+    on_test_end = on_predict_end = _end_inference
