@@ -50,15 +50,20 @@ def build_parser():
     parser.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file; flags override it")
     parser.add_argument("--strategy", default="sync", choices=sorted(strategies),
                         help="; ".join(f"{n}: {d}" for n, d in sorted(strategies.items())))
-    for name, cls in sorted(_strategy_classes().items()):
-        group = parser.add_argument_group(f"--strategy {name} options")
-        for opt in cls.cli_options:
-            if opt.switch:
-                group.add_argument(opt.flag, dest=_dest(name, opt), action="store_const", const=opt.switch_value,
-                                   default=None, help=opt.help)
-            else:
-                group.add_argument(opt.flag, dest=_dest(name, opt), type=opt.type, choices=opt.choices,
-                                   default=None, help=opt.help)
+    group = parser.add_argument_group(
+        "strategy options", "each applies to the strategies named in brackets; --strategy hierarchical also "
+        "takes the options of its --inter strategy")
+    for flag, owners in _strategy_flags().items():
+        opt = next(iter(owners.values()))
+        helps = {o.help for o in owners.values()}
+        text = opt.help if len(helps) == 1 else "; ".join(f"{n}: {o.help}" for n, o in owners.items())
+        text = f"{text} [--strategy {', '.join(owners)}]"
+        if opt.switch:
+            group.add_argument(flag, dest=_flag_dest(flag), action="store_const", const=opt.switch_value,
+                               default=None, help=text)
+        else:
+            group.add_argument(flag, dest=_flag_dest(flag), type=opt.type, choices=opt.choices, default=None,
+                               help=text)
     acc = parser.add_argument_group("gradient accumulation (composes with any --strategy)")
     acc.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per optimizer update")
     acc.add_argument("--accumulate-reduction", choices=("mean", "sum"), default="mean",
@@ -113,8 +118,48 @@ def build_parser():
     return parser
 
 
-def _dest(strategy_name, opt):
-    return f"{strategy_name}__{opt.kwarg}"
+def _strategy_flags():
+    """``{flag: {strategy name: CliOption}}``. A flag that several strategies
+    declare (``--tau``) is ONE flag of the command line, and must mean the same
+    kind of value for each of them."""
+    table = {}
+    for name, cls in sorted(_strategy_classes().items()):
+        for opt in cls.cli_options:
+            owners = table.setdefault(opt.flag, {})
+            first = next(iter(owners.values()), opt)
+            if (first.type, first.choices, first.switch, first.switch_value) != (
+                    opt.type, opt.choices, opt.switch, opt.switch_value):
+                raise TypeError(f"strategies declare {opt.flag} with different kinds of value; one flag, one kind")
+            owners[name] = opt
+    return table
+
+
+def _flag_dest(flag):
+    # "__" marks a strategy option (see _config_to_defaults and effective_config).
+    return "strategy__" + flag[2:].replace("-", "_")
+
+
+def _delegate(cls, args):
+    """For a strategy that contains another one chosen by name (Hierarchical's
+    ``--inter``): ``(its kwarg, the chosen strategy's name)``, else None."""
+    if not getattr(cls, "cli_delegate", None):
+        return None
+    kwarg, default = cls.cli_delegate
+    flag = next(opt.flag for opt in cls.cli_options if opt.kwarg == kwarg)
+    return kwarg, getattr(args, _flag_dest(flag)) or default
+
+
+def _accepted_flags(args):
+    """``{flag: (strategy name, CliOption)}``: the strategy options this command
+    line may give, and to whom each goes. The chosen strategy's own come first;
+    a contained strategy's (``--inter easgd``'s ``--tau``) fill in the rest."""
+    cls = registry.get(args.strategy)
+    accepted = {}
+    delegate = _delegate(cls, args)
+    if delegate is not None:
+        accepted.update({opt.flag: (delegate[1], opt) for opt in registry.get(delegate[1]).cli_options})
+    accepted.update({opt.flag: (args.strategy, opt) for opt in cls.cli_options})
+    return accepted
 
 
 def _load_yaml(path, parser):
@@ -226,27 +271,33 @@ def _validate(args):
         raise UsageError(f"--image-shape must be H,W,C of positive integers. Received: {args.image_shape!r}") from None
     args.image_shape = ",".join(map(str, shape))
     # A strategy option given to a strategy that does not take it.
-    for name, cls in _strategy_classes().items():
-        if name == args.strategy:
-            continue
-        for opt in cls.cli_options:
-            if getattr(args, _dest(name, opt)) is not None:
-                raise UsageError(f"{opt.flag} is an option of --strategy {name}, not --strategy {args.strategy}")
+    accepted = _accepted_flags(args)
+    delegate = _delegate(registry.get(args.strategy), args)
+    chosen = f"--strategy {args.strategy}" + (f" --{delegate[0]} {delegate[1]}" if delegate else "")
+    for flag, owners in _strategy_flags().items():
+        if getattr(args, _flag_dest(flag)) is not None and flag not in accepted:
+            raise UsageError(f"{flag} is an option of --strategy {' or '.join(owners)}, not {chosen}")
     if args.model is None:
         args.model = "fcn" if args.data.startswith("images:") else "cnn"
     if args.model not in MODELS:
         raise UsageError(f"--model must be one of {sorted(MODELS)}. Received: {args.model!r}")
 
 
-def strategy_kwargs(args):
-    cls = registry.get(args.strategy)
-    return {opt.kwarg: getattr(args, _dest(args.strategy, opt)) for opt in cls.cli_options
-            if getattr(args, _dest(args.strategy, opt)) is not None}
+def strategy_kwargs(args, name=None):
+    """The keyword arguments the command line gives strategy ``name`` (default: ``--strategy``'s)."""
+    name = name or args.strategy
+    return {opt.kwarg: getattr(args, _flag_dest(flag)) for flag, (owner, opt) in _accepted_flags(args).items()
+            if owner == name and getattr(args, _flag_dest(flag)) is not None}
 
 
 def make_strategy(args):
     try:
-        strategy = registry.create(args.strategy, **strategy_kwargs(args))
+        kwargs = strategy_kwargs(args)
+        delegate = _delegate(registry.get(args.strategy), args)
+        if delegate is not None:  # the contained strategy is built first, from its own options
+            kwarg, name = delegate
+            kwargs[kwarg] = registry.create(name, **strategy_kwargs(args, name))
+        strategy = registry.create(args.strategy, **kwargs)
         if args.accumulate > 1:
             strategy = GradientAccumulation(args.accumulate, average=args.accumulate_reduction == "mean",
                                             strategy=strategy)
@@ -257,12 +308,11 @@ def make_strategy(args):
 
 def effective_config(args):
     """Every option as it takes effect, strategy options under their flag names."""
-    config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
-    for name, cls in _strategy_classes().items():
-        for opt in cls.cli_options:
-            value = config.pop(_dest(name, opt))
-            if name == args.strategy and value is not None:
-                config[opt.flag[2:].replace("-", "_")] = value
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and "__" not in k}
+    for flag in _accepted_flags(args):
+        value = getattr(args, _flag_dest(flag))
+        if value is not None:
+            config[flag[2:].replace("-", "_")] = value
     return config
 
 

@@ -113,7 +113,12 @@ class SyncStrategy:
 
     name = None
     description = ""
+    # Command-line flags (CliOption). Strategies may share a flag (``--tau``).
     cli_options = ()
+    # ``(kwarg, default name)`` for a strategy that contains another one chosen
+    # by name on the command line (Hierarchical's ``--inter``): the CLI builds
+    # that one from the flags it declares and passes it as ``kwarg``.
+    cli_delegate = None
 
     def __init__(self):
         self.comm = None

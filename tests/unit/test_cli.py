@@ -7,6 +7,8 @@ import pytest
 import yaml
 
 from hvd_easgd import checkpoint, cli, errors
+from hvd_easgd.strategies import EASGD, registry
+from hvd_easgd.strategies.base import CliOption, SyncStrategy
 from tests.conftest import PYTHON, ROOT, quiet_env
 
 pytestmark = pytest.mark.unit
@@ -173,3 +175,59 @@ def test_checkpoint_on_signal_names(capsys):
     assert cli.parse_args(["--checkpoint-on-signal", "sigterm,USR1"]).checkpoint_on_signal == "TERM,USR1"
     code, err = exit_and_stderr(["--checkpoint-on-signal", "KILL"], capsys)
     assert code == 2 and "--checkpoint-on-signal must be none or names among" in err
+
+
+# --- one flag shared by several strategies, and a strategy that contains another ------------
+class _Periodic(SyncStrategy):
+    name = "fake-periodic"
+    cli_options = (CliOption("--tau", "period", "steps between averages", type=int),)
+
+    def __init__(self, period=10):
+        super().__init__()
+        self.period = period
+
+
+class _TwoLevel(SyncStrategy):
+    name = "fake-two-level"
+    cli_options = (CliOption("--inter", "inter", "the strategy across groups", choices=("easgd", "fake-periodic")),
+                   CliOption("--ranks-per-group", "ranks_per_group", "ranks per group", type=int))
+    cli_delegate = ("inter", "easgd")
+
+    def __init__(self, inter=None, ranks_per_group=None):
+        super().__init__()
+        self.inter, self.ranks_per_group = inter, ranks_per_group
+
+
+@pytest.fixture
+def fake_strategies(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register(_Periodic)
+    registry.register(_TwoLevel)
+
+
+def test_a_flag_that_two_strategies_declare_is_one_flag_and_goes_to_the_chosen_one(fake_strategies):
+    args = cli.parse_args(["--strategy", "fake-periodic", "--tau", "3"])
+    assert cli.strategy_kwargs(args) == {"period": 3}
+    assert cli.make_strategy(args).period == 3
+    assert cli.effective_config(args)["tau"] == 3
+    easgd = cli.make_strategy(cli.parse_args(["--strategy", "easgd", "--tau", "4"]))
+    assert easgd.communication_period == 4
+    with pytest.raises(errors.UsageError, match=r"^--tau is an option of --strategy easgd or fake-periodic, "
+                                                r"not --strategy sync$"):
+        cli.parse_args(["--tau", "5"])
+
+
+def test_a_contained_strategy_takes_its_own_flags(fake_strategies):
+    args = cli.parse_args(["--strategy", "fake-two-level", "--tau", "4", "--ranks-per-group", "2"])
+    strategy = cli.make_strategy(args)  # --inter defaults to easgd
+    assert isinstance(strategy.inter, EASGD) and strategy.inter.communication_period == 4
+    assert strategy.ranks_per_group == 2
+    assert cli.effective_config(args)["tau"] == 4 and cli.effective_config(args)["ranks_per_group"] == 2
+    strategy = cli.make_strategy(cli.parse_args(["--strategy", "fake-two-level", "--inter", "fake-periodic",
+                                                 "--tau", "7"]))
+    assert isinstance(strategy.inter, _Periodic) and strategy.inter.period == 7
+    with pytest.raises(errors.UsageError, match=r"^--moving-rate is an option of --strategy easgd, not "
+                                                r"--strategy fake-two-level --inter fake-periodic$"):
+        cli.parse_args(["--strategy", "fake-two-level", "--inter", "fake-periodic", "--moving-rate", "0.1"])
+    with pytest.raises(errors.UsageError, match="--clip-norm is an option of --strategy sync"):
+        cli.parse_args(["--strategy", "fake-two-level", "--clip-norm", "1"])
