@@ -49,7 +49,7 @@ import warnings
 import keras
 import tensorflow as tf
 
-from .base import CliOption, SyncStrategy, all_finite, as_dense, state_variable_name
+from .base import CliOption, SyncStrategy, all_finite, as_dense, state_variable_name, zeros_unless
 from .sync_average import SyncAverage
 
 
@@ -262,7 +262,7 @@ class EASGD(SyncStrategy):
         finite = all_finite(diffs)
         # A non-finite d never goes on the wire; the flag tells every rank to
         # skip this elastic step, in the same grouped call.
-        diffs = [tf.where(finite, d, tf.zeros_like(d)) for d in diffs]
+        diffs = zeros_unless(finite, lambda: diffs)
         bad = tf.reshape(tf.cast(tf.logical_not(finite), diffs[0].dtype), [1])
         summed = self.comm.allreduce(diffs + [bad], op="sum")
         return diffs, summed[:-1], summed[-1][0]
