@@ -326,21 +326,21 @@ def strategy_steps(run_dir, name, rank=0):
 
 @pytest.mark.timeout(300)
 def test_easgd_resumes_at_another_number_of_ranks_from_the_center(uninterrupted, tmp_path):
-    # saved at np=2 after 2 epochs of 22 updates (tau 4); continued to epoch 8 at np=1 (44 updates per epoch)
+    # saved at np=2 after 2 epochs of 22 updates (tau 4); continued to epoch 10 at np=1 (44 updates per epoch)
     straight = uninterrupted("easgd")
     run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
     assert iterations(run_dir, "epoch-000002") == strategy_steps(run_dir, "epoch-000002") == 2 * 22
-    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "8"], timeout=200)
+    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "10"], timeout=200)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert ("train.py: resuming at 1 ranks from a checkpoint of 2 (epoch 2): the update count continues, the data "
             "are resharded for 1 ranks; every rank's local weights restart from the center, optimizer slots are the "
             "mean of the 2 saved ranks', moving rate alpha = 0.9") in out.stdout, out.stdout[-2000:]
     manifest, _ = checkpoint.latest(run_dir)
-    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (8, 1, 44)
-    # the update count and EASGD's step count (so its tau phase) continue: 44 saved, then 6 epochs of 44
-    assert iterations(run_dir, "epoch-000008") == strategy_steps(run_dir, "epoch-000008") == 2 * 22 + 6 * 44
+    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (10, 1, 44)
+    # the update count and EASGD's step count (so its tau phase) continue: 44 saved, then 8 epochs of 44
+    assert iterations(run_dir, "epoch-000010") == strategy_steps(run_dir, "epoch-000010") == 2 * 22 + 8 * 44
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
-    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, 9))
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, 11))
     assert metrics["final"]["test_accuracy"] >= 0.95
 
 
