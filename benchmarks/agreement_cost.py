@@ -1,23 +1,24 @@
-"""What the stop-request agreement costs: train.py's throughput with it on, divided by without.
+"""What the stop-request agreement costs: training throughput with it on, divided by without.
 
 ``--checkpoint-on-signal TERM`` makes the ranks sum their signal notes in one allreduce of two
-float32 every ``--agree-every N`` micro-batches (hvd_easgd.callbacks.checkpointing). This runs
-``horovodrun -np 2 train.py`` on digits three ways, N = 10 (the default), N = 1, and the agreement
-off, under MPI and Gloo, repeats interleaved (every repeat runs each configuration once, in a
-rotated order), and reports per configuration the ratio of its samples/s to the run without the
-agreement of the same repeat and controller: median (min-max) over the repeats. Samples/s is
-``metrics.json``'s ``final.samples_per_sec`` (the epochs' own time: start-up and evaluation are
-left out). No checkpoint is written in any run (``--checkpoint-every 0``), so only the agreement
-differs. The machine's load (``/proc/loadavg``) is recorded around every run: the figures are only
-as good as the machine was quiet.
+float32 every ``--agree-every N`` micro-batches (``callbacks.PeriodicCheckpoint._agree``, the code
+``train.py`` runs). Per controller (MPI, Gloo) this starts ONE ``horovodrun -np 2`` job whose ranks
+train train.py's default model and data (the digits CNN, SyncAverage, batch 32) with
+``model.fit`` three ways: the agreement off, every 10 micro-batches (the default) and every 1,
+``--repeats`` times, interleaved (each repeat runs every way once, in a rotated order) in the same
+processes, so all ways meet the same load. No checkpoint is written (``every=0``), so only the
+agreement differs. Each configuration's figure is its samples/s divided by that of the run without
+the agreement in the same repeat: median (min-max) over the repeats. The machine's load
+(``/proc/loadavg``) is printed around each job: the figures are only as good as the machine was quiet.
 
 Usage (root: it enters a loopback-only network namespace, as the tests do)::
 
-    python benchmarks/agreement_cost.py --repeats 3 --epochs 10
+    python benchmarks/agreement_cost.py --repeats 5 --epochs 3
 """
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,11 +26,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = {
-    "off": [],
-    "agree every 10": ["--checkpoint-on-signal", "TERM", "--agree-every", "10"],
-    "agree every 1": ["--checkpoint-on-signal", "TERM", "--agree-every", "1"],
-}
+VARIANTS = {"off": None, "agree every 10": 10, "agree every 1": 1}
+BATCH = 32
 
 
 def load():
@@ -37,21 +35,74 @@ def load():
         return " ".join(f.read().split()[:3])
 
 
-def one_run(controller, options, epochs, timeout):
-    """samples/s of one ``horovodrun -np 2`` train.py run."""
+# --- the worker (one rank of the horovodrun job) -------------------------------------
+def worker(out_path, repeats, epochs):
+    import keras
+
+    import hvd_easgd
+    from hvd_easgd import callbacks, runtime
+    from hvd_easgd.data import digits, steps_per_epoch, training_dataset
+    from hvd_easgd.models import cnn
+    from hvd_easgd.optimizer import DistributedOptimizer
+    from hvd_easgd.preemption import StopRequests
+    from hvd_easgd.strategies import SyncAverage
+
+    comm = runtime.init(threads_per_rank=1)
+    data = digits()
+    keras.utils.set_random_seed(1)
+    model = cnn(data.input_shape, data.num_classes)
+    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9), strategy=SyncAverage(), comm=comm)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=False)
+    hvd_easgd.broadcast_initial_state(model, optimizer)
+    steps = steps_per_epoch(len(data.y_train), BATCH, comm.size)
+    run_dir = tempfile.mkdtemp(prefix="agreement-cost-")
+
+    def fit(every):
+        # every=0: no checkpoint at epoch ends; the stop requests (never signalled) only switch the agreement on
+        checkpointer = callbacks.PeriodicCheckpoint(
+            run_dir, comm, {}, every=0, steps_per_epoch=steps,
+            stop_requests=StopRequests(("TERM",)) if every else None, check_every=every or 10)
+        ds, _ = training_dataset(data, BATCH, 1, comm.rank, comm.size, 0, epochs, steps)
+        comm.allgather_json(0)  # both ranks start the clock together
+        started = time.perf_counter()
+        model.fit(ds, epochs=epochs, steps_per_epoch=steps, callbacks=[checkpointer], verbose=0)
+        seconds = time.perf_counter() - started
+        return epochs * steps * BATCH * comm.size / seconds
+
+    fit(None)  # warm-up: traces the step
+    rows = []
+    names = list(VARIANTS)
+    for repeat in range(repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            rows.append({"repeat": repeat, "variant": name, "samples_per_sec": fit(VARIANTS[name])})
+    if comm.rank == 0:
+        with open(out_path, "w") as f:
+            json.dump({"rows": rows, "steps_per_epoch": steps}, f)
+
+
+# --- the driver ----------------------------------------------------------------------
+def one_job(controller, repeats, epochs, timeout):
     python = sys.executable
     horovodrun = os.path.join(os.path.dirname(python), "horovodrun")
-    run_dir = os.path.join(tempfile.mkdtemp(prefix="agreement-cost-"), "run")
-    cmd = [horovodrun, "-np", "2", f"--{controller}", "--network-interface", "lo", python,
-           os.path.join(ROOT, "train.py"), "--run-dir", run_dir, "--epochs", str(epochs), "--eval-every", "1000",
-           "--checkpoint-every", "0", "--no-tensorboard", "--threads-per-rank", "1", "--seed", "1", *options]
+    out = os.path.join(tempfile.mkdtemp(prefix="agreement-cost-"), "rows.json")
+    cmd = [horovodrun, "-np", "2", f"--{controller}", "--network-interface", "lo", python, os.path.abspath(__file__),
+           "--worker", out, "--repeats", str(repeats), "--epochs", str(epochs)]
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_btl_tcp_if_include="lo",
                OMPI_MCA_oob_tcp_if_include="lo")
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    with open(os.path.join(run_dir, "metrics.json")) as f:
-        return json.load(f)["final"]["samples_per_sec"]
+    # Its own session: on a timeout the launcher and every rank it started end together.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RuntimeError(f"{' '.join(cmd)} took over {timeout}s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stdout[-2000:]}{stderr[-2000:]}")
+    with open(out) as f:
+        return json.load(f)
 
 
 def summary(values):
@@ -60,43 +111,43 @@ def summary(values):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--worker", metavar="OUT_JSON", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=3, help="epochs per timed fit")
     parser.add_argument("--controllers", default="mpi,gloo")
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per run")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per horovodrun job")
     parser.add_argument("--out", default=None, help="also write the raw figures as JSON here")
     args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.repeats, args.epochs)
     sys.path.insert(0, ROOT)
     from tests import loopback_network
 
-    print(f"network: {loopback_network.enter()}; load before: {load()}", flush=True)
-    names = list(VARIANTS)
-    rows = []
-    for repeat in range(args.repeats):
-        for controller in args.controllers.split(","):
-            order = names[repeat % len(names):] + names[:repeat % len(names)]  # rotated: no fixed position
-            for name in order:
-                before = load()
-                started = time.time()
-                rate = one_run(controller, VARIANTS[name], args.epochs, args.timeout)
-                rows.append({"repeat": repeat, "controller": controller, "variant": name, "samples_per_sec": rate,
-                             "load_before": before, "load_after": load(), "seconds": time.time() - started})
-                print(f"repeat {repeat + 1} {controller:4s} {name:15s} {rate:9.0f} samples/s "
-                      f"(load {before} -> {rows[-1]['load_after']})", flush=True)
-    print(f"\nthroughput with the agreement / without, np=2, {args.epochs} epochs of digits, "
-          f"median (min-max) of {args.repeats} paired repeats:")
+    print(f"network: {loopback_network.enter()}", flush=True)
+    results = {}
     for controller in args.controllers.split(","):
-        base = {r["repeat"]: r["samples_per_sec"] for r in rows
-                if r["controller"] == controller and r["variant"] == "off"}
-        print(f"  {controller}: off {statistics.median(base.values()):.0f} samples/s (median)")
-        for name in names[1:]:
-            ratios = [r["samples_per_sec"] / base[r["repeat"]] for r in rows
-                      if r["controller"] == controller and r["variant"] == name]
-            print(f"  {controller}: {name}: {summary(ratios)}")
-    print(f"load after: {load()}")
+        before = load()
+        started = time.time()
+        results[controller] = one_job(controller, args.repeats, args.epochs, args.timeout)
+        results[controller].update(load_before=before, load_after=load(), seconds=time.time() - started)
+        print(f"{controller}: {time.time() - started:.0f}s, load {before} -> {load()}", flush=True)
+        for row in results[controller]["rows"]:
+            print(f"  repeat {row['repeat'] + 1} {row['variant']:15s} {row['samples_per_sec']:8.0f} samples/s",
+                  flush=True)
+    steps = next(iter(results.values()))["steps_per_epoch"]
+    print(f"\nsamples/s with the agreement / without, np=2, digits CNN, {args.epochs} epochs of {steps} "
+          f"micro-batches per timed fit, median (min-max) of {args.repeats} interleaved repeats:")
+    for controller, result in results.items():
+        rows = result["rows"]
+        base = {r["repeat"]: r["samples_per_sec"] for r in rows if r["variant"] == "off"}
+        line = [f"off {statistics.median(base.values()):.0f} samples/s"]
+        for name in list(VARIANTS)[1:]:
+            ratios = [r["samples_per_sec"] / base[r["repeat"]] for r in rows if r["variant"] == name]
+            line.append(f"{name}: {summary(ratios)}")
+        print(f"  {controller}: " + "; ".join(line) + f" (load {result['load_before']} -> {result['load_after']})")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(results, f, indent=1)
     return 0
 
 
