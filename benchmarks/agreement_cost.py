@@ -7,7 +7,7 @@ train train.py's default model and data (the digits CNN, SyncAverage, batch 32) 
 ``model.fit`` three ways: the agreement off, every 10 micro-batches (the default) and every 1,
 ``--repeats`` times, interleaved (each repeat runs every way once, in a rotated order) in the same
 processes, so all ways meet the same load. No checkpoint is written (``every=0``), so only the
-agreement differs. Each configuration's figure is its samples/s divided by that of the run without
+agreement differs. Then each rank times the agreement alone, 300 calls. Each configuration's figure is its samples/s divided by that of the run without
 the agreement in the same repeat: median (min-max) over the repeats. The machine's load
 (``/proc/loadavg``) is printed around each job: the figures are only as good as the machine was quiet.
 
@@ -28,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {"off": None, "agree every 10": 10, "agree every 1": 1}
 BATCH = 32
+AGREEMENT_CALLS = 300
 
 
 def load():
@@ -76,9 +77,19 @@ def worker(out_path, repeats, epochs):
     for repeat in range(repeats):
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
             rows.append({"repeat": repeat, "variant": name, "samples_per_sec": fit(VARIANTS[name])})
+    # The agreement alone, as the callback runs it between steps: one eager allreduce of 2 float32.
+    agreeing = callbacks.PeriodicCheckpoint(run_dir, comm, {}, every=0, steps_per_epoch=steps,
+                                            stop_requests=StopRequests(("TERM",)))
+    calls = []
+    for _ in range(AGREEMENT_CALLS):
+        if len(calls) % 50 == 0:
+            comm.allgather_json(0)  # re-align the ranks now and then
+        started = time.perf_counter()
+        agreeing._agree()
+        calls.append(time.perf_counter() - started)
     if comm.rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"rows": rows, "steps_per_epoch": steps}, f)
+            json.dump({"rows": rows, "steps_per_epoch": steps, "agreement_seconds": calls}, f)
 
 
 # --- the driver ----------------------------------------------------------------------
@@ -145,6 +156,16 @@ def main(argv=None):
             ratios = [r["samples_per_sec"] / base[r["repeat"]] for r in rows if r["variant"] == name]
             line.append(f"{name}: {summary(ratios)}")
         print(f"  {controller}: " + "; ".join(line) + f" (load {result['load_before']} -> {result['load_after']})")
+    print(f"\none agreement alone (rank 0, {AGREEMENT_CALLS} calls), against the median micro-batch of the runs "
+          "without it; the cost fraction at --agree-every N is about agreement / (N x micro-batch):")
+    for controller, result in results.items():
+        base = [r["samples_per_sec"] for r in result["rows"] if r["variant"] == "off"]
+        step = BATCH * 2 / statistics.median(base)
+        calls = sorted(result["agreement_seconds"])
+        agreement = statistics.median(calls)
+        print(f"  {controller}: agreement median {agreement * 1e6:.0f} us (p10 {calls[len(calls) // 10] * 1e6:.0f}, "
+              f"p90 {calls[9 * len(calls) // 10] * 1e6:.0f}); micro-batch {step * 1e3:.1f} ms; "
+              f"fraction at N=10: {agreement / (10 * step):.4f}, at N=1: {agreement / step:.4f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
