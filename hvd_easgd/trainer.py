@@ -25,6 +25,7 @@ from .errors import UsageError
 from .kept_model import save_kept_model
 from .lr_scaling import lr_scale
 from .optimizer import DistributedOptimizer
+from .strategies.base import walk
 
 
 def train(args, config, dataset, strategy):
@@ -247,12 +248,25 @@ def _restore(resume_from, run_dir, model, optimizer, comm, steps):
     optimizer.build(model.trainable_variables)
     checkpoint.restore(directory, manifest, model, optimizer, comm)
     start_epoch = manifest["epoch"]
+    if manifest["num_ranks"] != comm.size and comm.rank == 0:
+        print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
     previous = []
     metrics_path = os.path.join(run_dir, "metrics.json")
     if os.path.isfile(metrics_path):
         with open(metrics_path) as f:
             previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
     return start_epoch, start_step, previous
+
+
+def _resize_notice(manifest, strategy, size):
+    """One line saying what a resume at another number of ranks kept and what it changed."""
+    line = (f"train.py: resuming at {size} ranks from a checkpoint of {manifest['num_ranks']} "
+            f"(epoch {manifest['epoch']}): the update count continues, the data are resharded for {size} ranks")
+    elastic = [s for s in walk(strategy) if getattr(s, "moving_rate", None) is not None]
+    if elastic:
+        line += (f"; every rank's local weights restart from the center, optimizer slots are the mean of the "
+                 f"{manifest['num_ranks']} saved ranks', moving rate alpha = {elastic[0].moving_rate:.6g}")
+    return line
 
 
 def _fit_parts(start_epoch, start_step, epochs):

@@ -318,11 +318,44 @@ def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterr
     assert metrics["final"]["test_accuracy"] >= 0.95
 
 
+def strategy_steps(run_dir, name, rank=0):
+    """EASGD's step counter (the tau counter's source) in a checkpoint's shard: the strategy group's first array."""
+    with np.load(os.path.join(run_dir, "checkpoints", name, f"rank-{rank:05d}.npz")) as shard:
+        return int(shard["strategy/00000"])
+
+
+@pytest.mark.timeout(300)
+def test_easgd_resumes_at_another_number_of_ranks_from_the_center(uninterrupted, tmp_path):
+    # saved at np=2 after 2 epochs of 22 updates (tau 4); continued to epoch 10 at np=1 (44 updates per epoch)
+    straight = uninterrupted("easgd")
+    run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
+    assert iterations(run_dir, "epoch-000002") == strategy_steps(run_dir, "epoch-000002") == 2 * 22
+    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "10"], timeout=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("train.py: resuming at 1 ranks from a checkpoint of 2 (epoch 2): the update count continues, the data "
+            "are resharded for 1 ranks; every rank's local weights restart from the center, optimizer slots are the "
+            "mean of the 2 saved ranks', moving rate alpha = 0.9") in out.stdout, out.stdout[-2000:]
+    manifest, _ = checkpoint.latest(run_dir)
+    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (10, 1, 44)
+    # the update count and EASGD's step count (so its tau phase) continue: 44 saved, then 8 epochs of 44
+    assert iterations(run_dir, "epoch-000010") == strategy_steps(run_dir, "epoch-000010") == 2 * 22 + 8 * 44
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, 11))
+    assert metrics["final"]["test_accuracy"] >= 0.95
+
+
 def test_a_resume_at_another_size_that_cannot_be_exact_is_refused_naming_the_reason(uninterrupted, tmp_path):
-    easgd = stopped_at(uninterrupted("easgd"), "epoch-000001", str(tmp_path / "easgd"))
-    out = run([PYTHON, TRAIN, "--resume", easgd], timeout=120)
-    assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): --strategy easgd keeps per-rank "
-                                    "state") in out.stderr, out.stderr[-2000:]
+    # EASGD with --moving-rate 0.45 fixed (the shards do not depend on it): fine at 2 ranks, 3 * 0.45 >= 1 at 3
+    fixed = stopped_at(uninterrupted("easgd"), "epoch-000001", str(tmp_path / "easgd"))
+    manifest_path = os.path.join(fixed, "checkpoints", "epoch-000001", "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["config"]["moving_rate"] = 0.45
+    json.dump(manifest, open(manifest_path, "w"))
+    out = horovodrun([TRAIN, "--resume", fixed], np=3, timeout=120)
+    messages = [line for line in (out.stdout + out.stderr).splitlines() if "train.py: error" in line]
+    assert out.returncode != 0 and len(messages) == 1, (out.stdout + out.stderr)[-3000:]
+    assert ("differs: number of ranks (2 saved, 3 now): --moving-rate 0.45 was fixed for 2 ranks, and at 3 ranks "
+            "q * alpha = 1.35 >= 1") in messages[0] and "resume at 2 ranks or fewer" in messages[0], messages
     mid = stopped_at(uninterrupted("sync"), MID_EPOCH["sync"], str(tmp_path / "mid"))
     out = run([PYTHON, TRAIN, "--resume", mid], timeout=120)
     assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): the checkpoint is mid-epoch "
