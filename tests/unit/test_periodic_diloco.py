@@ -60,7 +60,7 @@ def periodic_reference(shards, w0, make_inner, tau, updates, warmup_steps=0, k=1
     return xs
 
 
-def diloco_reference(shards, w0, make_inner, tau, updates, outer_lr=0.7, outer_momentum=0.9, k=1):
+def diloco_reference(shards, w0, make_inner, tau, updates, outer_lr=0.4, outer_momentum=0.9, k=1):
     """Local steps; every tau-th step Δ = mean_i(θ − x_i), θ ← NesterovSGD(θ, Δ), x_i ← θ."""
     p = len(shards)
     xs, inner = [w0.copy() for _ in range(p)], [make_inner() for _ in range(p)]
@@ -341,6 +341,7 @@ def test_configs_round_trip_through_keras_serialisation():
     assert (float(outer.learning_rate.numpy()), outer.beta_1) == (pytest.approx(0.01), 0.8)
     default = DiLoCo().outer_optimizer
     assert isinstance(default, keras.optimizers.SGD) and default.nesterov and default.momentum == 0.9
+    assert float(default.learning_rate.numpy()) == pytest.approx(0.4)
     assert DiLoCo().outer_optimizer is not DiLoCo().outer_optimizer  # a fresh one per instance
 
 
