@@ -66,7 +66,9 @@ class DiLoCo(SyncStrategy):
         ``keras.optimizers.SGD(outer_learning_rate, momentum=outer_momentum,
         nesterov=True)``; then leave the two numbers at their defaults. Its
         slots are strategy state (``state_variables()``, checkpointed), and it
-        serialises with the strategy. Each DiLoCo needs its own.
+        serialises with the strategy. Each DiLoCo needs its own. The default
+        one is made when the strategy is built (``outer_optimizer`` is None
+        until then).
 
     The kept model (``kept_variables()``) is θ, the synced weights: the one
     model every rank agrees on. It is up to τ − 1 inner steps behind the
@@ -117,11 +119,16 @@ class DiLoCo(SyncStrategy):
         self.outer_learning_rate = float(outer_learning_rate)
         self.outer_momentum = float(outer_momentum)
         self._outer_optimizer_arg = outer_optimizer
-        self.outer_optimizer = outer_optimizer or keras.optimizers.SGD(
-            self.outer_learning_rate, momentum=self.outer_momentum, nesterov=True, name="diloco_outer_sgd")
+        # The default one is made in build: a Keras optimizer creates TF variables, and train.py
+        # builds its strategy before hvd_easgd.init() sets TF's thread counts and pins the GPU,
+        # which TF refuses once it holds a variable.
+        self.outer_optimizer = outer_optimizer
 
     def _build_state(self, trainable_variables, non_trainable_variables):
-        if self.outer_optimizer.built:
+        if self.outer_optimizer is None:
+            self.outer_optimizer = keras.optimizers.SGD(self.outer_learning_rate, momentum=self.outer_momentum,
+                                                        nesterov=True, name="diloco_outer_sgd")
+        elif self.outer_optimizer.built:
             raise ValueError("`outer_optimizer` is already built (used elsewhere?): each DiLoCo needs its own. "
                              f"Received: outer_optimizer={self.outer_optimizer!r}")
         self.variables = trainable_variables

@@ -339,10 +339,14 @@ def test_configs_round_trip_through_keras_serialisation():
     outer = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(strategies[2])).outer_optimizer
     assert isinstance(outer, keras.optimizers.Adam) and outer is not strategies[2].outer_optimizer
     assert (float(outer.learning_rate.numpy()), outer.beta_1) == (pytest.approx(0.01), 0.8)
-    default = DiLoCo().outer_optimizer
+    defaults = [DiLoCo(), DiLoCo()]
+    for strategy in defaults:
+        assert strategy.outer_optimizer is None  # made in build, as the strategy's first variables
+        strategy.build([tf.Variable([0.0])])
+    default = defaults[0].outer_optimizer
     assert isinstance(default, keras.optimizers.SGD) and default.nesterov and default.momentum == 0.9
     assert float(default.learning_rate.numpy()) == pytest.approx(0.4)
-    assert DiLoCo().outer_optimizer is not DiLoCo().outer_optimizer  # a fresh one per instance
+    assert defaults[0].outer_optimizer is not defaults[1].outer_optimizer  # a fresh one per instance
 
 
 @pytest.mark.parametrize("make, message", [
@@ -396,3 +400,19 @@ def test_scale_lr_rule():
         lr_scale(2, 1, "diloco")
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy diloco has no --scale-lr rule"):
         cli.parse_args(["--strategy", "diloco", "--scale-lr"])
+
+
+def test_building_them_from_the_command_line_creates_no_tensorflow_variable():
+    # train.py builds the strategy before hvd_easgd.init() sets TF's thread counts (and pins GPUs),
+    # which TensorFlow refuses once it holds a variable: a strategy must create none until build.
+    created = []
+
+    def record(next_creator, **kwargs):
+        created.append(kwargs.get("name"))
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(record):
+        for name in ("periodic", "diloco"):
+            cli.make_strategy(cli.parse_args(["--strategy", name]))
+        keras.optimizers.SGD(0.1)  # the scope sees what a Keras optimizer creates
+    assert created == ["iteration", "learning_rate"]
