@@ -60,7 +60,7 @@ def periodic_reference(shards, w0, make_inner, tau, updates, warmup_steps=0, k=1
     return xs
 
 
-def diloco_reference(shards, w0, make_inner, tau, updates, outer_lr=0.4, outer_momentum=0.9, k=1):
+def diloco_reference(shards, w0, make_inner, tau, updates, outer_lr=0.7, outer_momentum=0.7, k=1):
     """Local steps; every tau-th step Δ = mean_i(θ − x_i), θ ← NesterovSGD(θ, Δ), x_i ← θ."""
     p = len(shards)
     xs, inner = [w0.copy() for _ in range(p)], [make_inner() for _ in range(p)]
@@ -344,8 +344,8 @@ def test_configs_round_trip_through_keras_serialisation():
         assert strategy.outer_optimizer is None  # made in build, as the strategy's first variables
         strategy.build([tf.Variable([0.0])])
     default = defaults[0].outer_optimizer
-    assert isinstance(default, keras.optimizers.SGD) and default.nesterov and default.momentum == 0.9
-    assert float(default.learning_rate.numpy()) == pytest.approx(0.4)
+    assert isinstance(default, keras.optimizers.SGD) and default.nesterov and default.momentum == 0.7
+    assert float(default.learning_rate.numpy()) == pytest.approx(0.7)
     assert defaults[0].outer_optimizer is not defaults[1].outer_optimizer  # a fresh one per instance
 
 
