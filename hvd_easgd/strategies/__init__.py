@@ -2,7 +2,10 @@
 from . import registry
 from .accumulation import GradientAccumulation
 from .base import SyncStrategy, walk
+from .diloco import DiLoCo
 from .easgd import EASGD
+from .periodic_average import PeriodicAverage
 from .sync_average import SyncAverage
 
-__all__ = ["EASGD", "GradientAccumulation", "SyncAverage", "SyncStrategy", "registry", "walk"]
+__all__ = ["DiLoCo", "EASGD", "GradientAccumulation", "PeriodicAverage", "SyncAverage", "SyncStrategy", "registry",
+           "walk"]

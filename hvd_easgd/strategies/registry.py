@@ -5,7 +5,9 @@ Serialisation does not go through this registry: strategies are Keras
 serialisables (``keras.saving.serialize_keras_object``), as Keras's
 ``LossScaleOptimizer`` serialises its inner optimizer.
 """
+from .diloco import DiLoCo
 from .easgd import EASGD
+from .periodic_average import PeriodicAverage
 from .sync_average import SyncAverage
 
 _REGISTRY = {}
@@ -36,3 +38,5 @@ def create(name, **kwargs):
 
 register(SyncAverage)
 register(EASGD)
+register(PeriodicAverage)
+register(DiLoCo)

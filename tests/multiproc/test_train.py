@@ -119,13 +119,16 @@ RESUMED_OPTIONS = {
     "sync": ["--strategy", "sync"],
     "easgd": ["--strategy", "easgd", "--tau", "4"],
     "accumulate": ["--strategy", "sync", "--accumulate", "3"],
+    "periodic": ["--strategy", "periodic", "--tau", "4"],
+    "diloco": ["--strategy", "diloco", "--tau", "4"],
 }
 COMMON = ["--threads-per-rank", "1", "--eval-every", "2", "--seed", "3", "--epochs", "2"]
 # np=2 on digits: 22 micro-batches per epoch (21 with --accumulate 3). Global micro-batch 25 is
-# mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off EASGD's
-# tau phase (25 % 4 = 1).
+# mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off the tau
+# phase of EASGD, PeriodicAverage and DiLoCo (25 % 4 = 1: the ranks' local weights differ there).
 MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000003",
-             "accumulate": "epoch-000001-step-000004"}
+             "accumulate": "epoch-000001-step-000004", "periodic": "epoch-000001-step-000003",
+             "diloco": "epoch-000001-step-000003"}
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +185,21 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrup
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["periodic", "diloco"])
+def test_low_communication_strategies_reach_095_with_their_defaults(strategy, tmp_path):
+    # tau = 10: one grouped call every 10 steps, the 38282 weights (or pseudo-gradients) and the flag
+    run_dir = str(tmp_path / "run")
+    proc = horovodrun([TRAIN, "--strategy", strategy, "--run-dir", run_dir], timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    print(f"{strategy}: final test accuracy {metrics['final']['test_accuracy']:.4f}")
+    assert len(metrics["epochs"]) == 10 and metrics["final"]["test_accuracy"] >= 0.95
+    steps = 22  # per epoch at np=2: 220 steps, 22 synchronisations
+    assert sum(row["bytes_sent_per_step"] * steps for row in metrics["epochs"]) == pytest.approx(22 * 4 * 38283)
+    assert sum(row["collective_calls_per_step"] * steps for row in metrics["epochs"]) == pytest.approx(22)
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_bad_input_under_horovodrun_every_rank_exits_2_one_message(controller):
     # Both ranks find the error; whichever exits first makes the launcher stop the other,
@@ -190,7 +208,7 @@ def test_bad_input_under_horovodrun_every_rank_exits_2_one_message(controller):
     assert out.returncode != 0
     text = out.stdout + out.stderr
     messages = [line for line in text.splitlines() if "train.py: error" in line]
-    assert len(messages) == 1 and "error: --tau is an option of --strategy easgd" in messages[0], text[-3000:]
+    assert len(messages) == 1 and "error: --tau is an option of --strategy diloco or easgd" in messages[0], text[-3000:]
     # no rank printed a traceback (the launcher's own summary may follow, unprefixed)
     assert not re.search(r"^\[\d+(,\d+)?\]<std(err|out)>:\s*Traceback", text, re.M), text[-3000:]
     if controller == "gloo":
