@@ -22,6 +22,7 @@ _compat.quiet_tensorflow()
 _LAZY = {
     "EASGD": ".strategies",
     "GradientAccumulation": ".strategies",
+    "Hierarchical": ".strategies",
     "SyncAverage": ".strategies",
     "SyncStrategy": ".strategies",
     "registry": ".strategies",

@@ -25,6 +25,7 @@ from .errors import UsageError
 from .kept_model import save_kept_model
 from .lr_scaling import lr_scale
 from .optimizer import DistributedOptimizer
+from .strategies import walk
 
 
 def train(args, config, dataset, strategy):
@@ -86,7 +87,9 @@ def train(args, config, dataset, strategy):
 # --- the job's steps, in order ---------------------------------------------------------
 def _start_ranks(args, strategy):
     """Starts Horovod, seeds every random source, and binds the strategy to the ranks."""
-    comm = runtime.init(threads_per_rank=args.threads_per_rank)
+    # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
+    splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
+    comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None)
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)

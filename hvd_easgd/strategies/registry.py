@@ -6,6 +6,7 @@ serialisables (``keras.saving.serialize_keras_object``), as Keras's
 ``LossScaleOptimizer`` serialises its inner optimizer.
 """
 from .easgd import EASGD
+from .hierarchical import Hierarchical
 from .sync_average import SyncAverage
 
 _REGISTRY = {}
@@ -36,3 +37,4 @@ def create(name, **kwargs):
 
 register(SyncAverage)
 register(EASGD)
+register(Hierarchical)
