@@ -9,11 +9,13 @@ a fast link, the hosts a slower one). Every step:
      over its n_G samples, and its ranks stay bit-identical.
   2. inter level, across the groups (``inter``, any strategy: EASGD every τ
      steps, SyncAverage every step, ...): ``inter.step(S_G, n_G)`` as if the
-     G groups were its G ranks. Only the group's leader (its rank 0) takes
-     part in the collective over the groups; it broadcasts the result within
-     its group (``comm.LeaderRelay``), so every rank of the group runs the
-     inter strategy on the same numbers. The inter strategy sees p = G: EASGD's
-     α defaults to β/G and its bound 0 < α ≤ 2/(G+1) is checked at G.
+     G groups were its G ranks. The rank of local index j in every group
+     takes part, in the cross-group set {j-th rank of each group} (n such
+     sets of G ranks, run side by side). The ranks of a group hold the same
+     inputs, and the n sets compute the same reduction, so the ranks of a
+     group stay bit-identical without a broadcast. The inter strategy sees
+     p = G: EASGD's α defaults to β/G and its bound 0 < α ≤ 2/(G+1) is
+     checked at G.
 
 Without sample counts the intra level combines the gradients by the intra
 strategy's ``reduce_op`` (the group's mean by default), and the inter level
@@ -31,19 +33,24 @@ sample counts are passed (the count rides in the gradients' call) else 0:
 
 * ``intra`` (the group's allreduce), every rank, every step:
   M + c bytes, 1 call; 0 and 0 when n = 1.
-* ``inter`` (the leaders' collectives), leaders only: what ``inter`` alone
-  sends at p = G. EASGD(τ): M + 4 bytes (the differences and the non-finite
-  flag) in 1 call on every τ-th step, 0 otherwise, i.e. (M + 4)/τ per step,
-  1/τ of SyncAverage's with counts; SyncAverage: M + c, 1 call, every step.
-  Ranks that do not lead: 0 bytes, 0 calls. 0 when G = 1.
-* ``relay`` (the leader's broadcast of that result within the group), every
-  rank of the group, leader included, on every step the leaders communicate:
-  the same payload (M + 4 for EASGD, M + c for SyncAverage), 1 call per dtype
-  of the payload (1 here). 0 when n = 1 or G = 1.
+* ``inter`` (its cross-group set's collectives), every rank: what ``inter``
+  alone sends at p = G. EASGD(τ): M + 4 bytes (the differences and the
+  non-finite flag) in 1 call on every τ-th step, 0 otherwise, i.e.
+  (M + 4)/τ per step, 1/τ of SyncAverage's with counts; SyncAverage: M + c,
+  1 call, every step. 0 and 0 when G = 1.
 
-``comm.account()`` (the process's total) is the sum of the three. Bytes over
-the link between groups: G·(M + 4)/τ per step for EASGD, once per group, not
-once per rank as a cross-group set per local rank would send.
+No rank sits out of the inter level, and nothing is broadcast after it.
+``comm.account()`` (the process's total) is the sum of the two.
+
+Why every rank and not one leader per group that broadcasts the result
+within its group: a leader scheme sends 1/n of these inter bytes over the
+link between groups (then M + 4 per rank within the group), but its ranks
+trace different steps (the leader's holds the cross-group collective, the
+others' do not), and under Horovod 0.28.1 such a traced step deadlocked
+(Gloo, np = 4: a non-leader enqueued its group broadcast and never its
+group allreduce before it). With n ranks per host the cross-host link
+carries n·(M + 4)/τ per host and step for EASGD, still 1/τ of what flat
+SyncAverage's ring sends over it.
 
 Why only SyncAverage inside a group: the intra level must hand the inter
 level one worker's gradient per group, on every rank of the group, and the
@@ -66,7 +73,6 @@ import numbers
 import keras
 import tensorflow as tf
 
-from ..comm.leader_relay import LeaderRelay
 from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
 from .base import CliOption, SyncStrategy, as_dense
@@ -140,25 +146,25 @@ class Hierarchical(SyncStrategy):
 
     # --- wiring -----------------------------------------------------------------------
     def bind(self, comm):
-        """Splits ``comm`` into the groups and the leaders (a collective under Horovod)."""
+        """Splits ``comm`` into the groups and the cross-group sets (a collective under Horovod)."""
         if comm is self.comm:
             return self
         self.comm = comm
         self.groups = self._groups(comm)
         group_count, group_size = len(self.groups), len(self.groups[0])
         self.group_index = next(i for i, group in enumerate(self.groups) if comm.rank in group)
-        self.leaders_comm = None
-        self.relay = None
+        self.cross_comm = None
         if group_count == 1:  # intra alone: the inter level has nothing to combine
             self.group_comm = comm.split(self.groups)
             inter_comm = solo_communicator(comm, comm.rank)
         elif group_size == 1:  # inter alone, over every rank
             self.group_comm = solo_communicator(comm, comm.rank)
-            self.leaders_comm = inter_comm = comm.split([range(comm.size)])
+            self.cross_comm = inter_comm = comm.split([range(comm.size)])
         else:
             self.group_comm = comm.split(self.groups)
-            self.leaders_comm = comm.split([[group[0] for group in self.groups]])
-            self.relay = inter_comm = LeaderRelay(self.leaders_comm, self.group_comm, self.group_index, group_count)
+            # The j-th ranks of the groups: G ranks each, n sets.
+            self.cross_comm = inter_comm = comm.split([[group[j] for group in self.groups]
+                                                       for j in range(group_size)])
         self.intra.bind(self.group_comm)
         self.inter.bind(inter_comm)
         return self
@@ -195,17 +201,13 @@ class Hierarchical(SyncStrategy):
         return self.inter.kept_variables() if self.inter_active else self.intra.kept_variables()
 
     def account_by_level(self):
-        """This rank's ``{"intra", "inter", "relay": {"bytes", "calls"}}`` so far
+        """This rank's ``{"intra": {"bytes", "calls"}, "inter": {...}}`` so far
         (formulas in the module docstring); they add up to the rank's total."""
-        zero = {"bytes": 0, "calls": 0}
-        relay = self.relay.account() if self.relay is not None else zero
-        group = self.group_comm.account()
-        return {"intra": {k: group[k] - relay[k] for k in group},
-                "inter": self.leaders_comm.account() if self.leaders_comm is not None else zero,
-                "relay": relay}
+        return {"intra": self.group_comm.account(),
+                "inter": self.cross_comm.account() if self.cross_comm is not None else {"bytes": 0, "calls": 0}}
 
     def reset_account(self):
-        for comm in (self.group_comm, self.leaders_comm, self.relay):
+        for comm in (self.group_comm, self.cross_comm):
             if comm is not None:
                 comm.reset_account()
 
