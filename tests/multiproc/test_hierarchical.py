@@ -1,9 +1,13 @@
 """Hierarchical across real ranks: horovodrun -np 4 on this host, groups of 2
 (Horovod's dynamic process sets, created differently by Gloo and by MPI)."""
+import json
+import os
+
 import numpy as np
 import pytest
+import yaml
 
-from tests.conftest import CONTROLLERS, horovodrun, read_rank_results, script
+from tests.conftest import CONTROLLERS, ROOT, horovodrun, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE, N, WIDTH, LR = 4, 2, 3, 0.5
@@ -11,6 +15,7 @@ M = WIDTH * 4
 X0 = np.array([1.0, -2.0, 0.5])
 COUNTS = [3, 1, 2, 5]
 GROUPS = [[0, 1], [2, 3]]
+TRAIN = os.path.join(ROOT, "train.py")
 
 
 @pytest.fixture(scope="module", params=CONTROLLERS)
@@ -53,3 +58,16 @@ def test_sync_within_and_across_groups_is_the_mean_over_every_rank(ranks):
     np.testing.assert_allclose(runs[0]["kernel"], expected, rtol=1e-5)
     assert all(run["levels"] == {"intra": {"bytes": 4 * M, "calls": 4}, "inter": {"bytes": 4 * M, "calls": 4}}
                for run in runs)
+
+
+def test_train_py_with_one_rank_per_group_runs_the_inter_strategy_alone_to_095(tmp_path):
+    # One host: the default groups would be one group (SyncAverage alone); --ranks-per-group 1 is EASGD alone
+    run_dir = str(tmp_path / "run")
+    proc = horovodrun([TRAIN, "--strategy", "hierarchical", "--ranks-per-group", "1", "--run-dir", run_dir],
+                      controller="gloo", timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        run = yaml.safe_load(f)
+    assert run["groups"] == [[0], [1]] and run["config"]["strategy"] == "hierarchical"
+    with open(os.path.join(run_dir, "metrics.json")) as f:
+        assert json.load(f)["final"]["test_accuracy"] >= 0.95

@@ -29,6 +29,7 @@ def run(strategy, counts):
     opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), strategy, comm=comm)
     hvd_easgd.broadcast_initial_state(model, opt)
     comm.reset_account()
+    strategy.reset_account()  # the groups' communicators are shared with the run before
 
     @tf.function
     def train_step(grad, count):
