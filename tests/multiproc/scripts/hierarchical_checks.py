@@ -49,3 +49,6 @@ results = {"rank": comm.rank, "size": comm.size,
            "easgd": run(Hierarchical(SyncAverage(), EASGD(2, moving_rate=0.25), ranks_per_group=2), COUNTS),
            "sync": run(Hierarchical(SyncAverage(), SyncAverage(), ranks_per_group=2), None)}
 write_rank_results(out_dir, comm.rank, results)
+# Every rank waits for all: a rank that exits shuts Horovod down for the ranks
+# still finishing a collective in another process set.
+comm.allreduce([tf.constant(0.0)], record=False)
