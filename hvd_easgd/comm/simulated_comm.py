@@ -8,6 +8,9 @@ returns to each rank the combination of the p inputs: the allreduce adds
 them in rank order (so every rank gets the same bits, as from a real ring),
 broadcast returns the root's, allgather concatenates them. Each
 communicator keeps its own exact byte/call account, as a real rank does.
+``comm.split(groups)`` gives sub-communicators whose collectives meet only
+their group's ranks (as Horovod's process sets), and ``ranks_per_host``
+lays the ranks out on simulated hosts (Hierarchical's default groups).
 
 Example (each rank its own variable, optimizer and strategy)::
 

@@ -46,11 +46,14 @@ Why every rank and not one leader per group that broadcasts the result
 within its group: a leader scheme sends 1/n of these inter bytes over the
 link between groups (then M + 4 per rank within the group), but its ranks
 trace different steps (the leader's holds the cross-group collective, the
-others' do not), and under Horovod 0.28.1 such a traced step deadlocked
-(Gloo, np = 4: a non-leader enqueued its group broadcast and never its
-group allreduce before it). With n ranks per host the cross-host link
-carries n·(M + 4)/τ per host and step for EASGD, still 1/τ of what flat
-SyncAverage's ring sends over it.
+others' do not). Built that way first, a traced step under Horovod 0.28.1
+hung (Gloo, np = 4, groups of 2: Horovod's trace log showed a non-leader
+enqueue its group broadcast and never the group allreduce before it), and
+neither explicit collective names nor ordering the non-leader's broadcast
+after its inputs cured it. Every rank in a cross-group set keeps every
+rank's traced step the same, as in the flat strategies. The price: with n
+ranks per host, the cross-host link carries n·(M + 4)/τ bytes per host and
+step for EASGD instead of (M + 4)/τ.
 
 Why only SyncAverage inside a group: the intra level must hand the inter
 level one worker's gradient per group, on every rank of the group, and the
@@ -58,8 +61,8 @@ inter collective must be reached by every group whatever happens in another
 (a NaN in one group skips that group's update, not the inter collective).
 
 NaN/Inf follow each level's own rule: a NaN within a group travels in the
-group's sums (as in SyncAverage, every rank of the group learns of it from
-the reduced values) and the inter strategy decides on the group's numbers,
+group's sums, as SyncAverage's gradients do (every rank of the group learns
+of it from the reduced values, so all take the same decision), and the inter strategy decides on the group's numbers,
 identical on every rank of a group. EASGD's elastic differences are masked
 before they leave a rank, and its skip flag reaches every rank. So the ranks
 of a group never split, and the center is identical on every rank.
@@ -67,6 +70,8 @@ of a group never split, and the center is identical on every rank.
 Horovod's own ``HOROVOD_HIERARCHICAL_ALLREDUCE`` (allreduce within the node,
 then across nodes) works with NCCL only, i.e. on GPUs; on CPUs (Gloo, MPI)
 ``Hierarchical(SyncAverage(), SyncAverage())`` is the two-level allreduce.
+Unlike NCCL's, whose local ranks each carry 1/n of the gradients across
+nodes, each rank's cross-group allreduce here carries all of them.
 """
 import numbers
 
