@@ -25,6 +25,7 @@ _LAZY = {
     "DiLoCo": ".strategies",
     "EASGD": ".strategies",
     "GradientAccumulation": ".strategies",
+    "Hierarchical": ".strategies",
     "PeriodicAverage": ".strategies",
     "SyncAverage": ".strategies",
     "SyncStrategy": ".strategies",

@@ -73,7 +73,10 @@ def _pin_gpu(local_rank):
     return gpus[local_rank].name
 
 
-def init(threads_per_rank=None, use_horovod=None):
+PROCESS_SETS = (None, "dynamic")
+
+
+def init(threads_per_rank=None, use_horovod=None, process_sets=None):
     """Initialises Horovod once and returns the process's communicator.
 
     Exposes ``rank``, ``size``, ``local_rank`` and ``local_size`` on the
@@ -83,9 +86,20 @@ def init(threads_per_rank=None, use_horovod=None):
 
     ``use_horovod=False`` gives a one-process ``LocalCommunicator`` without
     touching Horovod (for tests and machines without it).
+
+    ``process_sets="dynamic"`` starts Horovod with dynamic process sets, so
+    that ``comm.split(groups)`` can create sub-communicators (Hierarchical's
+    groups) once the ranks know their hosts. Off by default: Horovod's
+    process sets are otherwise fixed at its start.
     """
+    if process_sets not in PROCESS_SETS:
+        raise ValueError(f"`process_sets` must be one of {PROCESS_SETS}. Received: process_sets={process_sets!r}")
     if _STATE["comm"] is not None:
-        return _STATE["comm"]
+        comm = _STATE["comm"]
+        if process_sets == "dynamic" and not getattr(comm, "dynamic_process_sets", True):
+            raise RuntimeError("hvd_easgd.init() already started Horovod without dynamic process sets; "
+                               "call hvd_easgd.init(process_sets='dynamic') first, before anything initialises")
+        return comm
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
@@ -98,7 +112,7 @@ def init(threads_per_rank=None, use_horovod=None):
     if use_horovod:
         import horovod.tensorflow as hvd
 
-        hvd.init()
+        hvd.init(process_sets=process_sets)
         local_rank, local_size = hvd.local_rank(), hvd.local_size()
     else:
         local_rank, local_size = 0, 1
@@ -107,7 +121,7 @@ def init(threads_per_rank=None, use_horovod=None):
     if use_horovod:
         from .comm.horovod_comm import HorovodCommunicator
 
-        comm = HorovodCommunicator()
+        comm = HorovodCommunicator(dynamic_process_sets=process_sets == "dynamic")
     else:
         from .comm import LocalCommunicator
 

@@ -7,6 +7,7 @@ serialisables (``keras.saving.serialize_keras_object``), as Keras's
 """
 from .diloco import DiLoCo
 from .easgd import EASGD
+from .hierarchical import Hierarchical
 from .periodic_average import PeriodicAverage
 from .sync_average import SyncAverage
 
@@ -40,3 +41,4 @@ register(SyncAverage)
 register(EASGD)
 register(PeriodicAverage)
 register(DiLoCo)
+register(Hierarchical)
