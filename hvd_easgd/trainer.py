@@ -230,7 +230,8 @@ def _write_run_config(run_dir, config, num_ranks, placement):
     with atomic.temporary_path(os.path.join(run_dir, "config.yaml")) as tmp:
         with open(tmp, "w") as f:
             yaml.safe_dump({"config": config, "num_ranks": num_ranks, "ranks": placement,
-                            "versions": _compat.versions()}, f, sort_keys=True)
+                            "versions": _compat.versions(), "horovod_settings": runtime.horovod_settings()},
+                           f, sort_keys=True)
 
 
 def _restore(resume_from, run_dir, model, optimizer, comm, steps):
