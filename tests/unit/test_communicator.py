@@ -193,3 +193,26 @@ def test_a_simulated_run_that_outlives_its_deadline_fails():
     with pytest.raises(TimeoutError, match=r"simulated ranks \[1\] did not finish within 0\.5 s"):
         cluster.run(lambda rank: rank == 1 and release.wait(10), timeout=0.5)
     release.set()
+
+
+def test_a_one_rank_horovod_job_issues_no_collective():
+    """np = 1 under Horovod: the step no longer pays Horovod's cycle and negotiation."""
+    from unittest import mock
+
+    from hvd_easgd.comm import horovod_comm
+
+    fake = mock.MagicMock(name="horovod.tensorflow")
+    fake.is_initialized.return_value = True
+    for name in ("rank", "local_rank", "cross_rank"):
+        getattr(fake, name).return_value = 0
+    for name in ("size", "local_size", "cross_size"):
+        getattr(fake, name).return_value = 1
+    with mock.patch.object(horovod_comm, "hvd", fake):
+        comm = horovod_comm.HorovodCommunicator()
+        x = tf.constant([1.5, -2.0])
+        step = tf.function(lambda: comm.allreduce([x], compression=Compression.fp16) + comm.broadcast([x])
+                           + [comm.allgather(x)])
+        out = step()
+    assert [t.numpy().tolist() for t in out] == [[1.5, -2.0]] * 3
+    assert not (fake.grouped_allreduce.called or fake.broadcast.called or fake.allgather.called)
+    assert comm.account() == {"bytes": 0, "calls": 0}

@@ -32,9 +32,12 @@ def on_two_ranks(make_strategy, rank_main, lr=1.0):
     ws = [tf.Variable([0.0]) for _ in range(2)]
     opts = [hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr), make_strategy(), comm=c)
             for c in cluster.communicators]
-    for w, opt in zip(ws, opts):
-        opt.build([w])
-    cluster.run(lambda r: rank_main(ws[r], opts[r]))
+
+    def built_then(rank):
+        opts[rank].build([ws[rank]])  # checks, with a collective, that the ranks agree
+        rank_main(ws[rank], opts[rank])
+
+    cluster.run(built_then)
     return [opt.comm.account() for opt in opts]
 
 
@@ -138,14 +141,16 @@ def test_inner_optimizer_accumulating_itself_is_rejected():
 # --- SyncAverage -----------------------------------------------------------------------
 def test_sync_none_and_indexed_slices_gradients_line_up():
     cluster = SimulatedCluster(2)
-
-    def rank_main(rank):
-        keras.utils.set_random_seed(0)  # the same layers on both ranks
-        emb = keras.layers.Embedding(10, 3)
-        dense = keras.layers.Dense(2)
+    layers = []
+    for _ in range(2):
+        keras.utils.set_random_seed(0)  # the same layers on both ranks (built here: the RNG is global)
+        emb, dense = keras.layers.Embedding(10, 3), keras.layers.Dense(2)
         emb.build((None,))
         dense.build((None, 3))
-        unused = tf.Variable(tf.ones([2]))
+        layers.append((emb, dense, tf.Variable(tf.ones([2]))))
+
+    def rank_main(rank):
+        emb, dense, unused = layers[rank]
         variables = [emb.embeddings, dense.kernel, dense.bias, unused]
         opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.5), SyncAverage(),
                                              comm=cluster.communicators[rank])
