@@ -12,7 +12,8 @@ the call into
 
 * call → start of the cycle that handles it: TF's dispatch of the ops, the
   enqueue, and the wait for the background thread's next cycle (and for
-  the other rank's tensors, if they missed that cycle);
+  the other rank's tensors, if they missed that cycle: ``cycles_begun``
+  counts the cycles begun from the call to the one that handled it);
 * negotiation: cycle start → ``ALLREDUCE`` begins (the response-cache
   bit-vector allreduce every cycle runs, and the fusion of the responses);
 * ``MEMCPY_IN_FUSION_BUFFER``, the MPI/Gloo allreduce, ``MEMCPY_OUT_FUSION_BUFFER``;
@@ -72,7 +73,10 @@ def breakdown(timeline_path, calls):
         cycle = max((c for c in cycles if c <= b), default=None)
         if cycle is None or cycle < call_start:
             continue
-        row = {"call_to_cycle_start": cycle - call_start, "negotiation": b - cycle,
+        # Cycles that began between the call and the one that handled it: more
+        # than one means a rank's tensors missed a cycle (the other rank was late).
+        waited = sum(1 for c in cycles if call_start <= c <= b)
+        row = {"cycles_begun": waited, "call_to_cycle_start": cycle - call_start, "negotiation": b - cycle,
                "completion": call_end - e, "total": call_end - call_start}
         for name, sb, se in spans:
             if name in ACTIVITIES and b <= sb and se <= e:
@@ -83,6 +87,8 @@ def breakdown(timeline_path, calls):
     gaps = [b - a for a, b in zip(cycles, cycles[1:])]
     keys = sorted({k for r in rows for k in r})
     return {"calls_matched": len(rows), "calls": len(calls),
+            # Means add up to the mean total (each call's phases add up to its time); medians do not.
+            "mean_us": {k: statistics.fmean(r.get(k, 0.0) for r in rows) for k in keys} if rows else {},
             "median_us": {k: statistics.median(r.get(k, 0.0) for r in rows) for k in keys} if rows else {},
             "cycle_period_us": statistics.median(gaps) if gaps else None}
 
@@ -126,7 +132,8 @@ def main(argv=None):
                       loadavg=os.getloadavg(), timeline=timeline)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-        print(json.dumps(result["median_us"]), "cycle period", result["cycle_period_us"], "identity",
+        print("mean", json.dumps({k: round(v) for k, v in result["mean_us"].items()}),
+              "median", json.dumps({k: round(v) for k, v in result["median_us"].items()}), "cycle period", result["cycle_period_us"], "identity",
               result["identity_function_us"], "matched", result["calls_matched"], flush=True)
     return 0
 

@@ -11,8 +11,13 @@ kinds of launch (``horovodrun -np 2``):
 * ``hvd_easgd``: nothing set; ``hvd_easgd.init()`` chooses
   (``hvd_easgd.tuning``).
 
-Both arms run with Open MPI yielding (``OMPI_MCA_mpi_yield_when_idle=1``,
-the suite's setting for every MPI launch), so only Horovod's tunables differ.
+``--horovod-arm-yields`` gives the ``horovod`` arm Open MPI's yielding too
+(``OMPI_MCA_mpi_yield_when_idle=1``, as the suite's MPI launches have), so
+that only Horovod's own tunables differ; without it that arm runs as plain
+``horovodrun`` does, with Open MPI busy-polling (``=0``, its default when a
+host's slots are not oversubscribed). ``--candidate NAME=VALUE`` gives the
+``hvd_easgd`` arm a setting to try on top of hvd_easgd's defaults (how the
+rejected ``HOROVOD_CYCLE_TIME=0.1`` was measured).
 Launches of the two arms alternate, in pairs of a Williams design of two
 (AB, BA, AB, ...), so slow drifts of the shared machine's load fall on
 both. Each launch times the configurations (``--configs``, interleaved as
@@ -38,15 +43,16 @@ from .order import balanced_order
 from .processes import log_tail
 
 ARMS = ("horovod", "hvd_easgd")
-YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}  # the suite's MPI launches' (compare.mpi_polling_env)
 CNN_GRADIENT_BYTES = 153_000  # replaced by the measured size in the reference launch
 
 
-def arm_env(arm):
+def arm_env(arm, horovod_arm_yields=False, candidate=()):
     """The environment a launch of ``arm`` adds to the suite's."""
     if arm == "horovod":
-        return dict(YIELD, **{k: v for k, v in tuning.HOROVOD_OWN_DEFAULTS.items() if v is not None})
-    return dict(YIELD)
+        own = {k: v for k, v in tuning.HOROVOD_OWN_DEFAULTS.items() if v is not None}
+        return dict(own, OMPI_MCA_mpi_yield_when_idle="1" if horovod_arm_yields else "0")
+    return dict(kv.split("=", 1) for kv in candidate)
 
 
 def parse_args(argv=None):
@@ -64,6 +70,10 @@ def parse_args(argv=None):
     p.add_argument("--no-latency", action="store_true", help="skip the allreduce latency rows")
     p.add_argument("--latency-iterations", type=int, default=200)
     p.add_argument("--launch-timeout", type=int, default=600)
+    p.add_argument("--horovod-arm-yields", action="store_true",
+                   help="the horovod arm also sets OMPI_MCA_mpi_yield_when_idle=1 (default: 0, Open MPI's own)")
+    p.add_argument("--candidate", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting the hvd_easgd arm tries on top of hvd_easgd's defaults (repeatable)")
     p.add_argument("--out", metavar="DIR")
     p.add_argument("--worker-out", help=argparse.SUPPRESS)  # internal: this process is one rank of a launch
     args = p.parse_args(argv)
@@ -116,7 +126,7 @@ def launch_once(args, out_dir, controller, arm, pair):
         "--configs", args.configs, "--repeats", str(args.repeats), "--steps", str(args.steps),
         "--resnet-steps", str(args.resnet_steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
         "--latency-iterations", str(args.latency_iterations)] + (["--no-latency"] if args.no_latency else [])
-    env = arm_env(arm)
+    env = arm_env(arm, args.horovod_arm_yields, args.candidate)
     busy = foreign_cpu_busy()
     print(f"[tuning_ab] {tag}: load {os.getloadavg()[0]:.1f}, other processes {busy:.0%} of the CPUs", flush=True)
     started = time.perf_counter()
@@ -251,7 +261,9 @@ def main(argv=None):
         print(text, flush=True)
         with open(os.path.join(out_dir, "results.json"), "w") as f:
             json.dump({"command": "python -m benchmarks.tuning_ab " + shlex.join(argv or sys.argv[1:]),
-                       "timestamp": stamp, "arms": {a: arm_env(a) for a in ARMS}, "launches": launches,
+                       "timestamp": stamp,
+                       "arms": {a: arm_env(a, args.horovod_arm_yields, args.candidate) for a in ARMS},
+                       "launches": launches,
                        "mpi4py_reference_us": references, "rows": rows, "latency": latency}, f, indent=1)
         with open(os.path.join(out_dir, "results.md"), "w") as f:
             f.write(text)

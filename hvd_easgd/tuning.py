@@ -8,22 +8,30 @@ tensor waits for the next cycle, then for one negotiation round (a
 collective of its own), before its data moves.
 
 hvd_easgd hands Horovod ONE grouped call per communicating step (every
-strategy, in a custom loop and in ``model.fit`` alike): the group is fused
-by Horovod's group table whatever the cycle, so waiting for more tensors
-buys nothing and the cycle is pure latency. What a shorter cycle costs is
-CPU: every cycle is a negotiation collective even when nothing is queued,
-so the background thread of an idle rank runs ``1 / cycle`` small
-collectives a second. Each choice below names the benchmark row that
-decided it (``python -m benchmarks.tuning_ab``, README "Horovod settings
-hvd_easgd chooses").
+strategy, in a custom loop and in ``model.fit`` alike), fused by Horovod's
+group table whatever the cycle: fusion across cycles buys nothing, and the
+wait for the cycle is pure latency (a 153 KB grouped allreduce: ~1 ms over
+MPI at 1 ms, 11x less at 0.1 ms). But every cycle is a negotiation
+collective even when nothing is queued, so a shorter cycle keeps the
+background thread of every rank busy: where the ranks' TF threads already
+fill the cores (``runtime.threads_per_rank`` gives each rank its share of
+them) it takes their CPU, and at 0.1 ms even the no-communication baseline
+trained at a third of its speed over MPI. So the cycle, the response cache,
+the fusion threshold and the thread affinity stay at Horovod's values
+(README "Horovod settings hvd_easgd chooses" has the benchmark rows; set
+``HOROVOD_CYCLE_TIME=0.1`` yourself where every rank has a core to spare).
+
+What hvd_easgd sets is how MPI waits: Open MPI busy-polls inside the
+background thread's every collective unless told to yield.
 
 The choice depends on
 
 * the controller, MPI or Gloo, which runs the negotiation (and, on CPUs,
   the data): known before ``hvd.init()`` from the environment, as Horovod
   itself decides it (``controller_from_environ``);
-* the device: on GPUs NCCL moves the data, but the controller still
-  negotiates every cycle, so the cycle's latency is the same.
+* the device, which changes nothing today: on GPUs NCCL moves the data,
+  but the controller still negotiates every cycle on the CPU, next to the
+  input pipeline's threads; without a GPU measurement Horovod's values stay.
 
 Nothing here imports Horovod or TensorFlow: ``runtime.init`` asks this
 module what to set, sets it, and records ``settings_in_force``.
@@ -49,10 +57,6 @@ DEVICES = ("cpu", "gpu")
 # mpirun: Open MPI's variables), mpirun itself, and srun (PMI/PMIx).
 # horovodrun --gloo instead sets HOROVOD_CONTROLLER=gloo (gloo_run.py).
 _MPI_LAUNCH_MARKERS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-# The cycle hvd_easgd chooses per controller, in ms. Decided by
-# benchmarks/tuning_ab.py (README "Horovod settings hvd_easgd chooses").
-CYCLE_TIME_MS = {"mpi": "0.1", "gloo": "0.1"}
 
 # Horovod's background thread waits inside MPI every cycle; Open MPI
 # busy-polls there by default and takes the CPU from the training threads
@@ -98,21 +102,18 @@ def horovod_defaults(device, controller, environ):
         raise ValueError(f"`device` must be one of {DEVICES}. Received: device={device!r}")
     if controller not in CONTROLLERS:
         raise ValueError(f"`controller` must be one of {CONTROLLERS}. Received: controller={controller!r}")
-    chosen = {
-        # One grouped call per step: nothing to fuse across cycles, so a
-        # short cycle is latency saved (on GPUs too: the controller still
-        # negotiates every cycle before NCCL moves the data).
-        "HOROVOD_CYCLE_TIME": CYCLE_TIME_MS[controller],
-    }
+    chosen = {}
     if controller == "mpi" or launched_under_mpi(environ):
         # Also under Gloo when mpirun started the ranks: MPI is initialised
         # then and polls the same way.
         chosen["OMPI_MCA_mpi_yield_when_idle"] = OMPI_YIELD_WHEN_IDLE
-    # Left at Horovod's values, measured (README): HOROVOD_CACHE_CAPACITY
-    # (the cache turns every repeated negotiation into one bit-vector
-    # allreduce), HOROVOD_FUSION_THRESHOLD (a group is fused whatever the
-    # threshold below 128 MB; the threshold only splits bigger groups),
-    # HOROVOD_THREAD_AFFINITY (no core is spare to pin the thread to).
+    # Left at Horovod's values, measured (README, benchmarks/tuning_ab.py):
+    # HOROVOD_CYCLE_TIME (0.1 ms cut the latency of a small allreduce 11x but
+    # cost every row's throughput on cores the ranks already fill),
+    # HOROVOD_CACHE_CAPACITY (the cache turns every repeated negotiation into
+    # one bit-vector allreduce), HOROVOD_FUSION_THRESHOLD (one group per step
+    # is fused whatever the threshold below 128 MB), HOROVOD_THREAD_AFFINITY
+    # (no core is spare to pin the background thread to).
     return {name: value for name, value in chosen.items() if name not in environ}
 
 
