@@ -10,13 +10,14 @@ collective of its own), before its data moves.
 hvd_easgd hands Horovod ONE grouped call per communicating step (every
 strategy, in a custom loop and in ``model.fit`` alike), fused by Horovod's
 group table whatever the cycle: fusion across cycles buys nothing, and the
-wait for the cycle is pure latency (a 153 KB grouped allreduce: ~1 ms over
-MPI at 1 ms, 11x less at 0.1 ms). But every cycle is a negotiation
+wait for the cycle is pure latency (a 153 KB grouped allreduce over MPI took
+9.8x less at 0.1 ms than at 1 ms). But every cycle is a negotiation
 collective even when nothing is queued, so a shorter cycle keeps the
 background thread of every rank busy: where the ranks' TF threads already
 fill the cores (``runtime.threads_per_rank`` gives each rank its share of
-them) it takes their CPU, and at 0.1 ms even the no-communication baseline
-trained at a third of its speed over MPI. So the cycle, the response cache,
+them) it takes their CPU, and at 0.1 ms every training row was slower, even
+the no-communication baseline (0.82 of its speed over MPI, 0.69 over Gloo;
+SyncAverage 0.64 and 0.44). So the cycle, the response cache,
 the fusion threshold and the thread affinity stay at Horovod's values
 (README "Horovod settings hvd_easgd chooses" has the benchmark rows; set
 ``HOROVOD_CYCLE_TIME=0.1`` yourself where every rank has a core to spare).
