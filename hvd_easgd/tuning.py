@@ -15,9 +15,12 @@ wait for the cycle is pure latency (a 153 KB grouped allreduce over MPI took
 collective even when nothing is queued, so a shorter cycle keeps the
 background thread of every rank busy: where the ranks' TF threads already
 fill the cores (``runtime.threads_per_rank`` gives each rank its share of
-them) it takes their CPU, and at 0.1 ms every training row was slower, even
-the no-communication baseline (0.82 of its speed over MPI, 0.69 over Gloo;
-SyncAverage 0.64 and 0.44). So the cycle, the response cache,
+them) it takes their CPU. At 0.1 ms the no-communication baseline (and so
+every step that does not communicate: EASGD's, accumulation's) slowed on
+both a loaded machine (0.82 of its speed over MPI, 0.69 over Gloo, 3 pairs)
+and a quiet one (0.83 over MPI, 4 pairs; 0.96 over Gloo, 2), while
+SyncAverage gained only when quiet (1.35x MPI, 1.29x Gloo; loaded: 0.64x,
+0.44x). So the cycle, the response cache,
 the fusion threshold and the thread affinity stay at Horovod's values
 (README "Horovod settings hvd_easgd chooses" has the benchmark rows; set
 ``HOROVOD_CYCLE_TIME=0.1`` yourself where every rank has a core to spare).
