@@ -5,9 +5,9 @@ With runtime.py, comm/horovod_comm.py is the only module that imports Horovod.
 import os
 import warnings
 
-from . import _compat
+from . import _compat, tuning
 
-_STATE = {"comm": None}
+_STATE = {"comm": None, "horovod_settings": None}
 
 # Horovod's stall inspector warns after CHECK seconds and, with SHUTDOWN set,
 # aborts the job instead of hanging forever when a rank stops answering.
@@ -76,6 +76,27 @@ def _pin_gpu(local_rank):
 PROCESS_SETS = (None, "dynamic")
 
 
+def _device():
+    """``"gpu"`` where TensorFlow sees a GPU (Horovod then reduces with NCCL), else ``"cpu"``."""
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def _apply_horovod_defaults(mpi_built):
+    """Sets hvd_easgd's Horovod defaults (``tuning``) where the user set nothing; returns the record."""
+    controller = tuning.controller_from_environ(os.environ, mpi_built)
+    chosen = tuning.horovod_defaults(_device(), controller, os.environ)
+    os.environ.update(chosen)
+    return dict(controller=controller, settings=tuning.settings_in_force(os.environ, chosen))
+
+
+def horovod_settings():
+    """The controller and Horovod tunables in force and who set each (``None`` before
+    ``init()`` or without Horovod): what config.yaml and benchmark results record."""
+    return _STATE["horovod_settings"]
+
+
 def init(threads_per_rank=None, use_horovod=None, process_sets=None):
     """Initialises Horovod once and returns the process's communicator.
 
@@ -103,15 +124,13 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None):
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
-    # Horovod's background thread enters MPI every cycle; Open MPI busy-polls
-    # there by default and takes CPU from the training threads when ranks
-    # share cores (measured: 11.7-13.6k vs 17-19k samples/s at np=2 on 2 cores).
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if use_horovod is None:
         use_horovod = _compat.horovod_available()
     if use_horovod:
         import horovod.tensorflow as hvd
 
+        # Horovod reads its tunables once, in hvd.init(process_sets=process_sets): set them before.
+        _STATE["horovod_settings"] = _apply_horovod_defaults(hvd.mpi_built())
         hvd.init(process_sets=process_sets)
         local_rank, local_size = hvd.local_rank(), hvd.local_size()
     else:

@@ -241,6 +241,7 @@ def _write_run_config(run_dir, config, num_ranks, placement, groups=None):
         run["groups"] = [list(g) for g in groups]
     with atomic.temporary_path(os.path.join(run_dir, "config.yaml")) as tmp:
         with open(tmp, "w") as f:
+            run["horovod_settings"] = runtime.horovod_settings()
             yaml.safe_dump(run, f, sort_keys=True)
 
 
