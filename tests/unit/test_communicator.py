@@ -207,6 +207,8 @@ def test_a_one_rank_horovod_job_issues_no_collective():
         getattr(fake, name).return_value = 0
     for name in ("size", "local_size", "cross_size"):
         getattr(fake, name).return_value = 1
+    fake.global_process_set.rank.return_value = 0  # the global set: this rank alone
+    fake.global_process_set.size.return_value = 1
     with mock.patch.object(horovod_comm, "hvd", fake):
         comm = horovod_comm.HorovodCommunicator()
         x = tf.constant([1.5, -2.0])

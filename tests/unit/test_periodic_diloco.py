@@ -167,18 +167,22 @@ def forward_and_apply(model, opt, x, zero_grads=False):
 def test_bytes_per_step_are_exact(make, floating_state_travels):
     # per sync step: every trainable element (+ the floating non-trainable ones for PeriodicAverage)
     # and the 4-byte flag, one call; nothing on the other steps
-    model, opt = dense_batchnorm_setup(make(), LocalCommunicator())
+    # two ranks: a one-rank communicator sends nothing at all (0 bytes, 0 calls)
+    cluster = SimulatedCluster(2)
+    pairs = cluster.run(lambda r: dense_batchnorm_setup(make(), cluster.communicators[r]))
+    model = pairs[0][0]
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     moving = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables)
     assert (trainable, moving) == (4 * 3 + 3 + 3 + 3, 6)
     per_sync = 4 * (trainable + (moving if floating_state_travels else 0) + 1)
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     for step in range(1, 7):
-        before = opt.comm.account()
-        forward_and_apply(model, opt, x)
-        after = opt.comm.account()
-        sent = {"bytes": after["bytes"] - before["bytes"], "calls": after["calls"] - before["calls"]}
-        assert sent == ({"bytes": per_sync, "calls": 1} if step % 3 == 0 else {"bytes": 0, "calls": 0}), step
+        before = [opt.comm.account() for _, opt in pairs]
+        cluster.run(lambda r: forward_and_apply(*pairs[r], x))
+        for (_, opt), was in zip(pairs, before):
+            now = opt.comm.account()
+            sent = {"bytes": now["bytes"] - was["bytes"], "calls": now["calls"] - was["calls"]}
+            assert sent == ({"bytes": per_sync, "calls": 1} if step % 3 == 0 else {"bytes": 0, "calls": 0}), step
 
 
 def test_periodic_average_replaces_batchnorm_statistics_by_their_mean():
