@@ -46,7 +46,7 @@ import keras
 import tensorflow as tf
 
 from .base import CliOption, SyncStrategy, state_variable_name
-from .periodic_average import allreduce_unless_non_finite, check_period, local_step
+from .local_updates import allreduce_unless_non_finite, check_period, local_step
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
