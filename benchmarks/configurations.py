@@ -25,7 +25,7 @@ import hvd_easgd
 from hvd_easgd.statistics import floating_state
 
 from .collective_count import CollectiveCounter, TrafficAccount
-from .names import ALL_CUSTOM_LOOP, BASELINES, STRATEGIES, TOPOLOGY
+from .names import ALL_CUSTOM_LOOP, BASELINES, HIERARCHICAL, STRATEGIES, TOPOLOGY
 
 # Every timed run must hold whole EASGD periods and accumulation windows, or
 # the measured calls per step would depend on where the window started.
@@ -85,11 +85,15 @@ def make_strategy(name):
 
 def needs_process_sets(names):
     """Whether any of ``names`` splits the ranks into groups (Horovod's dynamic process sets)."""
-    return any(name in ("sync_two_level", "hier_easgd_tau10") for name in names)
+    return any(name in HIERARCHICAL for name in names)
+
+
+def element_count(variables):
+    return int(sum(np.prod(v.shape) for v in variables))
 
 
 def trainable_count(model):
-    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    return element_count(model.trainable_variables)
 
 
 def expected_traffic(name, model, hosts=1, ranks_per_host=1):
@@ -120,11 +124,11 @@ def expected_traffic(name, model, hosts=1, ranks_per_host=1):
     if name == "accum4_sync":
         return {"bytes_per_step": (weights + 4) / 4, "calls_per_step": 0.25}
     if name == "periodic_tau10":
-        state = 4 * int(sum(np.prod(v.shape) for v in floating_state(model)))
+        state = 4 * element_count(floating_state(model))
         return {"bytes_per_step": (weights + state + 4) / 10, "calls_per_step": 0.1}
     if name == "diloco_tau10":
         return {"bytes_per_step": (weights + 4) / 10, "calls_per_step": 0.1}
-    if name in ("sync_two_level", "hier_easgd_tau10"):
+    if name in HIERARCHICAL:
         intra = (float(weights), 1.0) if ranks_per_host > 1 else (0.0, 0.0)
         if hosts == 1:
             inter = (0.0, 0.0)
@@ -151,7 +155,7 @@ def cross_host_bytes_per_step(name, model, hosts, ranks_per_host):
     """
     if hosts < 2:
         return 0.0
-    if name in ("sync_two_level", "hier_easgd_tau10"):
+    if name in HIERARCHICAL:
         inter_only = expected_traffic(name, model, hosts, 1)["bytes_per_step"]
         return inter_only * 2 * ranks_per_host * (hosts - 1)
     payload = expected_traffic(name, model, hosts, ranks_per_host)["bytes_per_step"]

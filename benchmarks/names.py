@@ -9,7 +9,8 @@ CUSTOM_LOOP = BASELINES + STRATEGIES
 # The strategies for clusters of several hosts, run by ``--topology``
 # on the virtual cluster; not in the single-host suite's default, where a
 # Hierarchical strategy has one group and is SyncAverage.
-TOPOLOGY = ("sync_two_level", "hier_easgd_tau10", "periodic_tau10", "diloco_tau10")
+HIERARCHICAL = ("sync_two_level", "hier_easgd_tau10")  # they split the ranks into groups (process sets)
+TOPOLOGY = HIERARCHICAL + ("periodic_tau10", "diloco_tau10")
 ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY
 # What a --topology run compares: the flat references, then the topology strategies.
 TOPOLOGY_SUITE = ("no_comm", "sync", "easgd_tau10") + TOPOLOGY

@@ -36,12 +36,11 @@ import time
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
 from . import plots, report
-from .names import TOPOLOGY_SUITE
+from .names import BASELINES, TOPOLOGY_SUITE
 from .processes import log_tail, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
-BASELINE_NAMES = ("no_comm", "raw_horovod")
 MODELS = ("cnn", "wide_mlp")
 LINK_PROBE_MB = 32
 # The settings every rated-link launch runs with; recorded in results.json.
@@ -65,7 +64,7 @@ def configs_of(args):
 
 def tta_configs_of(args):
     """The strategies timed to accuracy: every configuration but the baselines."""
-    return [c for c in configs_of(args) if c not in BASELINE_NAMES]
+    return [c for c in configs_of(args) if c not in BASELINES]
 
 
 def worker_command(args, out_json, tta=False):
@@ -166,7 +165,7 @@ def markdown(results):
              "| nominal rate | measured (allreduce bus bandwidth) |", "|---|---:|"]
     lines += [f"| {link['nominal']} | {link['measured_mbit']:,.0f} Mbit/s |" for link in results["links"]]
     rates = [link["nominal"] for link in results["links"]]
-    configs = results.get("configs", CONFIGS)
+    configs = results["configs"]
     for model in results["models"]:
         lines += ["", f"**{model}**, samples/s, median (min–max) of the repeats, and ÷ flat SyncAverage:", "",
                   "| configuration | " + " | ".join(rates) + " |", "|---|" + "---:|" * len(rates)]
@@ -199,8 +198,7 @@ def markdown(results):
                  f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–" for tau in (4, 10)]
         lines.append(f"| {a['model']} | {a['link_rate']} | {1e3 * a['compute_seconds_per_step']:.1f} | "
                      f"{1e3 * a['sync_comm_seconds_per_step']:.1f} | " + " | ".join(cells) + " |")
-    for tta in results.get("time_to_accuracy_by_rate") or ([results["time_to_accuracy"]]
-                                                          if results["time_to_accuracy"] else []):
+    for tta in results["time_to_accuracy_by_rate"]:
         lines += ["", f"Time to accuracy across the {tta['link']['nominal']} link "
                   f"({tta['link']['measured_mbit']:,.0f} Mbit/s measured).", "", report.tta_table(tta)]
     if results["failures"]:

@@ -96,10 +96,13 @@ class Launch:
         self.interface = interface if comm.local_rank == 0 else None
         self._sent_before = 0
 
-    def barrier(self):
+    def _all_arrived(self):
         import tensorflow as tf
 
         self.comm.allreduce([tf.zeros([1])], op="sum", record=False)
+
+    def barrier(self):
+        self._all_arrived()
         if self.interface:
             self._sent_before = host_traffic.transmitted_bytes(self.interface)
 
@@ -111,9 +114,7 @@ class Launch:
         --interface). The counters are read after a barrier: a rank that has finished its own last
         collective may read while another rank of its host still sends its part of a different one."""
         if self.counting:
-            import tensorflow as tf
-
-            self.comm.allreduce([tf.zeros([1])], op="sum", record=False)
+            self._all_arrived()
         sent = host_traffic.transmitted_bytes(self.interface) - self._sent_before if self.interface else 0
         gathered = self.comm.allgather_json([seconds, sent])
         return max(g[0] for g in gathered), (sum(g[1] for g in gathered) if self.counting else None)
