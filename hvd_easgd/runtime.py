@@ -1,13 +1,18 @@
 """Process start-up: Horovod initialisation, threads per rank, GPU pinning.
 
-With runtime.py, comm/horovod_comm.py is the only module that imports Horovod.
+With runtime.py, comm/horovod_comm.py is the only module that imports Horovod,
+and comm/mpi_direct.py the only one that imports mpi4py.
 """
 import os
 import warnings
 
 from . import _compat
 
-_STATE = {"comm": None}
+_STATE = {"comm": None, "collectives": None}
+
+# How the job's collectives travel: Horovod (MPI, Gloo or NCCL), or straight
+# over MPI with mpi4py (comm/mpi_direct.py; MPI launches only).
+COLLECTIVES = ("horovod", "mpi-direct")
 
 # Horovod's stall inspector warns after CHECK seconds and, with SHUTDOWN set,
 # aborts the job instead of hanging forever when a rank stops answering.
@@ -73,7 +78,25 @@ def _pin_gpu(local_rank):
     return gpus[local_rank].name
 
 
-def init(threads_per_rank=None, use_horovod=None):
+def gloo_launch(environ=None):
+    """True when horovodrun started this process over Gloo (``--gloo``, or by
+    default where Horovod has no MPI): then there is no MPI job to join."""
+    environ = os.environ if environ is None else environ
+    return ("HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ
+            or environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo")
+
+
+def check_collectives(collectives, environ=None):
+    """Refuses an unknown choice, and ``"mpi-direct"`` under a Gloo launch."""
+    if collectives not in COLLECTIVES:
+        raise ValueError(f"`collectives` must be one of {COLLECTIVES}. Received: collectives={collectives!r}")
+    if collectives == "mpi-direct" and gloo_launch(environ):
+        raise ValueError("`collectives` must be \"horovod\" under a Gloo launch (horovodrun --gloo): "
+                         "\"mpi-direct\" needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix). "
+                         "Received: collectives='mpi-direct'")
+
+
+def init(threads_per_rank=None, use_horovod=None, collectives="horovod"):
     """Initialises Horovod once and returns the process's communicator.
 
     Exposes ``rank``, ``size``, ``local_rank`` and ``local_size`` on the
@@ -83,9 +106,17 @@ def init(threads_per_rank=None, use_horovod=None):
 
     ``use_horovod=False`` gives a one-process ``LocalCommunicator`` without
     touching Horovod (for tests and machines without it).
+
+    ``collectives="mpi-direct"`` sends every collective of the job straight
+    over MPI through mpi4py (``DirectMPICommunicator``) and does not start
+    Horovod at all; MPI launches only.
     """
     if _STATE["comm"] is not None:
+        if collectives != _STATE["collectives"]:
+            raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
+                             f"one process has one kind of collectives. Received: collectives={collectives!r}")
         return _STATE["comm"]
+    check_collectives(collectives)
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
@@ -93,6 +124,10 @@ def init(threads_per_rank=None, use_horovod=None):
     # there by default and takes CPU from the training threads when ranks
     # share cores (measured: 11.7-13.6k vs 17-19k samples/s at np=2 on 2 cores).
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    if collectives == "mpi-direct":
+        comm = _init_mpi_direct(threads_per_rank)
+        _STATE.update(comm=comm, collectives=collectives)
+        return comm
     if use_horovod is None:
         use_horovod = _compat.horovod_available()
     if use_horovod:
@@ -112,8 +147,19 @@ def init(threads_per_rank=None, use_horovod=None):
         from .comm import LocalCommunicator
 
         comm = LocalCommunicator()
-    _STATE["comm"] = comm
+    _STATE.update(comm=comm, collectives=collectives)
     return comm
+
+
+def _init_mpi_direct(threads_per_rank):
+    # Importing the module initialises MPI (after OMPI_MCA_mpi_yield_when_idle is set).
+    from .comm import mpi_direct
+
+    _, _, local_rank, local_size, _, _ = mpi_direct.launch_layout()
+    # Thread pools first: creating the communicator's account variable starts TF's runtime.
+    _configure_threads(local_size, threads_per_rank)
+    _pin_gpu(local_rank)
+    return mpi_direct.DirectMPICommunicator()
 
 
 def communicator():

@@ -85,8 +85,9 @@ def train(args, config, dataset, strategy):
 
 # --- the job's steps, in order ---------------------------------------------------------
 def _start_ranks(args, strategy):
-    """Starts Horovod, seeds every random source, and binds the strategy to the ranks."""
-    comm = runtime.init(threads_per_rank=args.threads_per_rank)
+    """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
+    random source, and binds the strategy to the ranks."""
+    comm = runtime.init(threads_per_rank=args.threads_per_rank, collectives=getattr(args, "collectives", "horovod"))
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)
