@@ -123,11 +123,7 @@ def init(threads_per_rank=None, use_horovod=None, collectives="horovod"):
     # Horovod's background thread enters MPI every cycle; Open MPI busy-polls
     # there by default and takes CPU from the training threads when ranks
     # share cores (measured: 11.7-13.6k vs 17-19k samples/s at np=2 on 2 cores).
-    # The direct path has no such thread: MPI polls only while the step waits
-    # for its result, and yielding there hands the core to TF's spinning
-    # threads (measured: a 4 KB allreduce in a numpy_function took 7-9 ms
-    # yielding, 0.1 ms polling).
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "0" if collectives == "mpi-direct" else "1")
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if collectives == "mpi-direct":
         comm = _init_mpi_direct(threads_per_rank)
         _STATE.update(comm=comm, collectives=collectives)
