@@ -7,7 +7,8 @@ Horovod hands each tensor to a background thread that negotiates, once per
 cycle, which tensors every rank has ready; at this size that negotiation,
 not the wire, is the cost. Here a grouped allreduce is ONE
 ``tf.numpy_function`` that packs the tensors of each dtype into one buffer
-and calls ``Allreduce`` on it, on the calling thread, with no negotiation.
+and reduces it with ``Iallreduce`` on the calling thread, with no
+negotiation (see SPIN_SECONDS for why nonblocking).
 
 What replaces the negotiation: program order. Every rank traces the same
 code, so it issues the same collectives in the same order, provided TF runs
@@ -35,8 +36,10 @@ Guarantees kept from the Horovod path: the byte/call account (the base
 class records the same tensors before calling the primitives below), NaN
 agreement (a NaN on one rank reaches every rank through the Sum, and the
 strategies decide after the reduction), bit-identical results on every rank
-(Open MPI's allreduce algorithms combine the same pairs in the same tree on
-every rank, and IEEE addition is commutative bit for bit), and no endless
+(at np = 2 both ranks compute a + b, and IEEE addition is commutative bit
+for bit; beyond, this rests on Open MPI's nonblocking allreduce reducing
+each element along one tree or ring and distributing it, which the tests do
+not cover: they run np = 2), and no endless
 hang: a collective still waiting after ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``
 (hvd_easgd sets 60) aborts the job, as Horovod's stall inspector does.
 """
