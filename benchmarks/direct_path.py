@@ -150,6 +150,11 @@ def _summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def _median_sync(launches, round_, variant):
+    return statistics.median(next(x for x in launches if x["round"] == round_ and x["variant"] == variant)
+                             ["samples_per_sec"]["sync"])
+
+
 def drive(out, rounds, steps, repeats, timeout=600):
     launches = []
     names = list(VARIANTS)
@@ -203,6 +208,10 @@ def drive(out, rounds, steps, repeats, timeout=600):
         "latency_horovod_tuned_over_direct": summary["horovod_tuned"]["comm_latency_us"]["median"]
         / direct["comm_latency_us"]["median"],
     }
+    # Paired by round (launches of one round ran back to back): the ratio the
+    # load from elsewhere disturbs least.
+    ratios["sync_direct_over_horovod_tuned_per_round"] = [
+        _median_sync(launches, r, "direct") / _median_sync(launches, r, "horovod_tuned") for r in range(rounds)]
     with open(out, "w") as f:
         json.dump({"launches": launches, "summary": summary, "ratios": ratios, "rounds": rounds, "steps": steps,
                    "repeats_per_launch": repeats}, f, indent=1)
