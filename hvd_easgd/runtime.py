@@ -96,7 +96,7 @@ def check_collectives(collectives, environ=None):
                          "Received: collectives='mpi-direct'")
 
 
-def init(threads_per_rank=None, use_horovod=None, collectives="horovod"):
+def init(threads_per_rank=None, use_horovod=None, collectives=None):
     """Initialises Horovod once and returns the process's communicator.
 
     Exposes ``rank``, ``size``, ``local_rank`` and ``local_size`` on the
@@ -109,13 +109,15 @@ def init(threads_per_rank=None, use_horovod=None, collectives="horovod"):
 
     ``collectives="mpi-direct"`` sends every collective of the job straight
     over MPI through mpi4py (``DirectMPICommunicator``) and does not start
-    Horovod at all; MPI launches only.
+    Horovod at all; MPI launches only. ``None`` (default) is ``"horovod"``
+    on the first call, and whatever the first call chose on later ones.
     """
     if _STATE["comm"] is not None:
-        if collectives != _STATE["collectives"]:
+        if collectives is not None and collectives != _STATE["collectives"]:
             raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
                              f"one process has one kind of collectives. Received: collectives={collectives!r}")
         return _STATE["comm"]
+    collectives = collectives or "horovod"
     check_collectives(collectives)
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
