@@ -78,17 +78,35 @@ def horovod(comm, controller, gradient_shapes, quick=False):
         result["sizes"].append({"mbytes": mb, "bytes": nbytes,
                                 "hvd": dict(t, busbw_gbs=busbw(nbytes, t["median"], n) / 1e9)})
 
+    barrier()
+    result["gradients"] = gradient_latency(comm, gradient_shapes,
+                                           QUICK_LATENCY_ITERATIONS if quick else LATENCY_ITERATIONS)
+    return result
+
+
+def gradient_latency(comm, gradient_shapes, iterations=LATENCY_ITERATIONS, warmup=10):
+    """One model's gradients in ONE grouped allreduce inside a ``tf.function``:
+    per-call µs raw (``hvd.grouped_allreduce``) and through ``comm.allreduce``
+    (which adds the communicator's own ops: compression hooks, no account).
+
+    The two alternate in blocks of ten calls, so that a burst of load from
+    elsewhere hits both alike.
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
     grads = [tf.ones(shape, tf.float32) for shape in gradient_shapes]
-    iterations = QUICK_LATENCY_ITERATIONS if quick else LATENCY_ITERATIONS
     grouped = tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Average), jit_compile=False)
     through_comm = tf.function(lambda ts: comm.allreduce(ts, op="average", record=False), jit_compile=False)
-    barrier()
-    result["gradients"] = {
-        "bytes": int(sum(4 * np.prod(shape) for shape in gradient_shapes)), "tensors": len(grads),
-        "hvd_grouped_allreduce_us": _us(_times(lambda: grouped(grads), iterations, 10)),
-        "hvd_easgd_comm_allreduce_us": _us(_times(lambda: through_comm(grads), iterations, 10)),
-    }
-    return result
+    calls = {"hvd_grouped_allreduce_us": lambda: grouped(grads),
+             "hvd_easgd_comm_allreduce_us": lambda: through_comm(grads)}
+    times = {name: _times(call, 0, warmup) for name, call in calls.items()}  # warm-up only
+    block = 10
+    for _ in range(max(1, iterations // block)):
+        for name, call in calls.items():
+            times[name] += _times(call, block, 0)
+    return dict({"bytes": int(sum(4 * np.prod(shape) for shape in gradient_shapes)), "tensors": len(grads)},
+                **{name: _us(t) for name, t in times.items()})
 
 
 # --- the references, in their own MPI launch ------------------------------------------------------

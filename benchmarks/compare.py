@@ -443,6 +443,7 @@ def main(argv=None):
                                         "foreign_cpu_share_during": foreign.share,
                                         "cpu_affinity_per_rank": launch["cpu_affinity_per_rank"],
                                         "threads_per_rank": launch["threads_per_rank"],
+                                        "horovod_settings": launch.get("horovod_settings"),
                                         "loadavg_before": launch["loadavg_before"],
                                         "loadavg_after": launch["loadavg_after"],
                                         "seconds": time.perf_counter() - t0})

@@ -64,18 +64,13 @@ def trainable_count(model):
     return int(sum(np.prod(v.shape) for v in model.trainable_variables))
 
 
-def floating_state_bytes(model):
-    """Bytes of floating non-trainable state (BatchNorm statistics) as EASGD
-    sends it: cast to the weights' dtype (float32)."""
-    return int(sum(4 * np.prod(v.shape) for v in model.non_trainable_variables if "float" in str(v.dtype)))
-
-
 def expected_traffic(name, model):
     """Analytic payload bytes and collective calls per training step (per rank).
 
     SyncAverage: all gradients (4·P bytes) in one call every step.
-    EASGD τ: the elastic differences (4·P), the floating non-trainable state
-      and a 4-byte non-finite flag in one call every τ-th step.
+    EASGD τ: the elastic differences (4·P) and a 4-byte non-finite flag in
+      one call every τ-th step (BatchNorm statistics are averaged by the
+      AverageStatistics callback, outside the account).
     Accumulation k over SyncAverage: the gradient sums and a 4-byte sample
       count in one call every k-th micro-step.
     """
@@ -86,7 +81,7 @@ def expected_traffic(name, model):
         return {"bytes_per_step": float(weights), "calls_per_step": 1.0}
     if name.startswith("easgd_tau"):
         tau, _ = easgd_settings(name)
-        return {"bytes_per_step": (weights + floating_state_bytes(model) + 4) / tau, "calls_per_step": 1.0 / tau}
+        return {"bytes_per_step": (weights + 4) / tau, "calls_per_step": 1.0 / tau}
     if name == "accum4_sync":
         return {"bytes_per_step": (weights + 4) / 4, "calls_per_step": 0.25}
     raise ValueError(name)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 import hvd_easgd
-from hvd_easgd import atomic
+from hvd_easgd import atomic, runtime
 from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
 from hvd_easgd.lr_scaling import lr_scale
@@ -303,7 +303,8 @@ def main(argv=None):
         "cpu_affinity_per_rank": affinity,
         "threads_per_rank": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                              "inter_op": tf.config.threading.get_inter_op_parallelism_threads()},
-        "versions": machine.versions(), "rows": [], "allreduce": None, "time_to_accuracy": None,
+        "versions": machine.versions(), "horovod_settings": runtime.horovod_settings(),
+        "rows": [], "allreduce": None, "time_to_accuracy": None,
         "loadavg_before": load_before,
     }
     if args.link_probe_mb:

@@ -3,8 +3,10 @@
 Workers combine their work over ring-allreduce (MPI or Gloo on CPU, NCCL on
 GPU): ``SyncAverage`` averages gradients every step, ``EASGD`` takes an
 elastic-averaging step every τ steps against a center replicated on every
-rank, and ``GradientAccumulation`` runs k backward passes per update on top
-of either.
+rank, ``PeriodicAverage`` (local SGD) averages the weights every τ steps,
+``DiLoCo`` takes an outer optimizer step on the averaged pseudo-gradient every
+τ steps, and ``GradientAccumulation`` runs k backward passes per update on top
+of any of them.
 
 The names below load on first use (PEP 562), so ``import hvd_easgd.slurm``
 from a batch script costs the standard library only, not TensorFlow's
@@ -20,8 +22,11 @@ _compat.quiet_tensorflow()
 
 # Public name -> the module that defines it (a submodule when the two are the same).
 _LAZY = {
+    "DiLoCo": ".strategies",
     "EASGD": ".strategies",
     "GradientAccumulation": ".strategies",
+    "Hierarchical": ".strategies",
+    "PeriodicAverage": ".strategies",
     "SyncAverage": ".strategies",
     "SyncStrategy": ".strategies",
     "registry": ".strategies",

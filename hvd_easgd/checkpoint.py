@@ -36,6 +36,11 @@ a checkpoint of another format is refused with a message naming both:
   absent when missing) but the shards mean what they meant; a mid-epoch
   shard simply holds the state at that micro-batch (mid-window accumulators,
   EASGD's step counter and so its tau phase).
+
+A checkpoint saved at p ranks resumes at q != p where
+``config_compare.resize_refusal`` allows it: ``restore`` then gives every
+rank the same state, mapped from the p shards (``resized_arrays``), and an
+EASGD rank's local weights restart from the center.
 """
 import json
 import os
@@ -160,25 +165,94 @@ def latest(run_dir):
 
 
 def restore(directory, manifest, model, optimizer, comm):
-    """Loads this rank's shard into the model, optimizer and strategy.
+    """Loads this rank's state from the checkpoint in ``directory``.
 
-    At another number of ranks every rank loads rank 0's shard: only valid
-    where every rank saved the same state (``config_compare.resize_refusal``
-    says where; the trainer checks it first).
+    At the number of ranks that saved it, each rank loads its own shard. At
+    another number (``config_compare.resize_refusal`` says where that is
+    allowed; the trainer checks it first), every rank loads the same state,
+    mapped from the p saved shards by ``resized_arrays``, so the q ranks start
+    alike, as a fresh run does after its initial broadcast.
     """
-    resized = manifest["num_ranks"] != comm.size
-    path = os.path.join(directory, f"rank-{0 if resized else comm.rank:05d}.npz")
-    with np.load(path) as shard:
-        groups = state_groups(model, optimizer)
-        expected = {f"{name}/{i:05d}" for name, vs in groups.items() for i in range(len(vs))}
-        if expected != set(shard.files):
-            missing = sorted(expected - set(shard.files))[:3]
-            extra = sorted(set(shard.files) - expected)[:3]
-            raise CheckpointError(f"{path} does not fit this model/optimizer/strategy "
-                                  f"(missing {missing}, unexpected {extra})")
-        for name, variables in groups.items():
-            for i, var in enumerate(variables):
-                value = shard[f"{name}/{i:05d}"]
-                if tuple(value.shape) != tuple(var.shape):
-                    raise CheckpointError(f"{path}: {name}/{i} has shape {value.shape}, expected {tuple(var.shape)}")
-                var.assign(value)
+    groups = state_groups(model, optimizer)
+    if manifest["num_ranks"] == comm.size:
+        path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
+        with np.load(path) as shard:
+            _check_fits(path, shard.files, groups)
+            _assign(path, groups, shard)
+        return
+    paths = [os.path.join(directory, f"rank-{r:05d}.npz") for r in range(manifest["num_ranks"])]
+    shards = [np.load(path) for path in paths]
+    try:
+        for path, shard in zip(paths, shards):
+            _check_fits(path, shard.files, groups)
+        _assign(paths[0], groups, resized_arrays(shards, _keys(groups)))
+    finally:
+        for shard in shards:
+            shard.close()
+    _restart_local_weights_from_kept_model(model, optimizer)
+
+
+def _keys(groups):
+    return [f"{name}/{i:05d}" for name, variables in groups.items() for i in range(len(variables))]
+
+
+def _check_fits(path, files, groups):
+    expected = set(_keys(groups))
+    if expected != set(files):
+        missing = sorted(expected - set(files))[:3]
+        extra = sorted(set(files) - expected)[:3]
+        raise CheckpointError(f"{path} does not fit this model/optimizer/strategy "
+                              f"(missing {missing}, unexpected {extra})")
+
+
+def _assign(path, groups, arrays):
+    for name, variables in groups.items():
+        for i, var in enumerate(variables):
+            value = arrays[f"{name}/{i:05d}"]
+            if tuple(value.shape) != tuple(var.shape):
+                raise CheckpointError(f"{path}: {name}/{i} has shape {value.shape}, expected {tuple(var.shape)}")
+            var.assign(value)
+
+
+def resized_arrays(shards, keys):
+    """One state for every rank of a resized run, from the p saved ``shards``
+    (mappings of key -> array), per array:
+
+    - where every shard holds the same value (SyncAverage's whole state;
+      EASGD's center, step counter and so its tau phase; the update count;
+      BatchNorm statistics, averaged at the epoch end): that value, exactly;
+    - else, floating arrays: their mean over the p ranks. These are EASGD's
+      per-rank local weights (replaced by the center afterwards, see
+      ``restore``) and optimizer slots. The mean, because the local weights
+      restart from the center, which tracks the workers' mean: SGD momentum
+      is linear in the gradients, so the mean of the p velocities is the
+      velocity of the workers' mean (for Adam's second moment the mean is an
+      approximation). Taking rank r mod p's slots instead would pair a
+      velocity built along one worker's path with weights it never had, and
+      resetting them would restart every moment estimate from zero;
+    - else (integer counters that differ per rank: per-rank skip counts):
+      rank 0's.
+    """
+    arrays = {}
+    for key in keys:
+        first = shards[0][key]
+        others = [shard[key] for shard in shards[1:]]
+        if all(np.array_equal(first, other) for other in others) or not np.issubdtype(first.dtype, np.floating):
+            arrays[key] = first
+        else:
+            total = np.asarray(first, np.float64).copy()
+            for other in others:
+                total += other
+            arrays[key] = (total / len(shards)).astype(first.dtype)
+    return arrays
+
+
+def _restart_local_weights_from_kept_model(model, optimizer):
+    """Every rank's trainable weights <- the kept model (EASGD's center), where
+    the strategy keeps one apart from the weights (None: the weights are it)."""
+    strategy = getattr(optimizer, "strategy", None)
+    kept = strategy.kept_variables() if strategy is not None else None
+    if kept is None:
+        return
+    for variable, center in zip(model.trainable_variables, kept):
+        variable.assign(center)

@@ -64,7 +64,7 @@ def build_parser():
                                default=None, help=text)
         else:
             group.add_argument(flag, dest=_flag_dest(flag), type=opt.type, choices=opt.choices, default=None,
-                               help=text)
+                               metavar=None if opt.choices else flag[2:].upper().replace("-", "_"), help=text)
     acc = parser.add_argument_group("gradient accumulation (composes with any --strategy)")
     acc.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per optimizer update")
     acc.add_argument("--accumulate-reduction", choices=("mean", "sum"), default="mean",

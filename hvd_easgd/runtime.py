@@ -6,12 +6,12 @@ and comm/mpi_direct.py the only one that imports mpi4py.
 import os
 import warnings
 
-from . import _compat
+from . import _compat, tuning
 
-_STATE = {"comm": None, "collectives": None}
+_STATE = {"comm": None, "horovod_settings": None, "collectives": None}
 
 # How the job's collectives travel: Horovod (MPI, Gloo or NCCL), or straight
-# over MPI with mpi4py (comm/mpi_direct.py; MPI launches only).
+# over MPI through hvd_easgd's own TF ops (comm/mpi_direct.py; MPI launches only).
 COLLECTIVES = ("horovod", "mpi-direct")
 
 # Horovod's stall inspector warns after CHECK seconds and, with SHUTDOWN set,
@@ -78,6 +78,30 @@ def _pin_gpu(local_rank):
     return gpus[local_rank].name
 
 
+PROCESS_SETS = (None, "dynamic")
+
+
+def _device():
+    """``"gpu"`` where TensorFlow sees a GPU (Horovod then reduces with NCCL), else ``"cpu"``."""
+    import tensorflow as tf
+
+    return "gpu" if tf.config.list_physical_devices("GPU") else "cpu"
+
+
+def _apply_horovod_defaults(mpi_built):
+    """Sets hvd_easgd's Horovod defaults (``tuning``) where the user set nothing; returns the record."""
+    controller = tuning.controller_from_environ(os.environ, mpi_built)
+    chosen = tuning.horovod_defaults(_device(), controller, os.environ)
+    os.environ.update(chosen)
+    return dict(controller=controller, settings=tuning.settings_in_force(os.environ, chosen))
+
+
+def horovod_settings():
+    """The controller and Horovod tunables in force and who set each (``None`` before
+    ``init()`` or without Horovod): what config.yaml and benchmark results record."""
+    return _STATE["horovod_settings"]
+
+
 def gloo_launch(environ=None):
     """True when horovodrun started this process over Gloo (``--gloo``, or by
     default where Horovod has no MPI): then there is no MPI job to join."""
@@ -96,7 +120,7 @@ def check_collectives(collectives, environ=None):
                          "Received: collectives='mpi-direct'")
 
 
-def init(threads_per_rank=None, use_horovod=None, collectives=None):
+def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives=None):
     """Initialises Horovod once and returns the process's communicator.
 
     Exposes ``rank``, ``size``, ``local_rank`` and ``local_size`` on the
@@ -107,25 +131,34 @@ def init(threads_per_rank=None, use_horovod=None, collectives=None):
     ``use_horovod=False`` gives a one-process ``LocalCommunicator`` without
     touching Horovod (for tests and machines without it).
 
+    ``process_sets="dynamic"`` starts Horovod with dynamic process sets, so
+    that ``comm.split(groups)`` can create sub-communicators (Hierarchical's
+    groups) once the ranks know their hosts. Off by default: Horovod's
+    process sets are otherwise fixed at its start.
+
     ``collectives="mpi-direct"`` sends every collective of the job straight
-    over MPI through mpi4py (``DirectMPICommunicator``) and does not start
-    Horovod at all; MPI launches only. ``None`` (default) is ``"horovod"``
-    on the first call, and whatever the first call chose on later ones.
+    over MPI through hvd_easgd's own TF ops (``DirectMPICommunicator``) and
+    does not start Horovod at all; MPI launches only. Its ``split`` needs no
+    process sets (MPI splits communicators at any time). ``None`` (default)
+    is ``"horovod"`` on the first call, and whatever the first call chose on
+    later ones.
     """
+    if process_sets not in PROCESS_SETS:
+        raise ValueError(f"`process_sets` must be one of {PROCESS_SETS}. Received: process_sets={process_sets!r}")
     if _STATE["comm"] is not None:
+        comm = _STATE["comm"]
         if collectives is not None and collectives != _STATE["collectives"]:
             raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
                              f"one process has one kind of collectives. Received: collectives={collectives!r}")
-        return _STATE["comm"]
-    collectives = collectives or "horovod"
-    check_collectives(collectives)
+        if process_sets == "dynamic" and not getattr(comm, "dynamic_process_sets", True):
+            raise RuntimeError("hvd_easgd.init() already started Horovod without dynamic process sets; "
+                               "call hvd_easgd.init(process_sets='dynamic') first, before anything initialises")
+        return comm
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
-    # Horovod's background thread enters MPI every cycle; Open MPI busy-polls
-    # there by default and takes CPU from the training threads when ranks
-    # share cores (measured: 11.7-13.6k vs 17-19k samples/s at np=2 on 2 cores).
-    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    collectives = collectives or "horovod"
+    check_collectives(collectives)
     if collectives == "mpi-direct":
         comm = _init_mpi_direct(threads_per_rank)
         _STATE.update(comm=comm, collectives=collectives)
@@ -135,7 +168,9 @@ def init(threads_per_rank=None, use_horovod=None, collectives=None):
     if use_horovod:
         import horovod.tensorflow as hvd
 
-        hvd.init()
+        # Horovod reads its tunables once, in hvd.init(process_sets=process_sets): set them before.
+        _STATE["horovod_settings"] = _apply_horovod_defaults(hvd.mpi_built())
+        hvd.init(process_sets=process_sets)
         local_rank, local_size = hvd.local_rank(), hvd.local_size()
     else:
         local_rank, local_size = 0, 1
@@ -144,7 +179,7 @@ def init(threads_per_rank=None, use_horovod=None, collectives=None):
     if use_horovod:
         from .comm.horovod_comm import HorovodCommunicator
 
-        comm = HorovodCommunicator()
+        comm = HorovodCommunicator(dynamic_process_sets=process_sets == "dynamic")
     else:
         from .comm import LocalCommunicator
 
@@ -154,7 +189,8 @@ def init(threads_per_rank=None, use_horovod=None, collectives=None):
 
 
 def _init_mpi_direct(threads_per_rank):
-    # Importing the module initialises MPI (after OMPI_MCA_mpi_yield_when_idle is set).
+    # Open MPI reads how to wait when MPI starts, which importing the module does.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", tuning.OMPI_YIELD_WHEN_IDLE)
     from .comm import mpi_direct
 
     _, _, local_rank, local_size, _, _ = mpi_direct.launch_layout()

@@ -17,10 +17,15 @@ allreduce, and counted them.)
 import tensorflow as tf
 
 
+def floating(variables):
+    """The floating ones among ``variables``: what counts as statistics
+    (integer state, such as seed-generator counters, is left alone)."""
+    return [v for v in variables if tf.as_dtype(v.dtype).is_floating]
+
+
 def floating_state(model):
-    """The model's floating non-trainable variables (integer state, such as
-    seed-generator counters, is left alone)."""
-    return [v for v in model.non_trainable_variables if tf.as_dtype(v.dtype).is_floating]
+    """The model's floating non-trainable variables."""
+    return floating(model.non_trainable_variables)
 
 
 def average_statistics(model, comm):

@@ -25,6 +25,7 @@ from .errors import UsageError
 from .kept_model import save_kept_model
 from .lr_scaling import lr_scale
 from .optimizer import DistributedOptimizer
+from .strategies import walk
 
 
 def train(args, config, dataset, strategy):
@@ -48,7 +49,7 @@ def train(args, config, dataset, strategy):
     optimizer = _compile(model, args, strategy, comm, updates_per_epoch=steps // args.accumulate)
     placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if comm.rank == 0:
-        _write_run_config(run_dir, config, comm.size, placement)
+        _write_run_config(run_dir, config, comm.size, placement, _rank_groups(strategy))
     start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, args.batch_size * comm.size,
@@ -87,7 +88,10 @@ def train(args, config, dataset, strategy):
 def _start_ranks(args, strategy):
     """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
     random source, and binds the strategy to the ranks."""
-    comm = runtime.init(threads_per_rank=args.threads_per_rank, collectives=getattr(args, "collectives", "horovod"))
+    # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
+    splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
+    comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None,
+                        collectives=getattr(args, "collectives", "horovod"))
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)
@@ -225,13 +229,22 @@ def _compile(model, args, strategy, comm, updates_per_epoch):
 
 
 
-def _write_run_config(run_dir, config, num_ranks, placement):
-    """config.yaml: what this run is (effective config, where each rank runs, versions)."""
+def _rank_groups(strategy):
+    """The groups of ranks a strategy combines in (Hierarchical's), or None."""
+    return next((s.groups for s in walk(strategy) if getattr(s, "groups", None)), None)
+
+
+def _write_run_config(run_dir, config, num_ranks, placement, groups=None):
+    """config.yaml: what this run is (effective config, where each rank runs, versions;
+    the strategy's groups of ranks if it has some)."""
     os.makedirs(run_dir, exist_ok=True)
+    run = {"config": config, "num_ranks": num_ranks, "ranks": placement, "versions": _compat.versions()}
+    if groups is not None:
+        run["groups"] = [list(g) for g in groups]
     with atomic.temporary_path(os.path.join(run_dir, "config.yaml")) as tmp:
         with open(tmp, "w") as f:
-            yaml.safe_dump({"config": config, "num_ranks": num_ranks, "ranks": placement,
-                            "versions": _compat.versions()}, f, sort_keys=True)
+            run["horovod_settings"] = runtime.horovod_settings()
+            yaml.safe_dump(run, f, sort_keys=True)
 
 
 def _restore(resume_from, run_dir, model, optimizer, comm, steps):
@@ -248,12 +261,25 @@ def _restore(resume_from, run_dir, model, optimizer, comm, steps):
     optimizer.build(model.trainable_variables)
     checkpoint.restore(directory, manifest, model, optimizer, comm)
     start_epoch = manifest["epoch"]
+    if manifest["num_ranks"] != comm.size and comm.rank == 0:
+        print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
     previous = []
     metrics_path = os.path.join(run_dir, "metrics.json")
     if os.path.isfile(metrics_path):
         with open(metrics_path) as f:
             previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
     return start_epoch, start_step, previous
+
+
+def _resize_notice(manifest, strategy, size):
+    """One line saying what a resume at another number of ranks kept and what it changed."""
+    line = (f"train.py: resuming at {size} ranks from a checkpoint of {manifest['num_ranks']} "
+            f"(epoch {manifest['epoch']}): the update count continues, the data are resharded for {size} ranks")
+    elastic = [s for s in walk(strategy) if getattr(s, "moving_rate", None) is not None]
+    if elastic:
+        line += (f"; every rank's local weights restart from the center, optimizer slots are the mean of the "
+                 f"{manifest['num_ranks']} saved ranks', moving rate alpha = {elastic[0].moving_rate:.6g}")
+    return line
 
 
 def _fit_parts(start_epoch, start_step, epochs):

@@ -74,14 +74,28 @@ run_dir_default() {
   printf '%s\n' --run-dir "runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}"
 }
 
-# run_dir_of ARGS...: the run directory ARGS name (--run-dir or --resume), or nothing.
+# run_dir_of ARGS...: the run directory ARGS name (--run-dir or --resume, else the
+# run_dir key of the --config file, as train.py reads it), or nothing.
 run_dir_of() {
-  local previous="" arg
+  local previous="" arg config=""
   for arg in "$@"; do
-    case "$previous" in --run-dir|--resume) printf '%s\n' "$arg"; return 0 ;; esac
-    case "$arg" in --run-dir=*|--resume=*) printf '%s\n' "${arg#*=}"; return 0 ;; esac
+    case "$previous" in
+      --run-dir|--resume) printf '%s\n' "$arg"; return 0 ;;
+      --config) config=$arg ;;
+    esac
+    case "$arg" in
+      --run-dir=*|--resume=*) printf '%s\n' "${arg#*=}"; return 0 ;;
+      --config=*) config=${arg#*=} ;;
+    esac
     previous=$arg
   done
+  [ -n "$config" ] && [ -f "$config" ] || return 0
+  python - "$config" <<'PY' 2>/dev/null || true
+import sys, yaml
+config = yaml.safe_load(open(sys.argv[1])) or {}
+value = config.get("run_dir", config.get("run-dir")) if isinstance(config, dict) else None
+print(value or "")
+PY
 }
 
 # launch_requeueable ARGS...: launch_ranks ARGS in the background, and on
@@ -91,14 +105,20 @@ run_dir_of() {
 # looks for every --agree-every micro-batches (train.py then checkpoints on
 # every rank at one step and exits with status 75): a file reaches ranks that
 # horovodrun started on other hosts, and a warning that comes before the ranks
-# are up is not lost. Without a run directory in ARGS (a --config naming it),
-# the signal goes to the ranks of srun steps only (scancel --signal=USR1).
+# are up is not lost. The run directory is the one ARGS or their --config file
+# name. Without one (train.py then refuses --auto-resume anyway) the signal goes
+# to the ranks of srun steps only (scancel --signal=USR1): under horovodrun it
+# reaches no rank, since horovodrun does not forward it to the ranks it started.
 # A requeued job keeps its id, so runs/<job name>-<job id> and --auto-resume
 # continue it. Needs train.py's --checkpoint-on-signal (or any agreement) on.
 launch_requeueable() {
   local run_dir stop_requested=0 pid status=0
   run_dir=$(run_dir_of "$@")
   [ -z "$run_dir" ] || rm -f "$run_dir/STOP"  # a stale request must not stop this run at once
+  if [ -z "$run_dir" ] && [ "$HVD_EASGD_LAUNCH" = horovodrun ]; then
+    echo "hvd_easgd: warning: no run directory in the arguments or their --config: under horovodrun" \
+         "the time-limit warning cannot reach the ranks (no checkpoint on it); pass --run-dir" >&2
+  fi
   ask_ranks_to_checkpoint() {
     stop_requested=1
     echo "hvd_easgd: SIGUSR1 at $(date -Is): the ranks checkpoint, then job $SLURM_JOB_ID requeues"

@@ -25,6 +25,26 @@ def pytest_report_header(config):
     return f"test network: {config.hvd_easgd_network}"
 
 
+# --- seconds per tier, printed at the end of every run -------------------------------
+# One `make test` then gives each tier's time (the closing notes report them),
+# with module-scoped fixtures charged to the tier whose test set them up.
+TIERS = ("unit", "multiproc", "slurm", "multinode")
+_tier_seconds = {}
+
+
+def pytest_runtest_logreport(report):
+    tier = next((t for t in TIERS if t in report.keywords), "unmarked")
+    seconds, tests = _tier_seconds.get(tier, (0.0, 0))
+    _tier_seconds[tier] = (seconds + report.duration, tests + (report.when == "call"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _tier_seconds:
+        terminalreporter.write_sep("-", "seconds per tier (setup + call + teardown)")
+        for tier, (seconds, tests) in sorted(_tier_seconds.items()):
+            terminalreporter.write_line(f"{tier}: {tests} tests, {seconds:.0f} s")
+
+
 def quiet_env(**extra):
     # Keep MPI's and Gloo's traffic on loopback: the tests run on one host.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1",

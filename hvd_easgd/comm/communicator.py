@@ -7,7 +7,19 @@ a Python counter inside ``tf.function`` would count traces, not steps.
 Strategies are compared by these figures, so they must be exact.
 
 Subclasses implement three primitives on already-compressed tensors:
-``_grouped_allreduce``, ``_broadcast`` and ``_allgather``.
+``_grouped_allreduce``, ``_broadcast`` and ``_allgather``, and
+``_sub_communicator`` for ``split``.
+
+Sub-communicators (``split``): a communicator over some of the ranks, with
+its own ``rank`` and ``size`` (among those ranks) and its own account. What
+a sub-communicator records is also recorded in its parent's account, so the
+parent's figures stay the totals of the process and a sub-communicator's are
+its part of them (Hierarchical's per-level account).
+
+With one rank there is no one to talk to: every collective returns its
+input, issues nothing and counts nothing (0 bytes, 0 calls), whichever
+communicator it is. A one-rank Horovod job would otherwise pay Horovod's
+cycle and negotiation for every step (it ran at 0.45 of no communication).
 """
 import hashlib
 import json
@@ -41,13 +53,30 @@ class Communicator:
     # rank among the processes with the same local_rank) and cross_size.
     cross_rank = 0
     cross_size = 1
+    # Every host runs the same number of ranks (Horovod's is_homogeneous).
+    homogeneous = True
 
-    def __init__(self):
+    def __init__(self, parent=None):
         # [payload bytes, collective calls], in one variable so that a step
         # pays one update for its account. Created eagerly (not in a trace)
         # so that a step function can update it.
         with tf.init_scope():
             self._account = tf.Variable([0, 0], dtype=tf.int64, trainable=False, name="comm_account")
+        self.parent = parent
+        self._ranks = None
+        self._splits = {}
+
+    @property
+    def ranks(self):
+        """This communicator's ranks as its parent numbers them, by its own
+        rank (``range(size)`` for a communicator without a parent)."""
+        return self._ranks if self._ranks is not None else tuple(range(self.size))
+
+    def _accounts(self):
+        comm = self
+        while comm is not None:
+            yield comm._account
+            comm = comm.parent
 
     # --- the account ------------------------------------------------------
     def account(self):
@@ -63,9 +92,56 @@ class Communicator:
         for t in tensors:
             total = total + _nbytes(t)
         if isinstance(total, int):  # static shapes: a constant, known at trace time
-            self._account.assign_add(tf.constant([total, 1], tf.int64))
+            entry = tf.constant([total, 1], tf.int64)
         else:
-            self._account.assign_add(tf.stack([tf.cast(total, tf.int64), tf.constant(1, tf.int64)]))
+            entry = tf.stack([tf.cast(total, tf.int64), tf.constant(1, tf.int64)])
+        for account in self._accounts():  # this communicator's, and its parents' (the totals)
+            account.assign_add(entry)
+
+    # --- sub-communicators ----------------------------------------------------------
+    def split(self, groups):
+        """The communicator of this rank's group among ``groups``, or None if it is in none.
+
+        Args:
+          groups: disjoint lists of this communicator's ranks (they need not
+            cover every rank). The sub-communicator's rank r is the r-th
+            smallest rank of its group.
+
+        Every rank must call ``split`` with the same ``groups``, in the same
+        order as its other splits: under Horovod, creating a process set is
+        a collective of all the ranks. The same ``groups`` twice give the
+        same communicators (and create nothing new).
+        """
+        groups = tuple(tuple(sorted(int(r) for r in g)) for g in groups)
+        seen = [r for g in groups for r in g]
+        if not groups or any(not g for g in groups) or len(seen) != len(set(seen)) or not all(
+                0 <= r < self.size for r in seen):
+            raise ValueError(f"`groups` must be disjoint, non-empty lists of ranks in [0, {self.size}). "
+                             f"Received: groups={[list(g) for g in groups]}")
+        if groups not in self._splits:
+            made = self._sub_communicators(groups)
+            self._splits[groups] = next((made[i] for i, g in enumerate(groups) if self.rank in g), None)
+        return self._splits[groups]
+
+    def _sub_communicators(self, groups):
+        """One entry per group: this rank's communicator for its own group,
+        anything (None) for the others. Subclasses create what they must for
+        every group (Horovod's process sets are created by all ranks)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot split into sub-communicators")
+
+    def host_groups(self):
+        """The ranks of each host, hosts ordered by their first rank (eager; a collective).
+
+        From every rank's (cross_rank, local_rank): Horovod numbers hosts by
+        cross_rank, and ranks need not be consecutive on a host (SLURM's
+        cyclic distribution).
+        """
+        places = self.allgather_json([self.cross_rank, self.local_rank]) if self.size > 1 else [[0, 0]]
+        hosts = {}
+        for rank, (host, local) in enumerate(places):
+            hosts.setdefault(host, []).append((local, rank))
+        groups = [[rank for _, rank in sorted(members)] for members in hosts.values()]
+        return sorted(groups, key=min)
 
     # --- collectives --------------------------------------------------------
     def allreduce(self, tensors, op="average", compression=Compression.none, record=True):
@@ -77,8 +153,8 @@ class Communicator:
         if op not in REDUCE_OPS:
             raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
         tensors = [tf.convert_to_tensor(t) for t in tensors]
-        if not tensors:
-            return []
+        if not tensors or self.size == 1:
+            return tensors
         wire, dtypes = zip(*(compression.compress(t) for t in tensors))
         if record:
             self._record(wire)
@@ -88,6 +164,10 @@ class Communicator:
     def broadcast(self, tensors, root_rank=0):
         """Returns rank ``root_rank``'s values of ``tensors`` on every rank."""
         tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if self.size == 1:
+            if root_rank != 0:
+                raise ValueError(f"`root_rank` must be 0 with one process. Received: root_rank={root_rank}")
+            return tensors
         for t in tensors:  # Horovod broadcasts tensor by tensor: one call each.
             self._record([t])
         return self._broadcast(tensors, root_rank) if tensors else []
@@ -95,6 +175,8 @@ class Communicator:
     def allgather(self, tensor):
         """Concatenates every rank's ``tensor`` along axis 0 (sizes may differ)."""
         tensor = tf.convert_to_tensor(tensor)
+        if self.size == 1:
+            return tensor
         self._record([tensor])
         return self._allgather(tensor)
 

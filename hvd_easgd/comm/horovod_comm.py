@@ -3,31 +3,76 @@
 One of the two modules of hvd_easgd that import Horovod (with runtime.py).
 Only Horovod's raw collectives are used; its high-level wrappers are broken
 under Keras 3.
+
+Sub-communicators are Horovod process sets. Horovod takes them either at
+``hvd.init(process_sets=[...])``, which needs every set's ranks before
+Horovod starts, or, with dynamic process sets (``hvd.init(process_sets=
+"dynamic")``, i.e. HOROVOD_DYNAMIC_PROCESS_SETS=1), from
+``hvd.add_process_set`` afterwards, a collective of all ranks. Groups by host
+are known only once Horovod runs, so ``split`` uses the dynamic form (tested
+under horovodrun with Gloo and with MPI); ``hvd_easgd.init(process_sets=
+"dynamic")`` enables it.
 """
 import horovod.tensorflow as hvd
 
 from .communicator import Communicator
+from .local_comm import solo_communicator
 
 _HOROVOD_OPS = {"average": hvd.Average, "sum": hvd.Sum}
 
 
 class HorovodCommunicator(Communicator):
-    def __init__(self):
+    """Horovod's global ranks, or (``process_set``) those of one process set.
+
+    Args:
+      process_set: a Horovod ``ProcessSet`` holding this rank; default the global one.
+      parent: the communicator this one was split from (its account also records this one's traffic).
+      dynamic_process_sets: whether Horovod was started with dynamic process sets (``split`` needs them).
+    """
+
+    def __init__(self, process_set=None, parent=None, dynamic_process_sets=False):
         if not hvd.is_initialized():
             raise RuntimeError("Horovod is not initialised; call hvd_easgd.init() first")
-        super().__init__()
-        self.rank = hvd.rank()
-        self.size = hvd.size()
+        super().__init__(parent=parent)
+        self.process_set = hvd.global_process_set if process_set is None else process_set
+        self.dynamic_process_sets = dynamic_process_sets
+        self.rank = self.process_set.rank()
+        self.size = self.process_set.size()
         self.local_rank = hvd.local_rank()
         self.local_size = hvd.local_size()
         self.cross_rank = hvd.cross_rank()
         self.cross_size = hvd.cross_size()
+        self.homogeneous = hvd.is_homogeneous()
+        if process_set is not None:
+            self._ranks = tuple(process_set.ranks)
 
     def _grouped_allreduce(self, tensors, op):
-        return hvd.grouped_allreduce(tensors, op=_HOROVOD_OPS[op])
+        return hvd.grouped_allreduce(tensors, op=_HOROVOD_OPS[op], process_set=self.process_set)
 
     def _broadcast(self, tensors, root_rank):
-        return [hvd.broadcast(t, root_rank=root_rank) for t in tensors]
+        # Horovod names the root by its global rank, even within a process set.
+        root = self.ranks[root_rank] if self.parent is not None else root_rank
+        return [hvd.broadcast(t, root_rank=root, process_set=self.process_set) for t in tensors]
 
     def _allgather(self, tensor):
-        return hvd.allgather(tensor)
+        return hvd.allgather(tensor, process_set=self.process_set)
+
+    def _sub_communicators(self, groups):
+        if self.parent is not None:
+            raise NotImplementedError("a Horovod sub-communicator cannot be split again; split the global one")
+        made = []
+        for group in groups:
+            if len(group) == 1:  # a group of one exchanges nothing: no process set
+                made.append(solo_communicator(self, group[0]))
+            elif len(group) == self.size:  # Horovod refuses a duplicate of the global set
+                made.append(HorovodCommunicator(hvd.global_process_set, parent=self))
+                made[-1]._ranks = tuple(group)
+            else:
+                if not self.dynamic_process_sets:
+                    raise RuntimeError("sub-communicators need Horovod's dynamic process sets: start with "
+                                       "hvd_easgd.init(process_sets='dynamic') (train.py does when the "
+                                       "strategy asks for them)")
+                # Every rank adds every set, in the same order: it is a collective.
+                process_set = hvd.add_process_set(list(group))
+                made.append(HorovodCommunicator(process_set, parent=self) if self.rank in group else None)
+        return made

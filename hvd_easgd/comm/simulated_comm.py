@@ -8,6 +8,9 @@ returns to each rank the combination of the p inputs: the allreduce adds
 them in rank order (so every rank gets the same bits, as from a real ring),
 broadcast returns the root's, allgather concatenates them. Each
 communicator keeps its own exact byte/call account, as a real rank does.
+``comm.split(groups)`` gives sub-communicators whose collectives meet only
+their group's ranks (as Horovod's process sets), and ``ranks_per_host``
+lays the ranks out on simulated hosts (Hierarchical's default groups).
 
 Example (each rank its own variable, optimizer and strategy)::
 
@@ -45,19 +48,44 @@ class SimulatedCluster:
       size: p, the number of ranks (int ≥ 1).
       timeout: seconds a rank waits for the others at a collective; past it
         the run fails instead of hanging.
+      ranks_per_host: simulated hosts of this many consecutive ranks (the
+        communicators' ``local_rank``/``local_size``, ``cross_rank``/
+        ``cross_size`` and ``host_groups()``); default one host.
+
+    ``comm.split(groups)`` gives sub-communicators whose collectives meet the
+    ranks of the group only (a rendezvous of their own), as a Horovod
+    process set does.
     """
 
-    def __init__(self, size, timeout=60.0):
+    def __init__(self, size, timeout=60.0, ranks_per_host=None):
         if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 1:
             raise ValueError(f"`size` must be an integer >= 1. Received: size={size!r}")
         if not timeout > 0:
             raise ValueError(f"`timeout` must be > 0 seconds. Received: timeout={timeout!r}")
+        ranks_per_host = size if ranks_per_host is None else ranks_per_host
+        if (not isinstance(ranks_per_host, numbers.Integral) or isinstance(ranks_per_host, bool)
+                or ranks_per_host < 1 or size % ranks_per_host):
+            raise ValueError(f"`ranks_per_host` must be an integer >= 1 that divides size={size}. "
+                             f"Received: ranks_per_host={ranks_per_host!r}")
         self.size = int(size)
         self.timeout = float(timeout)
-        self._barrier = threading.Barrier(self.size, timeout=self.timeout)
-        self._deposits = [None] * self.size
+        self.ranks_per_host = int(ranks_per_host)
+        self._lock = threading.Lock()
+        self._rendezvous = {}
         self._running = False
         self.communicators = [SimulatedCommunicator(self, rank) for rank in range(self.size)]
+
+    def rendezvous(self, ranks):
+        """The meeting point of the ranks ``ranks`` (one per group, made on first use)."""
+        ranks = tuple(ranks)
+        with self._lock:
+            if ranks not in self._rendezvous:
+                self._rendezvous[ranks] = _Rendezvous(self, len(ranks))
+            return self._rendezvous[ranks]
+
+    def _barriers(self):
+        with self._lock:
+            return [r.barrier for r in self._rendezvous.values()]
 
     def run(self, fn, timeout=300.0):
         """Calls ``fn(rank)`` for every rank, each on its own thread; returns
@@ -73,9 +101,10 @@ class SimulatedCluster:
                 results[rank] = fn(rank)
             except BaseException as err:  # noqa: B902 -- handed to the caller below
                 errors[rank] = err
-                self._barrier.abort()  # releases the ranks waiting for this one
+                self._abort()  # releases the ranks waiting for this one, in every group
 
-        self._barrier.reset()
+        for barrier in self._barriers():
+            barrier.reset()
         self._running = True
         threads = [threading.Thread(target=rank_main, args=(rank,), name=f"simulated-rank-{rank}", daemon=True)
                    for rank in range(self.size)]
@@ -87,7 +116,7 @@ class SimulatedCluster:
                 thread.join(max(0.0, deadline - time.monotonic()))
             stuck = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
             if stuck:
-                self._barrier.abort()
+                self._abort()
                 raise TimeoutError(f"simulated ranks {stuck} did not finish within {timeout:g} s")
         finally:
             self._running = False
@@ -97,14 +126,33 @@ class SimulatedCluster:
             raise (own or failures)[0]
         return results
 
+    def _abort(self):
+        for barrier in self._barriers():
+            barrier.abort()
+
     def exchange(self, rank, signature, payload):
-        """Deposits rank ``rank``'s ``payload`` and returns every rank's, in rank order.
+        """Rank ``rank``'s collective among all the ranks (see ``_Rendezvous.exchange``)."""
+        return self.rendezvous(range(self.size)).exchange(rank, signature, payload)
+
+
+class _Rendezvous:
+    """Where the ``size`` ranks of one group meet for their collectives."""
+
+    def __init__(self, cluster, size):
+        self._cluster = cluster
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=cluster.timeout)
+        self._deposits = [None] * size
+
+    def exchange(self, rank, signature, payload):
+        """Deposits rank ``rank``'s ``payload`` (``rank`` among this group's
+        ranks) and returns every rank's, in rank order.
 
         ``signature`` names the collective and what must agree across ranks
         (op, root, shapes, dtypes); ranks that disagree get a
         ``CollectiveMismatchError`` instead of a wrong result.
         """
-        if not self._running:
+        if not self._cluster._running:
             raise RuntimeError("a SimulatedCommunicator's collectives must be called inside SimulatedCluster.run(fn), "
                                "which runs every rank at once")
         self._deposits[rank] = (signature, payload)
@@ -122,10 +170,10 @@ class SimulatedCluster:
 
     def _wait(self):
         try:
-            self._barrier.wait()
+            self.barrier.wait()
         except threading.BrokenBarrierError:
             raise _PeerFailed("another simulated rank failed, or the ranks did not all reach this collective "
-                              f"within {self.timeout:g} s") from None
+                              f"within {self._cluster.timeout:g} s") from None
 
 
 class _PeerFailed(RuntimeError):
@@ -137,18 +185,44 @@ def _signature(tensors):
 
 
 class SimulatedCommunicator(Communicator):
-    """One rank of a ``SimulatedCluster``; get it from ``cluster.communicators``."""
+    """One rank of a ``SimulatedCluster``; get it from ``cluster.communicators``
+    (or ``split`` one of those)."""
 
-    def __init__(self, cluster, rank):
-        super().__init__()
+    def __init__(self, cluster, rank, ranks=None, parent=None):
+        super().__init__(parent=parent)
         self._cluster = cluster
+        global_rank = rank if ranks is None else ranks[rank]
+        per_host = cluster.ranks_per_host
+        self.local_rank, self.local_size = global_rank % per_host, per_host
+        self.cross_rank, self.cross_size = global_rank // per_host, cluster.size // per_host
+        self._global_ranks = tuple(range(cluster.size)) if ranks is None else tuple(ranks)
+        self._rendezvous = cluster.rendezvous(self._global_ranks)
         self.rank = rank
-        self.size = cluster.size
-        self.local_rank = rank
-        self.local_size = cluster.size
+        self.size = len(self._global_ranks)
+        if parent is not None:
+            self._ranks = tuple(parent._global_ranks.index(g) for g in self._global_ranks)
+
+    def host_groups(self):
+        # The cluster's layout; no collective, so it works outside run() too.
+        per_host = self._cluster.ranks_per_host
+        return [list(range(start, start + per_host)) for start in range(0, self._cluster.size, per_host)]
+
+    def _sub_communicators(self, groups):
+        # Nothing to create on the other ranks: a group's rendezvous is made by its first user.
+        made = []
+        for group in groups:
+            if self.rank in group:
+                global_ranks = [self._global_ranks[r] for r in group]
+                made.append(SimulatedCommunicator(self._cluster, group.index(self.rank), global_ranks, parent=self))
+            else:
+                made.append(None)
+        return made
+
+    def _exchange(self, signature, payload):
+        return self._rendezvous.exchange(self.rank, signature, payload)
 
     def _grouped_allreduce(self, tensors, op):
-        per_rank = self._cluster.exchange(self.rank, ("allreduce", op, _signature(tensors)), tensors)
+        per_rank = self._exchange(("allreduce", op, _signature(tensors)), tensors)
         reduced = []
         for i in range(len(tensors)):
             total = per_rank[0][i]
@@ -162,10 +236,10 @@ class SimulatedCommunicator(Communicator):
     def _broadcast(self, tensors, root_rank):
         if not 0 <= root_rank < self.size:
             raise ValueError(f"`root_rank` must be in [0, {self.size}). Received: root_rank={root_rank}")
-        per_rank = self._cluster.exchange(self.rank, ("broadcast", root_rank, _signature(tensors)), tensors)
+        per_rank = self._exchange(("broadcast", root_rank, _signature(tensors)), tensors)
         return [tf.identity(t) for t in per_rank[root_rank]]
 
     def _allgather(self, tensor):
         # Only the leading dimension may differ between ranks.
         signature = ("allgather", tuple(tensor.shape.as_list()[1:]), tensor.dtype.name)
-        return tf.concat(self._cluster.exchange(self.rank, signature, tensor), axis=0)
+        return tf.concat(self._exchange(signature, tensor), axis=0)

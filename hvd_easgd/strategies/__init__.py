@@ -2,7 +2,11 @@
 from . import registry
 from .accumulation import GradientAccumulation
 from .base import SyncStrategy, walk
+from .diloco import DiLoCo
 from .easgd import EASGD
+from .hierarchical import Hierarchical
+from .periodic_average import PeriodicAverage
 from .sync_average import SyncAverage
 
-__all__ = ["EASGD", "GradientAccumulation", "SyncAverage", "SyncStrategy", "registry", "walk"]
+__all__ = ["DiLoCo", "EASGD", "GradientAccumulation", "Hierarchical", "PeriodicAverage", "SyncAverage", "SyncStrategy",
+           "registry", "walk"]

@@ -49,7 +49,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from .base import CliOption, SyncStrategy, all_finite, as_dense, state_variable_name
+from .base import CliOption, SyncStrategy, state_variable_name
+from .local_updates import allreduce_unless_non_finite, local_step
 from .sync_average import SyncAverage
 
 
@@ -239,33 +240,20 @@ class EASGD(SyncStrategy):
         return tf.constant(0)
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
-        grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
-        wanted = tf.constant(True)
-        if sample_count is not None:
-            count = tf.cast(sample_count, grads[0].dtype)
-            if mean:
-                grads = [tf.math.divide_no_nan(g, count) for g in grads]
-            # An idle rank (no samples this window) keeps its weights but
-            # still advances t, so τ stays aligned across ranks.
-            wanted = count > 0
-        if self.rho:
-            grads = [g + self.scaled(self.rho * (v - c)) for g, v, c in zip(grads, variables, self.center)]
-        # Local decision: a rank drops its own non-finite update; nothing of it
-        # leaves the rank, so the other ranks are unaffected.
-        finite = all_finite(grads)
-        self._apply_if(tf.logical_and(wanted, finite), finite, apply_update, grads)
-        self.step_counter.assign_add(1)
+        local_step(self, grad_sums, variables, apply_update, sample_count, mean,
+                   adjust=self._add_elastic_force if self.rho else None)
+
+    def _add_elastic_force(self, grads):
+        return [g + self.scaled(self.rho * (v - c)) for g, v, c in zip(grads, self.variables, self.center)]
 
     def _start_elastic(self):
         alpha = self.moving_rate
         diffs = [alpha * (v - c) for v, c in zip(self.variables, self.center)]
-        finite = all_finite(diffs)
         # A non-finite d never goes on the wire; the flag tells every rank to
-        # skip this elastic step, in the same grouped call.
-        diffs = [tf.where(finite, d, tf.zeros_like(d)) for d in diffs]
-        bad = tf.reshape(tf.cast(tf.logical_not(finite), diffs[0].dtype), [1])
-        summed = self.comm.allreduce(diffs + [bad], op="sum")
-        return diffs, summed[:-1], summed[-1][0]
+        # skip this elastic step, in the same grouped call. (The unmasked d
+        # is only ever applied when no rank raised it.)
+        diff_sums, bad_ranks = allreduce_unless_non_finite(self.comm, diffs)
+        return diffs, diff_sums, bad_ranks
 
     def _no_elastic(self):
         zeros = [tf.zeros_like(v) for v in self.variables]

@@ -5,7 +5,10 @@ Serialisation does not go through this registry: strategies are Keras
 serialisables (``keras.saving.serialize_keras_object``), as Keras's
 ``LossScaleOptimizer`` serialises its inner optimizer.
 """
+from .diloco import DiLoCo
 from .easgd import EASGD
+from .hierarchical import Hierarchical
+from .periodic_average import PeriodicAverage
 from .sync_average import SyncAverage
 
 _REGISTRY = {}
@@ -36,3 +39,6 @@ def create(name, **kwargs):
 
 register(SyncAverage)
 register(EASGD)
+register(PeriodicAverage)
+register(DiLoCo)
+register(Hierarchical)

@@ -119,13 +119,16 @@ RESUMED_OPTIONS = {
     "sync": ["--strategy", "sync"],
     "easgd": ["--strategy", "easgd", "--tau", "4"],
     "accumulate": ["--strategy", "sync", "--accumulate", "3"],
+    "periodic": ["--strategy", "periodic", "--tau", "4"],
+    "diloco": ["--strategy", "diloco", "--tau", "4"],
 }
 COMMON = ["--threads-per-rank", "1", "--eval-every", "2", "--seed", "3", "--epochs", "2"]
 # np=2 on digits: 22 micro-batches per epoch (21 with --accumulate 3). Global micro-batch 25 is
-# mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off EASGD's
-# tau phase (25 % 4 = 1).
+# mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off the tau
+# phase of EASGD, PeriodicAverage and DiLoCo (25 % 4 = 1: the ranks' local weights differ there).
 MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000003",
-             "accumulate": "epoch-000001-step-000004"}
+             "accumulate": "epoch-000001-step-000004", "periodic": "epoch-000001-step-000003",
+             "diloco": "epoch-000001-step-000003"}
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +185,21 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrup
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["periodic", "diloco"])
+def test_low_communication_strategies_reach_095_with_their_defaults(strategy, tmp_path):
+    # tau = 10: one grouped call every 10 steps, the 38282 weights (or pseudo-gradients) and the flag
+    run_dir = str(tmp_path / "run")
+    proc = horovodrun([TRAIN, "--strategy", strategy, "--run-dir", run_dir], timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    print(f"{strategy}: final test accuracy {metrics['final']['test_accuracy']:.4f}")
+    assert len(metrics["epochs"]) == 10 and metrics["final"]["test_accuracy"] >= 0.95
+    steps = 22  # per epoch at np=2: 220 steps, 22 synchronisations
+    assert sum(row["bytes_sent_per_step"] * steps for row in metrics["epochs"]) == pytest.approx(22 * 4 * 38283)
+    assert sum(row["collective_calls_per_step"] * steps for row in metrics["epochs"]) == pytest.approx(22)
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_bad_input_under_horovodrun_every_rank_exits_2_one_message(controller):
     # Both ranks find the error; whichever exits first makes the launcher stop the other,
@@ -190,7 +208,7 @@ def test_bad_input_under_horovodrun_every_rank_exits_2_one_message(controller):
     assert out.returncode != 0
     text = out.stdout + out.stderr
     messages = [line for line in text.splitlines() if "train.py: error" in line]
-    assert len(messages) == 1 and "error: --tau is an option of --strategy easgd" in messages[0], text[-3000:]
+    assert len(messages) == 1 and "error: --tau is an option of --strategy diloco or easgd" in messages[0], text[-3000:]
     # no rank printed a traceback (the launcher's own summary may follow, unprefixed)
     assert not re.search(r"^\[\d+(,\d+)?\]<std(err|out)>:\s*Traceback", text, re.M), text[-3000:]
     if controller == "gloo":
@@ -318,11 +336,44 @@ def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterr
     assert metrics["final"]["test_accuracy"] >= 0.95
 
 
+def strategy_steps(run_dir, name, rank=0):
+    """EASGD's step counter (the tau counter's source) in a checkpoint's shard: the strategy group's first array."""
+    with np.load(os.path.join(run_dir, "checkpoints", name, f"rank-{rank:05d}.npz")) as shard:
+        return int(shard["strategy/00000"])
+
+
+@pytest.mark.timeout(300)
+def test_easgd_resumes_at_another_number_of_ranks_from_the_center(uninterrupted, tmp_path):
+    # saved at np=2 after 2 epochs of 22 updates (tau 4); continued to epoch 10 at np=1 (44 updates per epoch)
+    straight = uninterrupted("easgd")
+    run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
+    assert iterations(run_dir, "epoch-000002") == strategy_steps(run_dir, "epoch-000002") == 2 * 22
+    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "10"], timeout=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("train.py: resuming at 1 ranks from a checkpoint of 2 (epoch 2): the update count continues, the data "
+            "are resharded for 1 ranks; every rank's local weights restart from the center, optimizer slots are the "
+            "mean of the 2 saved ranks', moving rate alpha = 0.9") in out.stdout, out.stdout[-2000:]
+    manifest, _ = checkpoint.latest(run_dir)
+    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (10, 1, 44)
+    # the update count and EASGD's step count (so its tau phase) continue: 44 saved, then 8 epochs of 44
+    assert iterations(run_dir, "epoch-000010") == strategy_steps(run_dir, "epoch-000010") == 2 * 22 + 8 * 44
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, 11))
+    assert metrics["final"]["test_accuracy"] >= 0.95
+
+
 def test_a_resume_at_another_size_that_cannot_be_exact_is_refused_naming_the_reason(uninterrupted, tmp_path):
-    easgd = stopped_at(uninterrupted("easgd"), "epoch-000001", str(tmp_path / "easgd"))
-    out = run([PYTHON, TRAIN, "--resume", easgd], timeout=120)
-    assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): --strategy easgd keeps per-rank "
-                                    "state") in out.stderr, out.stderr[-2000:]
+    # EASGD with --moving-rate 0.45 fixed (the shards do not depend on it): fine at 2 ranks, 3 * 0.45 >= 1 at 3
+    fixed = stopped_at(uninterrupted("easgd"), "epoch-000001", str(tmp_path / "easgd"))
+    manifest_path = os.path.join(fixed, "checkpoints", "epoch-000001", "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["config"]["moving_rate"] = 0.45
+    json.dump(manifest, open(manifest_path, "w"))
+    out = horovodrun([TRAIN, "--resume", fixed], np=3, timeout=120)
+    messages = [line for line in (out.stdout + out.stderr).splitlines() if "train.py: error" in line]
+    assert out.returncode != 0 and len(messages) == 1, (out.stdout + out.stderr)[-3000:]
+    assert ("differs: number of ranks (2 saved, 3 now): --moving-rate 0.45 was fixed for 2 ranks, and at 3 ranks "
+            "q * alpha = 1.35 >= 1") in messages[0] and "resume at 2 ranks or fewer" in messages[0], messages
     mid = stopped_at(uninterrupted("sync"), MID_EPOCH["sync"], str(tmp_path / "mid"))
     out = run([PYTHON, TRAIN, "--resume", mid], timeout=120)
     assert out.returncode == 2 and ("differs: number of ranks (2 saved, 1 now): the checkpoint is mid-epoch "

@@ -77,10 +77,15 @@ def test_train_templates_are_warned_and_requeue_with_auto_resume(name):
     assert 'launch_requeueable train.py "${run_dir[@]}" --auto-resume --checkpoint-on-signal USR1 "$@"' in text
 
 
-def test_run_dir_of_finds_the_run_directory():
+def test_run_dir_of_finds_the_run_directory(tmp_path):
     script = 'source "$SLURM_SUBMIT_DIR/slurm/common.sh" >/dev/null; run_dir_of "$@"'
+    # --config naming the run directory: the warning must reach horovodrun's ranks through RUN_DIR/STOP too
+    (tmp_path / "named.yaml").write_text("epochs: 3\nrun-dir: runs/c\n")
+    (tmp_path / "unnamed.yaml").write_text("epochs: 3\n")
+    named, unnamed = str(tmp_path / "named.yaml"), str(tmp_path / "unnamed.yaml")
     for args, expected in ((["--run-dir", "a", "--epochs", "3"], "a"), (["--resume=b"], "b"),
-                           (["--epochs", "3"], "")):
+                           (["--epochs", "3"], ""), (["--config", named], "runs/c"), ([f"--config={named}"], "runs/c"),
+                           (["--config", named, "--run-dir", "a"], "a"), (["--config", unnamed], "")):
         done = _bash(script, _fake_job_env(), *args)
         assert done.returncode == 0 and done.stdout.strip() == expected, (args, done.stdout, done.stderr)
 

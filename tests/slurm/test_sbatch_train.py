@@ -133,3 +133,49 @@ def test_train_sbatch_is_warned_checkpoints_requeues_itself_and_completes(slurm_
     assert len(accuracies) == 1 and accuracies[0] >= 0.95, output[-4000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, epochs + 1))
+
+
+@pytest.mark.timeout(400)
+def test_horovodrun_mode_checkpoints_on_the_batch_scripts_warning_and_requeues(slurm_cluster, tmp_path):
+    """horovodrun forwards no signal to the ranks it starts (on other hosts they are not even in the
+    job's steps): the warning SLURM sends the batch script (--signal=B:USR1) reaches them through
+    RUN_DIR/STOP, here with the run directory named only in the --config file. The warning is sent
+    by hand, as SLURM sends it (`scancel --batch --signal=USR1`: the batch shell alone), once the
+    first step checkpoint exists, so the test does not wait for a time limit."""
+    run_dir, config = tmp_path / "run", tmp_path / "config.yaml"
+    config.write_text(f"epochs: 100000\nrun_dir: {run_dir}\n")
+    job_id = slurm_cluster.submit(
+        REPO / "slurm" / "train.sbatch", _sbatch_args(slurm_cluster, tmp_path),
+        ["--config", str(config), "--eval-every", "1000", "--no-tensorboard", "--agree-every", "5",
+         "--checkpoint-every-steps", "10"],
+        env={"HVD_EASGD_LAUNCH": "horovodrun", "HVD_EASGD_VENV": sys.prefix})
+    from hvd_easgd import checkpoint
+
+    # Any complete checkpoint will do: on a quiet machine a step takes ~12 ms, and keep=3 prunes
+    # the first step checkpoint within a second of its writing, before a poll may see it.
+    deadline = time.monotonic() + 150
+    while not checkpoint.complete_checkpoints(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert checkpoint.complete_checkpoints(str(run_dir)), (
+        f"job {job_id} wrote no checkpoint:\n" + _output(slurm_cluster.job(job_id))[-3000:])
+    slurm_cluster.run(["scancel", "--batch", "--signal=USR1", job_id])
+    deadline = time.monotonic() + 120
+    while int(slurm_cluster.job(job_id).get("Restarts", 0)) < 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    info = slurm_cluster.job(job_id)
+    assert int(info.get("Restarts", 0)) >= 1, f"job {job_id} did not requeue itself: {info.get('JobState')}\n" + (
+        _output(info)[-3000:])
+    manifest, _ = checkpoint.latest(str(run_dir))
+    epochs = manifest["epoch"] + 1
+    config.write_text(f"epochs: {epochs}\nrun_dir: {run_dir}\n")  # before the requeued job starts
+    info = slurm_cluster.wait(job_id, timeout=180)
+    output = _output(info)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
+        f"job {job_id}: JobState={info['JobState']} Restarts={info.get('Restarts')}\n{output[-4000:]}")
+    assert "launch=horovodrun" in output and "requeueing job " + job_id in output
+    stop = re.search(r"stopped on a signal after the checkpoint at epoch (\d+), micro-batch (\d+); exit status 75",
+                     output)
+    assert stop and (int(stop.group(1)), int(stop.group(2))) == (manifest["epoch"], manifest["step_in_epoch"])
+    assert manifest["global_step"] % 5 == 0 and manifest["num_ranks"] == 2  # at an agreement (--agree-every 5)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, epochs + 1))

@@ -102,12 +102,20 @@ def test_every_host_prunes_its_own_run_directory(tmp_path):
     assert os.listdir(os.path.join(run_dirs[1], "checkpoints", "epoch-000005")) == ["rank-00001.npz"]
 
 
-def test_another_rank_count_loads_rank_0s_shard_and_another_model_is_refused(tmp_path):
+class RankOf(LocalCommunicator):
+    """What ``checkpoint.restore`` reads of a communicator: this rank and the number of ranks."""
+
+    def __init__(self, rank, size):
+        super().__init__()
+        self.rank, self.size = rank, size
+
+
+def test_another_rank_count_loads_the_saved_shard_and_another_model_is_refused(tmp_path):
     model, opt = trained(EASGD(communication_period=2, moving_rate=0.3), steps=1)
     checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {})
     manifest, directory = checkpoint.latest(str(tmp_path))
-    # written by "4 ranks": this rank takes rank 0's shard (config_compare.resize_refusal says when that is exact)
-    checkpoint.restore(directory, dict(manifest, num_ranks=4), model, opt, opt.comm)
+    # written by 1 rank, read by rank 3 of 4 (config_compare.resize_refusal says where that is allowed)
+    checkpoint.restore(directory, manifest, model, opt, RankOf(3, 4))
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     other_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
                                                EASGD(communication_period=2, moving_rate=0.3), comm=opt.comm)
@@ -118,17 +126,85 @@ def test_another_rank_count_loads_rank_0s_shard_and_another_model_is_refused(tmp
         checkpoint.latest(str(tmp_path / "elsewhere"))
 
 
-@pytest.mark.parametrize("strategy, step, reason", [
-    ("sync", 0, None),
-    ("sync", 5, "the checkpoint is mid-epoch (micro-batch 5 of epoch 3)"),
-    ("easgd", 0, "--strategy easgd keeps per-rank state"),
+@pytest.mark.parametrize("strategy, step, alpha, reason", [
+    ("sync", 0, None, None),
+    ("easgd", 0, None, None),
+    ("easgd", 0, 0.3, None),  # 3 * 0.3 < 1
+    ("sync", 5, None, "the checkpoint is mid-epoch (micro-batch 5 of epoch 3)"),
+    ("easgd", 5, None, "the checkpoint is mid-epoch (micro-batch 5 of epoch 3)"),
+    ("easgd", 0, 0.45, "--moving-rate 0.45 was fixed for 2 ranks, and at 3 ranks q * alpha = 1.35 >= 1"),
+    ("hierarchical", 0, None, "--strategy hierarchical keeps state per rank that has no rule"),
 ])
-def test_resize_is_allowed_only_where_every_rank_saved_the_same_state(strategy, step, reason):
+def test_resize_is_refused_mid_epoch_for_unknown_strategies_and_for_a_fixed_alpha_too_big(strategy, step, alpha,
+                                                                                           reason):
     from hvd_easgd.config_compare import resize_refusal, resume_mismatches
 
-    manifest = {"epoch": 2, "step_in_epoch": step, "num_ranks": 2, "config": {"strategy": strategy}}
-    refusal = resize_refusal(manifest, {"strategy": strategy})
-    assert (refusal is None) if reason is None else refusal.startswith(reason)
-    differs = resume_mismatches(manifest, {"strategy": strategy}, 3)
+    config = {"strategy": strategy, "moving_rate": alpha}
+    manifest = {"epoch": 2, "step_in_epoch": step, "num_ranks": 2, "config": config}
+    refusal = resize_refusal(manifest, config, 3)
+    assert (refusal is None) if reason is None else refusal.startswith(reason), refusal
+    differs = resume_mismatches(manifest, config, 3)
     assert differs == ([] if reason is None else [f"number of ranks (2 saved, 3 now): {refusal}"])
-    assert resume_mismatches(manifest, {"strategy": strategy}, 2) == []
+    assert resume_mismatches(manifest, config, 2) == []
+    if alpha == 0.45:
+        assert refusal.endswith("resume at 2 ranks or fewer, or start a new run with --beta (alpha = beta/q)")
+        assert resize_refusal(manifest, config, 1) is None
+
+
+def test_resized_arrays_keep_what_every_rank_shares_and_average_what_differs():
+    shards = [{"same": np.float32([0.1, 0.2]), "slot": np.float32([1.0, 3.0]), "skips": np.int64([2, 1])},
+              {"same": np.float32([0.1, 0.2]), "slot": np.float32([2.0, 0.0]), "skips": np.int64([0, 0])},
+              {"same": np.float32([0.1, 0.2]), "slot": np.float32([0.5, 0.0]), "skips": np.int64([5, 0])}]
+    got = checkpoint.resized_arrays(shards, ["same", "slot", "skips"])
+    assert got["same"] is shards[0]["same"]  # exactly, not a float mean of three equal values
+    np.testing.assert_array_equal(got["slot"], np.float32([3.5 / 3, 1.0]))
+    assert got["slot"].dtype == np.float32
+    np.testing.assert_array_equal(got["skips"], [2, 1])  # integers that differ: rank 0's
+
+
+def test_easgd_saved_at_2_ranks_resumes_at_1_and_3_from_the_center_with_the_mean_slots(tmp_path):
+    cluster = SimulatedCluster(2)
+    pairs = []
+    for comm in cluster.communicators:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        pairs.append((model, hvd_easgd.DistributedOptimizer(
+            keras.optimizers.SGD(0.1, momentum=0.9), EASGD(communication_period=2), comm=comm)))
+
+    def train_and_save(rank):  # 5 steps on each rank's own data: the local weights and slots differ
+        model, opt = pairs[rank]
+        hvd_easgd.broadcast_initial_state(model, opt)
+        x = np.random.default_rng(rank).standard_normal((8, 4)).astype(np.float32)
+        for _ in range(5):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(x) ** 2)
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {"strategy": "easgd"})
+
+    cluster.run(train_and_save)
+    saved = [checkpoint.state_groups(*pair) for pair in pairs]
+    values = [{g: [np.asarray(v.numpy()) for v in vs] for g, vs in groups.items()} for groups in saved]
+    center = [c.numpy() for c in pairs[0][1].strategy.center]
+    assert not np.array_equal(values[0]["model"][0], values[1]["model"][0])
+    assert not np.array_equal(values[0]["model"][0], center[0])
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    for size in (1, 3):
+        keras.utils.set_random_seed(7)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), EASGD(communication_period=2),
+                                             comm=LocalCommunicator())
+        hvd_easgd.broadcast_initial_state(model, opt)
+        checkpoint.restore(directory, manifest, model, opt, RankOf(size - 1, size))
+        for variable, c in zip(model.trainable_variables, center):  # local weights restart from the center
+            np.testing.assert_array_equal(variable.numpy(), c)
+        for variable, c in zip(opt.strategy.center, center):
+            np.testing.assert_array_equal(variable.numpy(), c)
+        assert int(opt.strategy.step_counter.numpy()) == 5  # the tau phase continues
+        assert int(opt.iterations.numpy()) == 5
+        for variable, a, b in zip(opt.variables, values[0]["optimizer"], values[1]["optimizer"]):
+            if np.array_equal(a, b):
+                np.testing.assert_array_equal(variable.numpy(), a)
+            else:  # the momentum slots: their mean over the 2 saved ranks
+                assert a.dtype == np.float32
+                np.testing.assert_allclose(variable.numpy(), (a.astype(np.float64) + b) / 2, rtol=1e-6)
+        assert sum(not np.array_equal(a, b) for a, b in zip(values[0]["optimizer"], values[1]["optimizer"])) == 4

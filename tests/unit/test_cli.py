@@ -28,7 +28,7 @@ def exit_and_stderr(argv, capsys):
     (["--batch-size", "-4"], "--batch-size must be > 0"),
     (["--lr", "0"], "--lr must be > 0. Received: --lr=0.0"),
     (["--lr", "-0.1"], "--lr must be > 0"),
-    (["--tau", "5"], "--tau is an option of --strategy easgd, not --strategy sync"),
+    (["--tau", "5"], "--tau is an option of --strategy diloco or easgd or periodic, not --strategy sync"),
     (["--strategy", "easgd", "--clip-norm", "1"], "--clip-norm is an option of --strategy sync"),
     (["--strategy", "easgd", "--tau", "0"], "`communication_period` (tau) must be an integer >= 1. Received: communication_period=0"),
     (["--strategy", "easgd", "--tau", "-3"], "Received: communication_period=-3"),
@@ -59,7 +59,8 @@ def test_other_ranks_leave_rank_0_time_to_speak_then_speak_themselves(monkeypatc
     monkeypatch.setattr(errors.time, "sleep", sleeps.append)
     code, err = exit_and_stderr(["--tau", "5"], capsys)
     assert code == 2 and sleeps == [errors.USAGE_ERROR_GRACE_SECONDS]
-    assert err == "train.py: error (rank 1): --tau is an option of --strategy easgd, not --strategy sync\n"
+    assert err == ("train.py: error (rank 1): --tau is an option of --strategy diloco or easgd or periodic, "
+                   "not --strategy sync\n")
     monkeypatch.setenv("HOROVOD_RANK", "0")
     code, err = exit_and_stderr(["--tau", "5"], capsys)
     assert code == 2 and len(sleeps) == 1 and err.startswith("train.py: error: --tau")
@@ -93,7 +94,7 @@ def test_help_lists_strategies_from_the_registry(capsys):
         cli.parse_args(["--help"])
     out = capsys.readouterr().out
     assert exc.value.code == 0
-    for text in ("--strategy {easgd,sync}", "--tau", "--moving-rate", "--overlap", "--clip-norm",
+    for text in ("--strategy {diloco,easgd,hierarchical,periodic,sync}", "--outer-lr", "--outer-momentum", "--tau", "--moving-rate", "--overlap", "--clip-norm",
                  "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every",
                  "factor m up to 4, then 4*sqrt(m/4)", "factor ranks*sqrt(K)"):  # --scale-lr's rule
         assert text in " ".join(out.split())
@@ -200,7 +201,8 @@ class _TwoLevel(SyncStrategy):
 
 @pytest.fixture
 def fake_strategies(monkeypatch):
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    # Without the real hierarchical: its --inter takes other choices than the fake's.
+    monkeypatch.setattr(registry, "_REGISTRY", {k: v for k, v in registry._REGISTRY.items() if k != "hierarchical"})
     registry.register(_Periodic)
     registry.register(_TwoLevel)
 
@@ -212,8 +214,8 @@ def test_a_flag_that_two_strategies_declare_is_one_flag_and_goes_to_the_chosen_o
     assert cli.effective_config(args)["tau"] == 3
     easgd = cli.make_strategy(cli.parse_args(["--strategy", "easgd", "--tau", "4"]))
     assert easgd.communication_period == 4
-    with pytest.raises(errors.UsageError, match=r"^--tau is an option of --strategy easgd or fake-periodic, "
-                                                r"not --strategy sync$"):
+    with pytest.raises(errors.UsageError, match=r"^--tau is an option of --strategy diloco or easgd or fake-periodic "
+                                                r"or periodic, not --strategy sync$"):
         cli.parse_args(["--tau", "5"])
 
 

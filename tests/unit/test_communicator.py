@@ -4,34 +4,55 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_easgd.comm import (CollectiveMismatchError, Compression, LocalCommunicator, RanksDisagreeError,
-                             SimulatedCluster)
+from hvd_easgd.comm import (CollectiveMismatchError, Communicator, Compression, LocalCommunicator,
+                             RanksDisagreeError, SimulatedCluster)
 
 pytestmark = pytest.mark.unit
 
 
+class MirroredPair(Communicator):
+    """Rank 0 of two ranks that hold the same values: every collective's
+    result is known without a peer, so it traces into a ``tf.function``
+    (a ``SimulatedCluster`` is eager only) while the account counts as at p = 2."""
+
+    size = 2
+
+    def _grouped_allreduce(self, tensors, op):
+        return [t if op == "average" else t + t for t in tensors]
+
+    def _broadcast(self, tensors, root_rank):
+        return [tf.identity(t) for t in tensors]
+
+    def _allgather(self, tensor):
+        return tf.concat([tensor, tensor], axis=0)
+
+
 def test_account_counts_payload_bytes_and_calls_inside_tf_function():
-    comm = LocalCommunicator()
+    comm = MirroredPair()
     tensors = [tf.ones([10, 3]), tf.ones([7], tf.float64)]
 
     @tf.function
     def step():
-        return comm.allreduce(tensors)
+        return comm.allreduce(tensors, op="sum")
 
     for _ in range(4):  # traced once, run four times: the account counts runs
-        step()
+        out = step()
     assert comm.account() == {"bytes": 4 * (30 * 4 + 7 * 8), "calls": 4}
+    assert out[1].numpy().tolist() == [2.0] * 7
 
 
 def test_fp16_halves_float32_bytes_and_casts_back():
-    comm = LocalCommunicator()
-    out = comm.allreduce([tf.fill([100], 1.5)], compression=Compression.fp16)
-    assert out[0].dtype == tf.float32
-    assert comm.account() == {"bytes": 200, "calls": 1}
+    cluster = SimulatedCluster(2)
+    outs = cluster.run(lambda r: cluster.communicators[r].allreduce([tf.fill([100], 1.5 + 0.001 * r)],
+                                                                    compression=Compression.fp16)[0])
+    for comm, out in zip(cluster.communicators, outs):
+        assert out.dtype == tf.float32
+        assert out.numpy()[0] == np.float32(np.float16(np.float16(1.5) + np.float16(1.501)) / np.float16(2))
+        assert comm.account() == {"bytes": 200, "calls": 1}
 
 
 def test_dynamic_shapes_are_counted_at_run_time():
-    comm = LocalCommunicator()
+    comm = MirroredPair()
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
     def step(x):
@@ -43,19 +64,43 @@ def test_dynamic_shapes_are_counted_at_run_time():
 
 
 def test_unrecorded_calls_and_reset():
-    comm = LocalCommunicator()
+    comm = MirroredPair()
     comm.allreduce([tf.ones([4])], record=False)
     assert comm.account() == {"bytes": 0, "calls": 0}
     comm.allreduce([tf.ones([4])])
+    assert comm.account() == {"bytes": 16, "calls": 1}
     comm.reset_account()
     assert comm.account() == {"bytes": 0, "calls": 0}
 
 
 def test_broadcast_counts_one_call_per_tensor():
-    comm = LocalCommunicator()
-    variables = [tf.Variable(np.arange(3, dtype=np.float32)), tf.Variable(np.zeros(2, np.int64))]
-    comm.broadcast_variables(variables)
-    assert comm.account() == {"bytes": 12 + 16, "calls": 2}
+    cluster = SimulatedCluster(2)
+    variables = [[tf.Variable(np.arange(3, dtype=np.float32) + r), tf.Variable(np.full(2, r, np.int64))]
+                 for r in range(2)]
+    cluster.run(lambda r: cluster.communicators[r].broadcast_variables(variables[r]))
+    assert [v.numpy().tolist() for v in variables[1]] == [[0.0, 1.0, 2.0], [0, 0]]
+    for comm in cluster.communicators:
+        assert comm.account() == {"bytes": 12 + 16, "calls": 2}
+
+
+# --- one rank: no one to talk to --------------------------------------------------------------
+@pytest.mark.parametrize("make", [LocalCommunicator, lambda: SimulatedCluster(1).communicators[0]],
+                         ids=["local", "simulated-p1"])
+def test_one_rank_returns_its_tensors_and_sends_nothing(make):
+    comm = make()
+    x, y = tf.constant([1.0, 2.0]), tf.constant([3], tf.int64)
+
+    @tf.function
+    def step():
+        return (comm.allreduce([x, y], op="sum", compression=Compression.fp16) + comm.broadcast([x])
+                + [comm.allgather(y)])
+
+    # fp16 would round 1.0001; one rank sends nothing, so nothing is rounded either
+    assert comm.allreduce([tf.constant(1.0001)], compression=Compression.fp16)[0].numpy() == np.float32(1.0001)
+    for _ in range(3):
+        out = step()
+    assert [t.numpy().tolist() for t in out] == [[1.0, 2.0], [3], [1.0, 2.0], [3]]
+    assert comm.account() == {"bytes": 0, "calls": 0}
 
 
 def test_bad_arguments_are_named():
@@ -148,3 +193,28 @@ def test_a_simulated_run_that_outlives_its_deadline_fails():
     with pytest.raises(TimeoutError, match=r"simulated ranks \[1\] did not finish within 0\.5 s"):
         cluster.run(lambda rank: rank == 1 and release.wait(10), timeout=0.5)
     release.set()
+
+
+def test_a_one_rank_horovod_job_issues_no_collective():
+    """np = 1 under Horovod: the step no longer pays Horovod's cycle and negotiation."""
+    from unittest import mock
+
+    from hvd_easgd.comm import horovod_comm
+
+    fake = mock.MagicMock(name="horovod.tensorflow")
+    fake.is_initialized.return_value = True
+    for name in ("rank", "local_rank", "cross_rank"):
+        getattr(fake, name).return_value = 0
+    for name in ("size", "local_size", "cross_size"):
+        getattr(fake, name).return_value = 1
+    fake.global_process_set.rank.return_value = 0  # the global set: this rank alone
+    fake.global_process_set.size.return_value = 1
+    with mock.patch.object(horovod_comm, "hvd", fake):
+        comm = horovod_comm.HorovodCommunicator()
+        x = tf.constant([1.5, -2.0])
+        step = tf.function(lambda: comm.allreduce([x], compression=Compression.fp16) + comm.broadcast([x])
+                           + [comm.allgather(x)])
+        out = step()
+    assert [t.numpy().tolist() for t in out] == [[1.5, -2.0]] * 3
+    assert not (fake.grouped_allreduce.called or fake.broadcast.called or fake.allgather.called)
+    assert comm.account() == {"bytes": 0, "calls": 0}

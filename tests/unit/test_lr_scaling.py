@@ -34,7 +34,7 @@ def test_easgd_is_ranks_times_the_square_root_of_k(size, accumulate, expected):
     ((0, 1, "sync"), "`size` must be an integer >= 1. Received: size=0"),
     ((2, 1.5, "sync"), "`accumulate` must be an integer >= 1. Received: accumulate=1.5"),
     ((2, True, "sync"), "Received: accumulate=True"),
-    ((2, 1, "ps"), "`strategy_name` must be one of ['easgd', 'sync']. Received: strategy_name='ps'"),
+    ((2, 1, "ps"), "`strategy_name` must be one of ['easgd', 'periodic', 'sync']. Received: strategy_name='ps'"),
 ])
 def test_bad_arguments_are_refused_in_keras_form(args, message):
     with pytest.raises(ValueError) as err:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import hvd_easgd
 from hvd_easgd import EASGD, LocalCommunicator, SyncAverage
+from hvd_easgd.comm import SimulatedCluster
 
 pytestmark = pytest.mark.unit
 
@@ -20,14 +21,20 @@ def wrapped(inner=None, strategy=None):
 
 
 def test_apply_apply_gradients_and_minimize_all_go_through_the_strategy():
-    w = tf.Variable([1.0, 2.0])
-    opt = wrapped()
-    opt.apply([tf.constant([1.0, 1.0])], [w])
-    opt.apply_gradients([(tf.constant([1.0, 1.0]), w)])
-    opt.minimize(lambda: tf.reduce_sum(w), [w])
-    assert w.numpy().tolist() == [-0.5, 0.5]
-    assert opt.comm.account()["calls"] == 3
-    assert int(opt.iterations.numpy()) == 3
+    # Two simulated ranks: one rank sends nothing, so its account could not tell.
+    cluster = SimulatedCluster(2)
+
+    def rank_main(rank):
+        w = tf.Variable([1.0, 2.0])
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.5), SyncAverage(),
+                                             comm=cluster.communicators[rank])
+        opt.apply([tf.constant([1.0, 1.0])], [w])
+        opt.apply_gradients([(tf.constant([1.0, 1.0]), w)])
+        opt.minimize(lambda: tf.reduce_sum(w), [w])
+        return w.numpy().tolist(), opt.comm.account()["calls"], int(opt.iterations.numpy())
+
+    for result in cluster.run(rank_main):
+        assert result == ([-0.5, 0.5], 3, 3)
 
 
 def test_learning_rate_and_iterations_are_the_inner_optimizers():

@@ -1,5 +1,6 @@
 """Strategy logic on one process (LocalCommunicator): hand-derived numbers,
-validation, and the NumPy references at p = 1."""
+validation, and the NumPy references at p = 1. One rank sends nothing, so
+what a strategy sends is counted on two simulated ranks (SimulatedCluster)."""
 import warnings
 
 import keras
@@ -9,6 +10,7 @@ import tensorflow as tf
 
 import hvd_easgd
 from hvd_easgd import EASGD, GradientAccumulation, LocalCommunicator, SyncAverage
+from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies import registry
 from tests import reference as ref
 
@@ -21,6 +23,22 @@ def scalar_setup(strategy, lr=1.0):
     opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr), strategy, comm=LocalCommunicator())
     opt.build([w])
     return w, opt
+
+
+def on_two_ranks(make_strategy, rank_main, lr=1.0):
+    """``rank_main(w, opt)`` on two simulated ranks, each with its own
+    ``w = [0.0]`` and SGD(lr); returns each rank's communicator account."""
+    cluster = SimulatedCluster(2)
+    ws = [tf.Variable([0.0]) for _ in range(2)]
+    opts = [hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr), make_strategy(), comm=c)
+            for c in cluster.communicators]
+
+    def built_then(rank):
+        opts[rank].build([ws[rank]])  # checks, with a collective, that the ranks agree
+        rank_main(ws[rank], opts[rank])
+
+    cluster.run(built_then)
+    return [opt.comm.account() for opt in opts]
 
 
 def test_accumulation_of_gradients_1_to_4_applies_their_mean():
@@ -83,21 +101,30 @@ def test_k_micro_batches_equal_one_batch_of_k_times_b():
 
 
 def test_accumulation_counts_calls_once_per_window():
-    w, opt = scalar_setup(GradientAccumulation(3))
-    for _ in range(9):
-        opt.apply([tf.constant([1.0])], [w])
+    def nine_micro_steps(w, opt):
+        for _ in range(9):
+            opt.apply([tf.constant([1.0])], [w])
+
     # three windows; each call carries the gradient (4 bytes) and the sample count (4 bytes)
-    assert opt.comm.account() == {"bytes": 3 * 8, "calls": 3}
+    for account in on_two_ranks(lambda: GradientAccumulation(3), nine_micro_steps):
+        assert account == {"bytes": 3 * 8, "calls": 3}
 
 
 def test_easgd_tau_counts_accumulation_windows():
-    strategy = GradientAccumulation(2, strategy=EASGD(communication_period=3, moving_rate=0.5))
-    w, opt = scalar_setup(strategy)
-    opt.comm.reset_account()
-    for _ in range(12):  # 6 windows → elastic steps after windows 3 and 6
-        opt.apply([tf.constant([1.0])], [w])
-    assert int(strategy.strategy.step_counter.numpy()) == 6
-    assert opt.comm.account()["calls"] == 2
+    strategies = []
+
+    def make():
+        strategies.append(GradientAccumulation(2, strategy=EASGD(communication_period=3, moving_rate=0.25)))
+        return strategies[-1]
+
+    def twelve_micro_steps(w, opt):
+        opt.comm.reset_account()
+        for _ in range(12):  # 6 windows → elastic steps after windows 3 and 6
+            opt.apply([tf.constant([1.0])], [w])
+
+    for strategy, account in zip(strategies, on_two_ranks(make, twelve_micro_steps)):
+        assert int(strategy.strategy.step_counter.numpy()) == 6
+        assert account["calls"] == 2
 
 
 @pytest.mark.parametrize("k", [0, -1, 2.5, "3", True])
@@ -113,21 +140,32 @@ def test_inner_optimizer_accumulating_itself_is_rejected():
 
 # --- SyncAverage -----------------------------------------------------------------------
 def test_sync_none_and_indexed_slices_gradients_line_up():
-    emb = keras.layers.Embedding(10, 3)
-    dense = keras.layers.Dense(2)
-    emb.build((None,))
-    dense.build((None, 3))
-    unused = tf.Variable(tf.ones([2]))
-    variables = [emb.embeddings, dense.kernel, dense.bias, unused]
-    opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.5), SyncAverage(), comm=LocalCommunicator())
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(dense(emb(tf.constant([1, 4]))))
-    grads = tape.gradient(loss, variables)
-    assert isinstance(grads[0], tf.IndexedSlices) and grads[3] is None
-    before = emb.embeddings.numpy().copy()
-    opt.apply(grads, variables)
+    cluster = SimulatedCluster(2)
+    layers = []
+    for _ in range(2):
+        keras.utils.set_random_seed(0)  # the same layers on both ranks (built here: the RNG is global)
+        emb, dense = keras.layers.Embedding(10, 3), keras.layers.Dense(2)
+        emb.build((None,))
+        dense.build((None, 3))
+        layers.append((emb, dense, tf.Variable(tf.ones([2]))))
+
+    def rank_main(rank):
+        emb, dense, unused = layers[rank]
+        variables = [emb.embeddings, dense.kernel, dense.bias, unused]
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.5), SyncAverage(),
+                                             comm=cluster.communicators[rank])
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(dense(emb(tf.constant([1, 4]))))
+        grads = tape.gradient(loss, variables)
+        assert isinstance(grads[0], tf.IndexedSlices) and grads[3] is None
+        before = emb.embeddings.numpy().copy()
+        opt.apply(grads, variables)
+        return emb, before, unused
+
+    emb, before, unused = cluster.run(rank_main)[1]
     # all four tensors travel in one call: the embedding densified, zeros for the unused variable
-    assert opt.comm.account() == {"bytes": 4 * (30 + 6 + 2 + 2), "calls": 1}
+    for comm in cluster.communicators:
+        assert comm.account() == {"bytes": 4 * (30 + 6 + 2 + 2), "calls": 1}
     changed = np.any(emb.embeddings.numpy() != before, axis=1)
     assert changed.tolist() == [i in (1, 4) for i in range(10)]
     assert unused.numpy().tolist() == [1.0, 1.0]
@@ -225,25 +263,32 @@ def test_easgd_single_rank_matches_reference(kwargs):
 
 def test_easgd_elastic_allreduce_carries_only_the_differences_and_the_flag():
     # BatchNorm statistics follow one rule for every strategy (hvd_easgd.statistics), outside the step.
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
-    opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), EASGD(communication_period=2),
-                                         comm=LocalCommunicator())
-    hvd_easgd.broadcast_initial_state(model, opt)
-    opt.comm.reset_account()
+    cluster = SimulatedCluster(2)
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
-    for _ in range(2):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(model(x, training=True) ** 2)
-        opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    def rank_main(rank):
+        keras.utils.set_random_seed(rank)  # rank 0's weights reach rank 1 by the broadcast
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), EASGD(communication_period=2),
+                                             comm=cluster.communicators[rank])
+        hvd_easgd.broadcast_initial_state(model, opt)
+        opt.comm.reset_account()
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(model(x, training=True) ** 2)
+            opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return model
+
+    model = cluster.run(rank_main)[0]
     trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     moving = sum(int(np.prod(v.shape)) for v in model.non_trainable_variables)
     assert moving == 6  # BatchNorm's moving mean and variance
-    assert opt.comm.account() == {"bytes": 4 * (trainable + 1), "calls": 1}
+    for comm in cluster.communicators:
+        assert comm.account() == {"bytes": 4 * (trainable + 1), "calls": 1}
 
 
 def test_registry_lists_strategies_once_and_creates_them():
-    assert set(registry.available()) == {"sync", "easgd"}
+    assert set(registry.available()) == {"sync", "easgd", "periodic", "diloco", "hierarchical"}
     assert isinstance(registry.create("easgd", communication_period=4), EASGD)
     with pytest.raises(ValueError, match="unknown strategy 'ps'"):
         registry.get("ps")

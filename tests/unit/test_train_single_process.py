@@ -31,7 +31,8 @@ def test_synthetic_images_for_throughput(tmp_path):
     row = metrics["epochs"][0]
     # 2,048 training images in steps of 64 on one rank, timed without the evaluation
     assert row["samples_per_sec"] == pytest.approx(2048 / row["seconds"], rel=1e-9)
-    assert row["collective_calls_per_step"] == 1.0
+    # one rank has no one to talk to: no collective, nothing sent
+    assert row["collective_calls_per_step"] == 0.0 and row["bytes_sent_per_step"] == 0.0
     # random labels cannot be learnt: the test accuracy is chance (1/4), and the final
     # evaluation sees the same weights and test set as the epoch's validation
     assert abs(metrics["final"]["test_accuracy"] - 0.25) <= 0.1

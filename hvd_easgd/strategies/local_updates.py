@@ -1,0 +1,57 @@
+"""What the strategies that step locally share (EASGD, PeriodicAverage, DiLoCo):
+a rank's own optimizer step, and the one grouped Sum allreduce that keeps a
+non-finite contribution off the wire while every rank learns of it.
+"""
+import numbers
+
+import tensorflow as tf
+
+from .base import all_finite, as_dense, zeros_unless
+
+
+def is_integer(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_period(period):
+    """τ, the optimizer steps between synchronisations: an integer >= 1."""
+    if not is_integer(period) or period < 1:
+        raise ValueError(f"`period` must be an integer >= 1. Received: period={period!r}")
+    return int(period)
+
+
+def local_step(strategy, grad_sums, variables, apply_update, sample_count, mean, adjust=None):
+    """One rank's own optimizer step on its own gradients, no communication.
+
+    With a count the rank applies its per-sample mean S/n (or S when not
+    ``mean``); a rank with no samples keeps its weights. A non-finite update
+    is dropped on this rank alone: nothing of it leaves the rank, so the
+    other ranks are unaffected. The step counter advances either way, so τ
+    stays aligned across ranks. ``adjust(grads)``, if given, changes the
+    per-sample gradients before the step (EASGD's elastic force ρ(x − x̃)).
+    """
+    grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
+    wanted = tf.constant(True)
+    if sample_count is not None:
+        count = tf.cast(sample_count, grads[0].dtype)
+        if mean:
+            grads = [tf.math.divide_no_nan(g, count) for g in grads]
+        wanted = count > 0
+    if adjust is not None:
+        grads = adjust(grads)
+    finite = all_finite(grads)
+    strategy._apply_if(tf.logical_and(wanted, finite), finite, apply_update, grads)
+    strategy.step_counter.assign_add(1)
+
+
+def allreduce_unless_non_finite(comm, tensors):
+    """``(Σ over ranks of tensors, ranks whose tensors held NaN/Inf)``, in ONE grouped Sum allreduce.
+
+    A non-finite contribution never reaches the wire: it is sent as zeros,
+    and a flag (one element of the first tensor's dtype) counts it in the same
+    call, so every rank learns the same count and takes the same decision.
+    """
+    finite = all_finite(tensors)
+    flag = tf.reshape(tf.cast(tf.logical_not(finite), tensors[0].dtype), [1])
+    summed = comm.allreduce(zeros_unless(finite, lambda: tensors) + [flag], op="sum")
+    return summed[:-1], summed[-1][0]

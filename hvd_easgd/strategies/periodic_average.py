@@ -1,0 +1,150 @@
+"""PeriodicAverage: local SGD, with the ranks' weights averaged every τ steps.
+
+Local SGD (Stich 2019, arXiv:1805.09767; Lin et al. 2020, "Don't use large
+mini-batches, use local SGD", arXiv:1808.07217), as PyTorch's
+``PeriodicModelAverager`` and ``PostLocalSGDOptimizer`` implement it.
+
+Per rank i of p, weights x_i and floating non-trainable state s_i (BatchNorm's
+moving statistics), at every optimizer step t = 1, 2, ... counted after the
+warm-up:
+
+  1. x_i ← inner_optimizer(x_i, g_i)                   no communication
+  2. if t ≡ 0 (mod τ):
+       x_i ← (1/p) Σ_j x_j,   s_i ← (1/p) Σ_j s_j       ONE grouped allreduce
+
+After step 2 every rank holds the same x and s. The inner optimizer's slots
+(momentum, Adam's moments) stay local and are not averaged, as in PyTorch.
+With plain SGD and τ = 1 this is SyncAverage: the mean of x − η g_j over j is
+x − η mean_j(g_j), only the weights travel instead of the gradients.
+
+``warmup_steps`` runs SyncAverage first (post-local SGD, Lin et al.): the
+ranks stay identical during the warm-up, and t counts from its end.
+
+Bytes: an averaging step sends every trainable weight, every floating
+non-trainable variable and one element of the weights' dtype for the
+non-finite flag, in one call::
+
+    bytes per averaging step = Σ_v size(v)·itemsize(v) + itemsize(flag)
+                             = 4 · (trainable + floating non-trainable elements + 1) in float32
+
+and zero bytes and calls on the τ − 1 steps between, so 1/τ of that per step
+on average (SyncAverage's per step during a warm-up).
+
+The statistics ride in the weights' allreduce because they are state the
+average must leave identical: averaging the weights alone would leave each
+rank's BatchNorm normalising with its own statistics. They are still averaged
+at epoch ends by the rule every strategy follows (``hvd_easgd.statistics``),
+which costs nothing extra in the account.
+"""
+import warnings
+
+import keras
+import tensorflow as tf
+
+from ..statistics import floating
+from .base import CliOption, SyncStrategy
+from .local_updates import allreduce_unless_non_finite, check_period, is_integer, local_step
+from .sync_average import SyncAverage
+
+
+@keras.saving.register_keras_serializable(package="hvd_easgd")
+class PeriodicAverage(SyncStrategy):
+    """Local SGD: every rank steps on its own gradients; every ``period`` steps
+    the weights and floating non-trainable state become their mean over ranks.
+
+    Args:
+      period: τ, optimizer steps between averages (an integer >= 1; 1 warns).
+      warmup_steps: SyncAverage for this many steps first (post-local SGD),
+        then t counts from there.
+
+    The kept model (``kept_variables()`` is None): right after an average
+    every rank holds the same weights, and that is the model. Between two
+    averages each rank holds its own local weights and no agreed model
+    exists: a rank evaluates and predicts with its own, and ``model.keras``
+    (written by rank 0) holds rank 0's. Keeping a copy of the last average
+    would cost one more set of weights per rank for a model up to τ − 1 steps
+    old; choose an epoch length that is a multiple of τ to end every epoch on
+    an average.
+
+    NaN/Inf: between averages a rank drops its own non-finite update. At an
+    averaging step a rank whose weights or state hold NaN/Inf sends zeros and
+    raises the flag in the same call; the average is then skipped on every
+    rank (``skipped_averages`` counts it) and each rank keeps its own weights.
+
+    Example::
+
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9),
+                                             strategy=hvd_easgd.PeriodicAverage(period=10))
+    """
+
+    name = "periodic"
+    description = "local SGD: weights (and BatchNorm statistics) averaged every tau steps, one grouped allreduce"
+    cli_options = (
+        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10)", type=int),
+        CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
+    )
+
+    def __init__(self, period=10, warmup_steps=0):
+        super().__init__()
+        self.period = check_period(period)
+        if period == 1:
+            warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
+                          "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
+        if not is_integer(warmup_steps) or warmup_steps < 0:
+            raise ValueError(f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
+        self.warmup_steps = int(warmup_steps)
+        self.warmup_strategy = SyncAverage()
+
+    def children(self):
+        return (self.warmup_strategy,)
+
+    def _build_state(self, trainable_variables, non_trainable_variables):
+        self.warmup_strategy.build(trainable_variables)
+        # What an average replaces: the weights, then the floating state (statistics.py's rule).
+        self.averaged_variables = list(trainable_variables) + floating(non_trainable_variables)
+        self.skipped_averages = tf.Variable(0, dtype=tf.int64, trainable=False, name="periodic_skipped_averages")
+
+    def _extra_state(self):
+        return [self.skipped_averages]
+
+    def local_steps(self):
+        """t: optimizer steps since the warm-up ended (the τ counter)."""
+        return self.step_counter - self.warmup_steps
+
+    # --- one step ----------------------------------------------------------------
+    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
+        if self.warmup_steps:
+            tf.cond(self.step_counter < self.warmup_steps,
+                    lambda: self._warmup_step(grad_sums, variables, apply_update, sample_count, mean),
+                    lambda: self._local_step(grad_sums, variables, apply_update, sample_count, mean))
+        else:
+            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
+
+    def _warmup_step(self, grad_sums, variables, apply_update, sample_count, mean):
+        self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean)
+        self.step_counter.assign_add(1)
+        return tf.constant(0)
+
+    def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
+        local_step(self, grad_sums, variables, apply_update, sample_count, mean)
+        tf.cond(tf.equal(self.local_steps() % self.period, 0), self._average, tf.no_op)
+        return tf.constant(0)
+
+    def _average(self):
+        sums, bad_ranks = allreduce_unless_non_finite(self.comm, [tf.convert_to_tensor(v)
+                                                                  for v in self.averaged_variables])
+
+        def replace():
+            for v, total in zip(self.averaged_variables, sums):
+                v.assign(total / tf.cast(self.comm.size, total.dtype))
+            return tf.no_op()
+
+        def skip():
+            self.skipped_averages.assign_add(1)
+            return tf.no_op()
+
+        tf.cond(tf.equal(bad_ranks, 0), replace, skip)
+        return tf.no_op()
+
+    def get_config(self):
+        return {"period": self.period, "warmup_steps": self.warmup_steps}

@@ -1,0 +1,54 @@
+"""Hierarchical on real ranks: horovodrun -np 4, groups of 2 as Horovod process sets.
+
+Each rank steps its own gradients (the same seeded table on every rank) in a
+tf.function, so the leader's and the other ranks' traced steps differ, and
+writes its weights, center and per-level account to OUT/rank<r>.json.
+"""
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvd_easgd
+from hvd_easgd import EASGD, Hierarchical, SyncAverage
+from tests.multiproc.scripts.rank_checks import write_rank_results
+
+WIDTH, STEPS, LR = 3, 4, 0.5
+X0 = np.array([1.0, -2.0, 0.5], np.float32)
+COUNTS = [3, 1, 2, 5]
+
+out_dir = sys.argv[1]
+comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic")
+grads = np.random.default_rng(0).normal(size=(STEPS, comm.size, WIDTH)).astype(np.float32)
+
+
+def run(strategy, counts):
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(WIDTH, use_bias=False)])
+    model.layers[0].kernel.assign(X0[None, :])
+    opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), strategy, comm=comm)
+    hvd_easgd.broadcast_initial_state(model, opt)
+    comm.reset_account()
+    strategy.reset_account()  # the groups' communicators are shared with the run before
+
+    @tf.function
+    def train_step(grad, count):
+        opt.apply([grad], model.trainable_variables, sample_count=count)
+
+    for t in range(STEPS):
+        train_step(tf.constant(grads[t, comm.rank][None, :]),
+                   tf.constant(counts[comm.rank] if counts else 1, tf.int64))
+    kept = strategy.kept_variables()
+    return {"kernel": model.layers[0].kernel.numpy().ravel().tolist(),
+            "center": None if kept is None else kept[0].numpy().ravel().tolist(),
+            "levels": strategy.account_by_level(), "total": comm.account(), "groups": strategy.groups,
+            "inter_size": strategy.inter.comm.size, "moving_rate": getattr(strategy.inter, "moving_rate", None)}
+
+
+results = {"rank": comm.rank, "size": comm.size,
+           "easgd": run(Hierarchical(SyncAverage(), EASGD(2, moving_rate=0.25), ranks_per_group=2), COUNTS),
+           "sync": run(Hierarchical(SyncAverage(), SyncAverage(), ranks_per_group=2), None)}
+write_rank_results(out_dir, comm.rank, results)
+# Every rank waits for all: a rank that exits shuts Horovod down for the ranks
+# still finishing a collective in another process set.
+comm.allreduce([tf.constant(0.0)], record=False)
