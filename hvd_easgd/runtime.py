@@ -1,7 +1,7 @@
 """Process start-up: Horovod initialisation, threads per rank, GPU pinning.
 
 With runtime.py, comm/horovod_comm.py is the only module that imports Horovod,
-and comm/mpi_direct.py the only one that imports mpi4py.
+and comm/mpi_direct.py (with the build of its ops) the only one that imports mpi4py.
 """
 import os
 import warnings
