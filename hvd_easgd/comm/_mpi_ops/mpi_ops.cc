@@ -368,10 +368,12 @@ class AllreduceOp : public MpiKernel {
       Tensor buffer;
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtypes[g], TensorShape({p.total}), &buffer));
       char* data = const_cast<char*>(buffer.tensor_data().data());
-      std::memset(data, 0, p.total * element_bytes);  // padding adds zeros
       for (size_t k = 0; k < p.members.size(); ++k) {
         auto bytes = ctx->input(p.members[k]).tensor_data();
-        std::memcpy(data + p.offsets[k] * element_bytes, bytes.data(), bytes.size());
+        char* segment = data + p.offsets[k] * element_bytes;
+        std::memcpy(segment, bytes.data(), bytes.size());
+        const int64_t end = k + 1 < p.members.size() ? p.offsets[k + 1] : p.total;
+        std::memset(segment + bytes.size(), 0, (end - p.offsets[k]) * element_bytes - bytes.size());  // padding: zeros
       }
       MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(p.total), type, op, state_->comm);
       if (average_) Average(dtypes[g], data, p.total, state_->size);
