@@ -146,24 +146,30 @@ def worker(arm, out, steps, repeats, batch=32):
     runs = {name: make(name) for name in RUNS}
 
     def timed(run, calls):
+        """(the slowest rank's wall seconds, the busiest rank's CPU seconds) for ``calls``."""
         barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         for x, y in calls:
             loss = run(x, y)
         float(loss.numpy())
-        return max(comm.allgather_json(time.perf_counter() - start))
+        seconds = comm.allgather_json([time.perf_counter() - start, time.process_time() - cpu_start])
+        return max(s[0] for s in seconds), max(s[1] for s in seconds)
 
     for run, _ in runs.values():
         timed(run, chunks[:2])  # trace and warm up
     samples = {name: [] for name in runs}
+    # Per CPU second of the busiest rank: steadier than wall time when load from
+    # elsewhere takes the cores (a rank waiting by polling counts, one sleeping does not).
+    cpu_samples = {name: [] for name in runs}
     comm.reset_account()
     sync_account = None
     for r in range(repeats):
         order = list(RUNS[r % len(RUNS):] + RUNS[:r % len(RUNS)])
         for name in order:
             before = comm.account()
-            seconds = timed(runs[name][0], chunks)
+            seconds, cpu_seconds = timed(runs[name][0], chunks)
             samples[name].append(steps * batch * comm.size / seconds)
+            cpu_samples[name].append(steps * batch * comm.size / cpu_seconds)
             if name == "sync" and sync_account is None:
                 after = comm.account()
                 sync_account = {k: (after[k] - before[k]) / steps for k in after}
@@ -171,7 +177,7 @@ def worker(arm, out, steps, repeats, batch=32):
               "horovod_settings": runtime.horovod_settings(),
               "environment": {k: os.environ.get(k) for k in ARM_VARIABLES},
               "gradient_bytes": nbytes, "gradient_tensors": len(grads), "latency": latency,
-              "samples_per_sec": samples, "sync_account_per_step": sync_account}
+              "samples_per_sec": samples, "samples_per_cpu_sec": cpu_samples, "sync_account_per_step": sync_account}
     if comm.rank == 0:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
@@ -218,7 +224,8 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
             lat = result["latency"]
             print(f"round {r} {arm}: per call {lat['comm_us']:.0f} us (copy fn {lat['copy_fn_us']:.0f}), in loop "
                   f"{lat['in_loop_us']:.0f} us, mpi4py {lat['mpi4py_us']:.0f} us; "
-                  + ", ".join(f"{run} {_median_rate(result, run):.0f}/s" for run in RUNS)
+                  + ", ".join(f"{run} {_median_rate(result, run):.0f}/s "
+                              f"({statistics.median(result['samples_per_cpu_sec'][run]):.0f}/cpu-s)" for run in RUNS)
                   + f"; load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}", flush=True)
     summary = {}
     for arm in arms:
@@ -227,6 +234,7 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
         s["in_loop_over_mpi4py"] = _summary([x["latency"]["in_loop_us"] / x["latency"]["mpi4py_us"] for x in mine])
         for run in RUNS:
             s[f"{run}_samples_per_sec"] = _summary([v for x in mine for v in x["samples_per_sec"][run]])
+            s[f"{run}_samples_per_cpu_sec"] = _summary([v for x in mine for v in x["samples_per_cpu_sec"][run]])
         for run in ("sync", "easgd_tau10"):  # within each launch: same processes, interleaved
             s[f"{run}_over_no_comm"] = _summary([_median_rate(x, run) / _median_rate(x, "no_comm") for x in mine])
         s["loadavg_1min"] = _summary([x["loadavg_before"][0] for x in mine] + [x["loadavg_after"][0] for x in mine])
