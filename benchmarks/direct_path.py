@@ -2,7 +2,7 @@
 
     python -m benchmarks.direct_path --out results/direct_path.json [--rounds 3]
 
-Three arms, each in its own ``mpirun -np 2`` launch (Horovod reads its
+Arms, each in its own ``mpirun -np 2`` launch (Horovod reads its
 tunables once, when it starts), launched round-robin for ``--rounds`` rounds
 in a rotating order so that load from elsewhere hits them alike:
 
@@ -10,7 +10,11 @@ in a rotating order so that load from elsewhere hits them alike:
   Horovod's 1 ms cycle, Open MPI yielding): the tuned path a job gets;
 * ``horovod_cycle_0.1``: the same with HOROVOD_CYCLE_TIME=0.1 (ms), the
   lowest-latency Horovod setting measured;
-* ``direct``: DirectMPICommunicator (the C++ ops), Horovod not started.
+* ``direct``: DirectMPICommunicator (the C++ ops), Horovod not started;
+* ``direct_busy_poll``: the same with Open MPI busy-polling while it waits
+  (OMPI_MCA_mpi_yield_when_idle=0) instead of yielding the core.
+
+``--arms`` picks some (default: the first three).
 
 Each launch measures, on the digits CNN's gradients (153 KB in 8 tensors):
 
@@ -41,7 +45,8 @@ import numpy as np
 
 ARMS = {"horovod": ("horovod", {}),
         "horovod_cycle_0.1": ("horovod", {"HOROVOD_CYCLE_TIME": "0.1"}),
-        "direct": ("mpi-direct", {})}
+        "direct": ("mpi-direct", {}),
+        "direct_busy_poll": ("mpi-direct", {"OMPI_MCA_mpi_yield_when_idle": "0"})}
 # Variables the arms set: inherited values would make "defaults" mean something else.
 ARM_VARIABLES = ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle")
 LATENCY_CALLS = 300
@@ -240,19 +245,18 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
         s["loadavg_1min"] = _summary([x["loadavg_before"][0] for x in mine] + [x["loadavg_after"][0] for x in mine])
         s["sync_account_per_step"] = mine[0]["sync_account_per_step"]
     ratios = {}
-    if "direct" in arms:
-        for other in (a for a in arms if a != "direct"):
+    for direct in (a for a in arms if a.startswith("direct")):
+        for other in (a for a in arms if a.startswith("horovod")):
             # Paired by round (the launches of one round ran back to back): what load from elsewhere disturbs least.
-            per_round = [_median_rate(d, run) / _median_rate(o, run)
-                         for run in ("sync",) for r in range(rounds)
-                         for d in launches if d["round"] == r and d["arm"] == "direct"
+            per_round = [_median_rate(d, "sync") / _median_rate(o, "sync") for r in range(rounds)
+                         for d in launches if d["round"] == r and d["arm"] == direct
                          for o in launches if o["round"] == r and o["arm"] == other]
-            ratios[f"sync_direct_over_{other}_per_round"] = per_round
-            ratios[f"sync_direct_over_{other}"] = _summary(per_round)
-            ratios[f"in_loop_latency_{other}_over_direct"] = (summary[other]["in_loop_us"]["median"]
-                                                              / summary["direct"]["in_loop_us"]["median"])
-            ratios[f"per_call_latency_{other}_over_direct"] = (summary[other]["comm_us"]["median"]
-                                                               / summary["direct"]["comm_us"]["median"])
+            ratios[f"sync_{direct}_over_{other}_per_round"] = per_round
+            ratios[f"sync_{direct}_over_{other}"] = _summary(per_round)
+            ratios[f"in_loop_latency_{other}_over_{direct}"] = (summary[other]["in_loop_us"]["median"]
+                                                                / summary[direct]["in_loop_us"]["median"])
+            ratios[f"per_call_latency_{other}_over_{direct}"] = (summary[other]["comm_us"]["median"]
+                                                                 / summary[direct]["comm_us"]["median"])
     with open(out, "w") as f:
         json.dump({"launches": launches, "summary": summary, "ratios": ratios, "rounds": rounds, "steps": steps,
                    "repeats_per_launch": repeats}, f, indent=1)
@@ -264,7 +268,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--worker", choices=sorted(ARMS), help="(internal) one launch's measurements")
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated, of: " + ", ".join(ARMS))
+    p.add_argument("--arms", default="horovod,horovod_cycle_0.1,direct", help="comma-separated, of: " + ", ".join(ARMS))
     p.add_argument("--rounds", type=int, default=3, help="launches per arm, round-robin")
     p.add_argument("--steps", type=int, default=200, help="steps per timed throughput repeat (multiple of 20)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each throughput run per launch")

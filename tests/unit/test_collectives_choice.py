@@ -44,3 +44,21 @@ def test_the_choice_is_recorded_and_a_resume_may_change_it(monkeypatch):
     assert saved["collectives"] == "mpi-direct"
     now = cli.effective_config(cli.parse_args([]))
     assert config_differences(saved, now) == []  # how the bytes travel is not what is trained
+
+
+def test_the_mpi_direct_ops_are_cached_per_stack_and_source_and_missing_ones_say_run_make_setup(tmp_path,
+                                                                                              monkeypatch):
+    import sys
+
+    import tensorflow as tf
+
+    from hvd_easgd.comm import _mpi_ops
+
+    version = "Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022\x00"
+    path = _mpi_ops.library_path(version, environ={"HVD_EASGD_CACHE": str(tmp_path)})
+    key = f"tf-{tf.__version__}-open-mpi-v4.1.4-cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert path.startswith(str(tmp_path / "ops" / f"mpi-direct-ops-{key}-")) and path.endswith(_mpi_ops.LIBRARY_NAME)
+    assert _mpi_ops.library_path("MPICH Version: 4.0\x00", environ={"HVD_EASGD_CACHE": str(tmp_path)}) != path
+    monkeypatch.setenv("HVD_EASGD_CACHE", str(tmp_path))
+    with pytest.raises(_mpi_ops.MissingOpsLibrary, match="run `make setup`"):
+        _mpi_ops.load.__wrapped__(version)
