@@ -86,7 +86,12 @@ def parse_args(argv=None):
                        help="comma-separated tc rates, e.g. 1gbit,100mbit: run SyncAverage, EASGD tau=4 and 10, "
                             "accumulation k=4, raw Horovod and no_comm across hosts whose links have each rate")
     rated.add_argument("--hosts", type=int, default=2, help="virtual hosts (with --link-rates)")
-    rated.add_argument("--ranks-per-host", type=int, default=1, help="ranks per virtual host (with --link-rates)")
+    rated.add_argument("--ranks-per-host", type=int,
+                       help="ranks per virtual host (with --link-rates; default 1, with --topology 2)")
+    rated.add_argument("--topology", action="store_true",
+                       help="with --link-rates: compare the strategies for several hosts (flat SyncAverage and "
+                            "EASGD tau=10, the two-level allreduce, Hierarchical(SyncAverage, EASGD tau=10), "
+                            "PeriodicAverage and DiLoCo tau=10, no_comm), time to accuracy at every rate")
     rated.add_argument("--cluster-name", default="hvdbench",
                        help="the virtual cluster's name (with --link-rates); the tests use hvdt<pid>")
     rated.add_argument("--wide-mlp-steps", type=int, default=20,
@@ -108,8 +113,13 @@ def parse_args(argv=None):
     args.models = ["cnn"] if (quick or args.no_resnet) else ["cnn", "resnet"]
     args.run_mwms = not (quick or args.no_mwms)
     args.run_tta = not (quick or args.no_tta) and args.seeds > 0
-    args.launch_timeout = args.launch_timeout or (170 if quick else 1200 if args.link_rates else 600)
+    args.launch_timeout = args.launch_timeout or (170 if quick else (2400 if args.topology else 1200) if args.link_rates
+                                                 else 600)
     args.link_rate_list = args.link_rates.split(",") if args.link_rates else []
+    if args.topology and args.link_rates is None:
+        p.error("--topology compares strategies across hosts: give it --link-rates (e.g. 1gbit,100mbit)")
+    if args.ranks_per_host is None:
+        args.ranks_per_host = 2 if args.topology else 1
     if args.link_rates is not None:
         if args.hosts < 2 or args.ranks_per_host < 1:
             p.error("--hosts must be an integer >= 2 and --ranks-per-host >= 1 with --link-rates. "

@@ -7,7 +7,9 @@
 * ``bytes_per_sample.png``: measured payload bytes per sample next to the
   analytic expectation;
 * ``throughput_vs_link_rate.png`` (rated-link runs): samples/s against the
-  measured link rate, one line per configuration.
+  measured link rate, one line per configuration;
+* ``time_to_accuracy_by_rate.png`` (rated-link runs with time to accuracy at
+  several rates): test accuracy against wall time, one panel per link rate.
 """
 import os
 
@@ -19,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .curves import mean_curve  # noqa: E402
 
 ORDER = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync",
+         "sync_two_level", "hier_easgd_tau10", "periodic_tau10", "diloco_tau10",
          "raw_horovod_fit", "sync_fit", "mwms_fit")
 
 
@@ -65,19 +68,41 @@ def throughput(rows, model, path):
     return _save(fig, ax, path, axis="y")
 
 
-def accuracy_vs_time(tta, path):
-    if not tta:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def _accuracy_curves(ax, tta, title):
     for name, res in tta["per_config"].items():
         seconds, accuracy = mean_curve(res["runs"])
         ax.plot(seconds, accuracy, marker="o", markersize=3, label=name)
     ax.axhline(tta["target"], color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("training wall time, s (mean over seeds)")
-    ax.set_ylabel("test accuracy (EASGD: center)")
-    ax.set_title(f"Digits CNN, np={tta['np']} {tta['controller']}, {tta['seeds']} seeds")
+    ax.set_ylabel("test accuracy (the kept model)")
+    ax.set_title(title)
     ax.set_ylim(max(0.0, min(ax.get_ylim()[0], 0.5)), 1.0)
+
+
+def accuracy_vs_time(tta, path):
+    if not tta:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _accuracy_curves(ax, tta, f"Digits CNN, np={tta['np']} {tta['controller']}, {tta['seeds']} seeds")
     return _save(fig, ax, path)
+
+
+def time_to_accuracy_by_rate(ttas, out_dir):
+    """``time_to_accuracy_by_rate.png``: one panel per link rate (a rated-link run that timed every rate)."""
+    if len(ttas) < 2:
+        return []
+    fig, axes = plt.subplots(1, len(ttas), figsize=(6 * len(ttas), 4.5), squeeze=False)
+    for ax, tta in zip(axes[0], ttas):
+        link = tta["link"]
+        _accuracy_curves(ax, tta, f"Digits CNN across {link['nominal']} ({link['measured_mbit']:,.0f} Mbit/s "
+                                  f"measured), np={tta['np']}, {tta['seeds']} seeds")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = os.path.join(out_dir, "time_to_accuracy_by_rate.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [os.path.basename(path)]
 
 
 def bytes_per_sample(rows, path):

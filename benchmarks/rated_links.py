@@ -1,6 +1,7 @@
 """The strategies across a link with a rate, on the virtual cluster (tools/vcluster.py).
 
     python -m benchmarks.compare --hosts 2 --ranks-per-host 1 --link-rates 1gbit,100mbit
+    python -m benchmarks.compare --topology --hosts 2 --ranks-per-host 2 --link-rates 1gbit,100mbit
 
 For each nominal rate the suite builds a cluster of ``--hosts`` hosts whose
 links are shaped to that rate (tc tbf on every host's egress), and launches one
@@ -10,6 +11,16 @@ times every configuration on the digits CNN and on the wide MLP (5.4 M
 parameters, 21.7 MB of gradients) exactly as the single-host suite does
 (``benchmarks.worker``). The launch at the slowest rate also measures the
 time to ``--target`` test accuracy on digits. The cluster is removed at the end, also on failure.
+
+With ``--topology`` it compares the strategies made for several hosts
+instead (``names.TOPOLOGY_SUITE``: flat SyncAverage and EASGD τ=10, the
+two-level allreduce, Hierarchical(SyncAverage, EASGD τ=10), PeriodicAverage
+and DiLoCo τ=10, no communication), and times them to accuracy at every rate,
+not only the slowest.
+
+Every launch counts the bytes that cross between hosts: each host's transmit
+counter on its cluster interface (``--interface``), read around every timed
+run, against ``configurations.cross_host_bytes_per_step``.
 
 Against each rate it sets the analytic speed-up of EASGD over SyncAverage,
 (c + T) / (c + T/τ): c is the compute time of a step (from ``no_comm``), T the
@@ -25,10 +36,12 @@ import time
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
 from . import plots, report
+from .names import TOPOLOGY_SUITE
 from .processes import log_tail, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
+BASELINE_NAMES = ("no_comm", "raw_horovod")
 MODELS = ("cnn", "wide_mlp")
 LINK_PROBE_MB = 32
 # The settings every rated-link launch runs with; recorded in results.json.
@@ -46,19 +59,35 @@ def slowest_rate(rates):
     return min(rates, key=parse_rate)
 
 
+def configs_of(args):
+    return TOPOLOGY_SUITE if args.topology else CONFIGS
+
+
+def tta_configs_of(args):
+    """The strategies timed to accuracy: every configuration but the baselines."""
+    return [c for c in configs_of(args) if c not in BASELINE_NAMES]
+
+
 def worker_command(args, out_json, tta=False):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     np_ = args.hosts * args.ranks_per_host
     cmd = [horovodrun, "--disable-cache", "-np", str(np_), "-H", hosts_argument(args.hosts, args.ranks_per_host),
            "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
-           "--models", ",".join(args.rated_models), "--configs", ",".join(CONFIGS),
+           "--models", ",".join(args.rated_models), "--configs", ",".join(configs_of(args)),
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
-           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb)]
+           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb),
+           "--interface", INTERFACE]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
     if tta:
-        cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target)]
+        cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target),
+                "--tta-configs", ",".join(tta_configs_of(args))]
     return cmd
+
+
+def runs_tta_at(args, rate):
+    """Time to accuracy runs at the slowest rate, or at every rate with --topology (one panel each)."""
+    return args.run_tta and (args.topology or rate == slowest_rate(args.link_rate_list))
 
 
 def launch_env():
@@ -124,6 +153,11 @@ def analysis(rows):
 
 
 # --- report -------------------------------------------------------------------------------------------
+def _find(rows, model, config, rate):
+    return next((r for r in rows if r["model"] == model and r["config"] == config
+                 and r["link"]["nominal"] == rate), None)
+
+
 def markdown(results):
     lines = [f"# Strategies across a rated link ({results['timestamp']})", "",
              f"`{results['command']}`", "",
@@ -132,16 +166,29 @@ def markdown(results):
              "| nominal rate | measured (allreduce bus bandwidth) |", "|---|---:|"]
     lines += [f"| {link['nominal']} | {link['measured_mbit']:,.0f} Mbit/s |" for link in results["links"]]
     rates = [link["nominal"] for link in results["links"]]
+    configs = results.get("configs", CONFIGS)
     for model in results["models"]:
-        lines += ["", f"**{model}**, samples/s, median (min–max) of the repeats:", "",
+        lines += ["", f"**{model}**, samples/s, median (min–max) of the repeats, and ÷ flat SyncAverage:", "",
                   "| configuration | " + " | ".join(rates) + " |", "|---|" + "---:|" * len(rates)]
-        for config in CONFIGS:
+        for config in configs:
             cells = []
             for rate in rates:
-                row = next((r for r in results["rows"] if r["model"] == model and r["config"] == config
-                            and r["link"]["nominal"] == rate), None)
+                row = _find(results["rows"], model, config, rate)
+                sync = _find(results["rows"], model, "sync", rate)
                 s = row and row["samples_per_sec"]
-                cells.append(f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})" if s else "–")
+                ratio = f", {s['median'] / sync['samples_per_sec']['median']:.2f}×" if s and sync else ""
+                cells.append(f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f}){ratio}" if s else "–")
+            lines.append(f"| {config} | " + " | ".join(cells) + " |")
+        lines += ["", f"**{model}**, bytes per sample that crossed between hosts, measured (every host's "
+                  "transmit counter) / analytic (configurations.cross_host_bytes_per_step):", "",
+                  "| configuration | " + " | ".join(rates) + " |", "|---|" + "---:|" * len(rates)]
+        for config in configs:
+            cells = []
+            for rate in rates:
+                row = _find(results["rows"], model, config, rate)
+                measured = row and row.get("cross_host_bytes_per_sample")
+                cells.append("–" if measured is None else
+                             f"{measured:,.0f} / {row['expected_cross_host_bytes_per_sample']:,.0f}")
             lines.append(f"| {config} | " + " | ".join(cells) + " |")
     lines += ["", "c: compute time per step (no_comm); T: communication time per SyncAverage step "
               "(its step time − c). EASGD ÷ SyncAverage, measured against (c + T)/(c + T/τ):", "",
@@ -152,8 +199,8 @@ def markdown(results):
                  f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–" for tau in (4, 10)]
         lines.append(f"| {a['model']} | {a['link_rate']} | {1e3 * a['compute_seconds_per_step']:.1f} | "
                      f"{1e3 * a['sync_comm_seconds_per_step']:.1f} | " + " | ".join(cells) + " |")
-    tta = results["time_to_accuracy"]
-    if tta:
+    for tta in results.get("time_to_accuracy_by_rate") or ([results["time_to_accuracy"]]
+                                                          if results["time_to_accuracy"] else []):
         lines += ["", f"Time to accuracy across the {tta['link']['nominal']} link "
                   f"({tta['link']['measured_mbit']:,.0f} Mbit/s measured).", "", report.tta_table(tta)]
     if results["failures"]:
@@ -174,17 +221,19 @@ def main(args, out_dir, command, stamp):
                             "np": args.hosts * args.ranks_per_host, "interface": INTERFACE,
                             "launcher": "node1", "shaping": "tc tbf on the egress of every host's " + INTERFACE},
                "horovod_settings": horovod_settings(env), "models": list(args.rated_models),
+               "configs": list(configs_of(args)),
                "settings": {"steps": args.steps, "wide_mlp_steps": args.wide_mlp_steps,
                             "steps_per_call": args.steps_per_call, "repeats": args.repeats,
                             "link_probe_mb": args.link_probe_mb},
-               "links": [], "launches": [], "rows": [], "time_to_accuracy": None, "failures": []}
+               "links": [], "launches": [], "rows": [], "time_to_accuracy": None, "time_to_accuracy_by_rate": [],
+               "failures": []}
     started = time.perf_counter()
     try:
         for rate in args.link_rate_list:
             state = cluster.up(args.hosts, args.ranks_per_host, rate)
             out_json = os.path.join(out_dir, f"launch-{rate}.json")
             log_path = os.path.join(out_dir, "logs", f"hvd-{rate}.log")
-            tta = args.run_tta and rate == slowest_rate(args.link_rate_list)
+            tta = runs_tta_at(args, rate)
             cmd = worker_command(args, out_json, tta)
             print(f"[compare] {rate}: horovodrun across {args.hosts} hosts" + (" + time-to-accuracy" if tta else ""),
                   flush=True)
@@ -205,7 +254,9 @@ def main(args, out_dir, command, stamp):
             results["launches"].append({"link_rate": rate, "command": shlex.join(cmd),
                                         "seconds": time.perf_counter() - t0, "versions": launch["versions"]})
             if launch.get("time_to_accuracy"):
-                results["time_to_accuracy"] = dict(launch["time_to_accuracy"], link=link)
+                results["time_to_accuracy_by_rate"].append(dict(launch["time_to_accuracy"], link=link))
+                if rate == slowest_rate(args.link_rate_list):
+                    results["time_to_accuracy"] = results["time_to_accuracy_by_rate"][-1]
             for row in launch["rows"]:
                 row["link"] = {"nominal": rate, "measured_mbit": link["measured_mbit"]}
                 results["rows"].append(row)
@@ -218,7 +269,8 @@ def main(args, out_dir, command, stamp):
         cluster.down()
     results["analysis"] = analysis(results["rows"])
     results["seconds"] = time.perf_counter() - started
-    results["plots"] = plots.throughput_vs_link_rate(results, out_dir)
+    results["plots"] = (plots.throughput_vs_link_rate(results, out_dir)
+                        + plots.time_to_accuracy_by_rate(results["time_to_accuracy_by_rate"], out_dir))
     text = markdown(results)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

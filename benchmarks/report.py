@@ -129,7 +129,10 @@ def tta_table(tta):
     lines = [f"Digits CNN, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
              f"SGD momentum 0.9 at the learning rate train.py --lr {tta['base_lr']} --scale-lr gives each "
              f"configuration, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; wall time = training only "
-             "(slowest rank), no evaluation or tracing; EASGD evaluated on its center.",
+             "(slowest rank), no evaluation or tracing; EASGD evaluated on its center"
+             + ("; DiLoCo at --lr itself (--scale-lr refuses it), Hierarchical at its inter strategy's flat "
+                "rule for all ranks" if set(tta["per_config"]) & {"diloco_tau10", "hier_easgd_tau10"} else "")
+             + ".",
              "",
              f"| config | lr | epochs to {tta['target']} | seconds to {tta['target']} | seeds reaching it "
              f"| final test acc. | training seconds ({tta['epochs']} epochs) |",

@@ -26,8 +26,8 @@ from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
 from hvd_easgd.lr_scaling import lr_scale
 
-from . import allreduce, configurations, curves, fit_variants, link_probe, machine, report
-from .names import CUSTOM_LOOP, FIT, STRATEGIES
+from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine, report
+from .names import ALL_CUSTOM_LOOP, CUSTOM_LOOP, FIT, STRATEGIES
 from .order import default_repeats, design_length, interleaved_repeats, is_whole_design
 
 
@@ -44,7 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--wide-mlp-steps", type=int, default=20, help="wide-MLP (5.4 M parameters) steps per timed repeat")
     p.add_argument("--configs", default=",".join(CUSTOM_LOOP),
-                   help=f"comma-separated custom-loop configurations, from {','.join(CUSTOM_LOOP)}")
+                   help=f"comma-separated custom-loop configurations, from {','.join(ALL_CUSTOM_LOOP)}")
+    p.add_argument("--interface", metavar="NAME",
+                   help="count the bytes every host transmits on this interface during each timed run "
+                        "(the traffic between hosts of a virtual cluster)")
     p.add_argument("--link-probe-mb", type=float, default=0.0,
                    help="before anything else, time allreduces of this many MB to measure the link (0: skip)")
     p.add_argument("--steps-per-call", type=int, default=20,
@@ -55,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--tta-seeds", type=int, default=0, help="time-to-accuracy seeds (0: skip)")
     p.add_argument("--tta-epochs", type=int, default=20)
     p.add_argument("--tta-target", type=float, default=0.95)
+    p.add_argument("--tta-configs", default=",".join(STRATEGIES),
+                   help="comma-separated configurations the time to accuracy trains")
     p.add_argument("--tta-lr", type=float, default=None,
                    help="time-to-accuracy base learning rate, scaled as train.py --scale-lr does "
                         "(default: train.py's --lr)")
@@ -65,8 +70,12 @@ def parse_args(argv=None):
     if args.steps_per_call % multiple:
         p.error(f"--steps-per-call must be a multiple of {multiple} (whole EASGD periods and accumulation windows)")
     args.config_list = args.configs.split(",")
-    if not args.config_list or set(args.config_list) - set(CUSTOM_LOOP):
-        p.error(f"--configs must be chosen from {','.join(CUSTOM_LOOP)}. Received: --configs={args.configs}")
+    if not args.config_list or set(args.config_list) - set(ALL_CUSTOM_LOOP):
+        p.error(f"--configs must be chosen from {','.join(ALL_CUSTOM_LOOP)}. Received: --configs={args.configs}")
+    args.tta_config_list = args.tta_configs.split(",")
+    strategies = [c for c in ALL_CUSTOM_LOOP if c in configurations.TRAIN_PY_EQUIVALENT]
+    if not args.tta_config_list or set(args.tta_config_list) - set(strategies):
+        p.error(f"--tta-configs must be chosen from {','.join(strategies)}. Received: --tta-configs={args.tta_configs}")
     for flag in ("steps", "resnet_steps", "wide_mlp_steps"):
         if getattr(args, flag) % args.steps_per_call:
             p.error(f"--{flag.replace('_', '-')} must be a multiple of --steps-per-call")
@@ -78,18 +87,36 @@ def parse_args(argv=None):
 class Launch:
     """The launch's communicator and the small eager collectives around timed runs."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, interface=None):
         self.comm = comm
         self.rank, self.size = comm.rank, comm.size
         self.started = time.perf_counter()
+        # One rank per host reads the host's counter (its ranks share the interface).
+        self.counting = interface is not None
+        self.interface = interface if comm.local_rank == 0 else None
+        self._sent_before = 0
 
     def barrier(self):
         import tensorflow as tf
 
         self.comm.allreduce([tf.zeros([1])], op="sum", record=False)
+        if self.interface:
+            self._sent_before = host_traffic.transmitted_bytes(self.interface)
 
     def slowest(self, seconds):
-        return max(self.comm.allgather_json(seconds))
+        return self.finish(seconds)[0]
+
+    def finish(self, seconds):
+        """(the slowest rank's seconds, the bytes all hosts transmitted since ``barrier``, or None without
+        --interface). The counters are read after a barrier: a rank that has finished its own last
+        collective may read while another rank of its host still sends its part of a different one."""
+        if self.counting:
+            import tensorflow as tf
+
+            self.comm.allreduce([tf.zeros([1])], op="sum", record=False)
+        sent = host_traffic.transmitted_bytes(self.interface) - self._sent_before if self.interface else 0
+        gathered = self.comm.allgather_json([seconds, sent])
+        return max(g[0] for g in gathered), (sum(g[1] for g in gathered) if self.counting else None)
 
     def say(self, message):
         if self.rank == 0:
@@ -115,8 +142,10 @@ def order_record(configs, repeats):
 
 def summed_traffic(accounts):
     """One configuration's communication account over all its repeats."""
+    cross_host = [a.get("cross_host_bytes") for a in accounts]
     return {"bytes": sum(a["bytes"] for a in accounts), "calls": sum(a["calls"] for a in accounts),
-            "source": accounts[-1]["source"]}
+            "source": accounts[-1]["source"],
+            "cross_host_bytes": None if None in cross_host else sum(cross_host)}
 
 
 def pre_sharded(data, batch, rank, size, steps, seed=0):
@@ -135,8 +164,11 @@ def pre_sharded(data, batch, rank, size, steps, seed=0):
             data.y_train[index].reshape(steps, batch))
 
 
-def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, traffic, expected, order):
+def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, traffic, expected, order,
+         expected_cross_host=None):
     per_sample = traffic["bytes"] / traffic["samples"]
+    cross_host = traffic.get("cross_host_bytes")
+    all_samples = traffic["samples"] * launch.size  # traffic["samples"] counts one rank's
     return {
         "config": name, "model": model_name, "loop": loop, "np": launch.size,
         "controller": args.controller, "binding": args.binding,
@@ -148,6 +180,11 @@ def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, tr
         "expected_bytes_per_sample": expected["bytes_per_step"] / batch,
         "expected_calls_per_step": expected["calls_per_step"],
         "account_source": traffic["source"],
+        # Bytes that crossed between hosts (every host's transmit counter, --interface), per sample of all
+        # ranks; analytic: configurations.cross_host_bytes_per_step.
+        "cross_host_bytes_per_sample": None if cross_host is None else cross_host / all_samples,
+        "expected_cross_host_bytes_per_sample": (None if expected_cross_host is None
+                                                 else expected_cross_host / (batch * launch.size)),
         "final_test_accuracy": None,
     }
 
@@ -172,8 +209,8 @@ def throughput(launch, args, model_name):
         for x, y in calls:
             loss = config.run(x, y)
         loss = float(loss.numpy())  # waits for the last step
-        seconds = launch.slowest(time.perf_counter() - start)
-        return len(calls) * k * batch * launch.size / seconds, config.account(), loss
+        seconds, cross_host = launch.finish(time.perf_counter() - start)
+        return len(calls) * k * batch * launch.size / seconds, dict(config.account(), cross_host_bytes=cross_host), loss
 
     launch.say(f"{model_name}: tracing and warming up {len(configs)} configurations")
     for config in configs:
@@ -193,7 +230,7 @@ def throughput(launch, args, model_name):
         traffic = dict(summed_traffic([account for _, account, _ in runs]),
                        steps=steps * repeats, samples=steps * repeats * batch)
         row = _row(launch, args, config.name, model_name, "custom", batch, steps, [sps for sps, _, _ in runs],
-                   traffic, config.expected, order_record(configs, repeats))
+                   traffic, config.expected, order_record(configs, repeats), config.expected_cross_host)
         row["last_losses"] = [loss for _, _, loss in runs]  # a diverging configuration would show here
         rows.append(row)
     gradient_shapes = [list(v.shape) for v in configs[0].model.trainable_variables]
@@ -239,8 +276,11 @@ def fit_throughput(launch, args):
 
 # --- time to accuracy ---------------------------------------------------------------------
 def scaled_learning_rate(base, size, name):
-    """The learning rate ``train.py --lr BASE --scale-lr`` trains configuration ``name`` with."""
+    """The learning rate ``train.py --lr BASE --scale-lr`` trains configuration ``name`` with
+    (``--lr`` itself for a strategy --scale-lr refuses: DiLoCo)."""
     strategy, accumulate = configurations.TRAIN_PY_EQUIVALENT[name]
+    if strategy == "diloco":
+        return base
     return base * lr_scale(size, accumulate, strategy)
 
 
@@ -255,12 +295,13 @@ def time_to_accuracy(launch, args):
     n = len(data.y_train)
     per_epoch = steps_per_epoch(n, batch, launch.size)
     base_lr = args.tta_lr if args.tta_lr is not None else train_py_parser().get_default("lr")
-    lrs = {name: scaled_learning_rate(base_lr, launch.size, name) for name in STRATEGIES}
-    results = {name: [] for name in STRATEGIES}
+    names = args.tta_config_list
+    lrs = {name: scaled_learning_rate(base_lr, launch.size, name) for name in names}
+    results = {name: [] for name in names}
     for seed in range(args.tta_seeds):
         configs = [configurations.Configuration(name, "cnn", data.input_shape, data.num_classes, batch,
                                                 launch.comm, lr=lrs[name], seed=seed)
-                   for name in STRATEGIES]
+                   for name in names]
         for config in configs:
             config.trace()
         points = {c.name: [] for c in configs}
@@ -293,10 +334,11 @@ def time_to_accuracy(launch, args):
 def main(argv=None):
     args = parse_args(argv)
     load_before = os.getloadavg()
-    comm = hvd_easgd.init(threads_per_rank=1)
+    grouped = configurations.needs_process_sets(args.config_list + (args.tta_config_list if args.tta_seeds else []))
+    comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic" if grouped else None)
     import tensorflow as tf
 
-    launch = Launch(comm)
+    launch = Launch(comm, args.interface)
     affinity = comm.allgather_json(sorted(os.sched_getaffinity(0)))
     out = {
         "np": comm.size, "controller": args.controller, "binding": args.binding,

@@ -1,10 +1,11 @@
 """The rated-link benchmark end to end, at its smallest: ``python -m benchmarks.compare
 --quick --link-rates 100mbit`` builds its own two-host cluster, measures the link,
-times the six configurations on the digits CNN across it, and removes the cluster.
+times the six configurations on the digits CNN across it, and removes the cluster;
+with ``--topology``, the strategies for several hosts on 2 hosts × 2 ranks.
 
 The schema is checked, the measured rate against the tc rate, the bytes each
-configuration moved against their formula, and c and T against the rows they
-come from."""
+configuration moved against their formula (in the account, and on the hosts'
+interfaces), and c and T against the rows they come from."""
 import json
 import os
 import subprocess
@@ -24,6 +25,12 @@ BYTES_PER_STEP = {"no_comm": 0, "raw_horovod": GRADIENT_BYTES, "sync": GRADIENT_
                   "easgd_tau4": (GRADIENT_BYTES + 4) / 4, "easgd_tau10": (GRADIENT_BYTES + 4) / 10,
                   "accum4_sync": (GRADIENT_BYTES + 4) / 4}
 NOMINAL = 100e6
+
+
+def cross_host_ratios(rows):
+    """Bytes the hosts' interfaces sent ÷ the analytic bytes that cross between hosts, per configuration."""
+    return {c: r["cross_host_bytes_per_sample"] / r["expected_cross_host_bytes_per_sample"]
+            for c, r in rows.items() if r["expected_cross_host_bytes_per_sample"]}
 
 
 @pytest.mark.timeout(150)
@@ -48,6 +55,12 @@ def test_quick_rated_link_run(tmp_path):
     for config, row in rows.items():
         assert row["link"] == {"nominal": "100mbit", "measured_mbit": link["measured_mbit"]}
         assert row["bytes_per_sample"] == pytest.approx(BYTES_PER_STEP[config] / BATCH), config
+    # On the wire: the payload (2 hosts: once each way) plus TCP/IP and MPI headers, ACKs and Horovod's
+    # negotiation, a few per cent; without a collective, next to nothing crosses.
+    ratios = cross_host_ratios(rows)
+    assert set(ratios) == CONFIGS - {"no_comm"}
+    assert all(0.97 < ratio < 1.3 for ratio in ratios.values()), ratios
+    assert rows["no_comm"]["cross_host_bytes_per_sample"] < 0.01 * rows["sync"]["cross_host_bytes_per_sample"]
     [analysis] = results["analysis"]
     step = {c: BATCH * 2 / rows[c]["samples_per_sec"]["median"] for c in ("no_comm", "sync")}
     assert analysis["compute_seconds_per_step"] == pytest.approx(step["no_comm"])
@@ -58,3 +71,37 @@ def test_quick_rated_link_run(tmp_path):
     assert rows["easgd_tau10"]["samples_per_sec"]["median"] > rows["sync"]["samples_per_sec"]["median"]
     assert (tmp_path / "throughput_vs_link_rate.png").stat().st_size > 0
     assert "| sync |" in (tmp_path / "results.md").read_text()
+
+
+TOPOLOGY = {"no_comm", "sync", "easgd_tau10", "sync_two_level", "hier_easgd_tau10", "periodic_tau10", "diloco_tau10"}
+
+
+@pytest.mark.timeout(200)
+def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
+    """2 hosts × 2 ranks: Hierarchical's groups are the hosts, so its intra level never crosses and its
+    inter level crosses as the formula says (one allreduce per index within the host); the flat
+    strategies cross as Open MPI's halving-doubling allreduce does, 2(H-1) times their payload."""
+    name = f"hvdo{os.getpid()}"[:12]
+    cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--topology", "--link-rates", "100mbit",
+           "--cluster-name", name, "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", "150"]
+    out = run(cmd, timeout=190, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    assert results["topology"]["np"] == 4 and results["topology"]["ranks_per_host"] == 2
+    rows = {r["config"]: r for r in results["rows"]}
+    assert set(rows) == TOPOLOGY
+    # The account, per rank: Hierarchical(sync, EASGD τ=10) sends M every step within its host and
+    # (M + 4)/10 across; the two-level allreduce M at each level.
+    per_rank = {"sync_two_level": 2 * GRADIENT_BYTES, "hier_easgd_tau10": GRADIENT_BYTES + (GRADIENT_BYTES + 4) / 10,
+                "periodic_tau10": (GRADIENT_BYTES + 4) / 10, "diloco_tau10": (GRADIENT_BYTES + 4) / 10}
+    for config, bytes_per_step in per_rank.items():
+        assert rows[config]["bytes_per_sample"] == pytest.approx(bytes_per_step / BATCH), config
+    ratios = cross_host_ratios(rows)
+    assert set(ratios) == TOPOLOGY - {"no_comm"}
+    assert all(0.97 < ratio < 1.3 for ratio in ratios.values()), ratios
+    # Per sample of all 4 ranks: the two-level allreduce carries the gradients across twice (2 index
+    # sets × once each way) where the flat one carries them once each way.
+    assert rows["sync_two_level"]["expected_cross_host_bytes_per_sample"] == pytest.approx(
+        2 * rows["sync"]["expected_cross_host_bytes_per_sample"])

@@ -19,10 +19,16 @@ def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
     assert worker.scaled_learning_rate(0.02, 4, "easgd_tau10_overlap") == pytest.approx(0.02 * 4.0)
     assert worker.scaled_learning_rate(0.5, 3, "sync") == pytest.approx(0.5 * 4.0)
     assert calls == [(2, 4, "sync"), (4, 1, "easgd"), (3, 1, "sync")]
+    # Hierarchical takes its inter strategy's flat rule; DiLoCo, which --scale-lr refuses, trains at --lr.
+    assert worker.scaled_learning_rate(0.02, 4, "hier_easgd_tau10") == pytest.approx(0.02 * 4.0)
+    assert worker.scaled_learning_rate(0.02, 4, "sync_two_level") == pytest.approx(0.02 * 4.0)
+    assert worker.scaled_learning_rate(0.02, 4, "periodic_tau10") == pytest.approx(0.02 * 4.0)
+    assert worker.scaled_learning_rate(0.02, 4, "diloco_tau10") == 0.02
+    assert calls[3:] == [(4, 1, "easgd"), (4, 1, "sync"), (4, 1, "periodic")]
 
 
 def test_every_strategy_row_has_a_train_py_equivalent():
-    assert set(configurations.TRAIN_PY_EQUIVALENT) == set(names.STRATEGIES)
+    assert set(configurations.TRAIN_PY_EQUIVALENT) == set(names.STRATEGIES + names.TOPOLOGY)
     for name, (strategy, accumulate) in configurations.TRAIN_PY_EQUIVALENT.items():
         assert strategy in registry.available(), name
         assert accumulate == (4 if name.startswith("accum4_") else 1), name

@@ -1,0 +1,89 @@
+"""The benchmark's strategies for several hosts: their analytic bytes (per rank, and
+across hosts under rings in rank order), and the host counter the measured figure
+comes from."""
+import numpy as np
+import pytest
+
+from benchmarks import configurations, host_traffic, names
+from hvd_easgd import models
+
+pytestmark = pytest.mark.unit
+
+# The digits CNN: conv 3·3·1·16+16, conv 3·3·16·32+32, dense 512·64+64, dense 64·10+10.
+P = (9 * 16 + 16) + (9 * 16 * 32 + 32) + (4 * 4 * 32 * 64 + 64) + (64 * 10 + 10)
+M = 4 * P
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    model = models.build("cnn", (8, 8, 1), 10)
+    assert configurations.trainable_count(model) == P
+    return model
+
+
+@pytest.mark.parametrize("hosts, per_host, expected", [
+    # (sync_two_level, hier_easgd_tau10) bytes per step and rank: intra M when n > 1, inter when G > 1.
+    (2, 2, ((M + M, 2.0), (M + (M + 4) / 10, 1.1))),
+    (1, 2, ((M, 1.0), (M, 1.0))),                        # one group: the intra level alone
+    (2, 1, ((M, 1.0), ((M + 4) / 10, 0.1))),             # one rank per group: the inter level alone
+])
+def test_hierarchical_bytes_per_level_follow_the_layout(cnn, hosts, per_host, expected):
+    for name, (bytes_, calls) in zip(("sync_two_level", "hier_easgd_tau10"), expected):
+        got = configurations.expected_traffic(name, cnn, hosts, per_host)
+        assert got == {"bytes_per_step": pytest.approx(bytes_), "calls_per_step": pytest.approx(calls)}, name
+
+
+def test_the_local_update_strategies_send_once_per_period(cnn):
+    assert configurations.expected_traffic("periodic_tau10", cnn)["bytes_per_step"] == pytest.approx((M + 4) / 10)
+    assert configurations.expected_traffic("diloco_tau10", cnn)["bytes_per_step"] == pytest.approx((M + 4) / 10)
+    with_bn = models.build("resnet", (32, 32, 3), 10)  # PeriodicAverage also averages BatchNorm's statistics
+    statistics = sum(int(np.prod(v.shape)) for v in with_bn.non_trainable_variables)
+    assert statistics > 0
+    weights = 4 * configurations.trainable_count(with_bn)
+    assert configurations.expected_traffic("periodic_tau10", with_bn)["bytes_per_step"] == pytest.approx(
+        (weights + 4 * statistics + 4) / 10)
+    assert configurations.expected_traffic("diloco_tau10", with_bn)["bytes_per_step"] == pytest.approx(
+        (weights + 4) / 10)
+
+
+@pytest.mark.parametrize("hosts, per_host, crossings", [(2, 1, 2.0), (2, 2, 2.0), (4, 1, 6.0), (4, 2, 6.0)])
+def test_a_flat_allreduce_crosses_hosts_as_halving_doubling_does(cnn, hosts, per_host, crossings):
+    # 2(H-1)·B whatever the ranks per host: their steps within a host never cross.
+    assert configurations.cross_host_bytes_per_step("sync", cnn, hosts, per_host) == pytest.approx(crossings * M)
+    assert configurations.cross_host_bytes_per_step("easgd_tau10", cnn, hosts, per_host) == pytest.approx(
+        crossings * (M + 4) / 10)
+
+
+def test_hierarchical_carries_its_inter_payload_once_per_rank_index(cnn):
+    # 2 hosts × 2: two cross-group sets {0,2} and {1,3}; a 2-rank ring sends the payload once each way.
+    assert configurations.cross_host_bytes_per_step("sync_two_level", cnn, 2, 2) == pytest.approx(4 * M)
+    assert configurations.cross_host_bytes_per_step("hier_easgd_tau10", cnn, 2, 2) == pytest.approx(
+        4 * (M + 4) / 10)
+    # Its intra level never leaves a host, and one host sends nothing across.
+    assert configurations.cross_host_bytes_per_step("sync_two_level", cnn, 1, 4) == 0.0
+    assert configurations.cross_host_bytes_per_step("sync", cnn, 1, 4) == 0.0
+
+
+def test_every_topology_configuration_builds_its_strategy():
+    made = {name: type(configurations.make_strategy(name)).__name__ for name in names.TOPOLOGY}
+    assert made == {"sync_two_level": "Hierarchical", "hier_easgd_tau10": "Hierarchical",
+                    "periodic_tau10": "PeriodicAverage", "diloco_tau10": "DiLoCo"}
+    assert configurations.needs_process_sets(["sync", "hier_easgd_tau10"])
+    assert not configurations.needs_process_sets(["sync", "periodic_tau10", "diloco_tau10"])
+
+
+PROC_NET_DEV = """Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:    1000      10    0    0    0     0          0         0     1000      10    0    0    0     0       0          0
+cluster0: 5555555   4000    0    0    0     0          0         0 123456789   7000    0    0    0     0       0          0
+"""
+
+
+def test_the_host_counter_reads_the_interfaces_transmitted_bytes(tmp_path):
+    path = tmp_path / "dev"
+    path.write_text(PROC_NET_DEV)
+    assert host_traffic.transmitted_bytes("cluster0", str(path)) == 123456789
+    assert host_traffic.transmitted_bytes("lo", str(path)) == 1000
+    with pytest.raises(host_traffic.InterfaceMissing, match=r"--interface eth9: .*it has lo, cluster0"):
+        host_traffic.transmitted_bytes("eth9", str(path))
+    assert host_traffic.transmitted_bytes("lo") >= 0  # this process's own namespace
