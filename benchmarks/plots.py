@@ -35,6 +35,17 @@ def _save(fig, ax, path, axis="both"):
     return path
 
 
+def _save_panels(fig, axes, path):
+    """The finish of a figure of several panels: a legend and grid in each; returns [its file name]."""
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [os.path.basename(path)]
+
+
 def _configs(rows):
     present = {r["config"] for r in rows}
     return [c for c in ORDER if c in present] + sorted(present - set(ORDER))
@@ -96,13 +107,7 @@ def time_to_accuracy_by_rate(ttas, out_dir):
         link = tta["link"]
         _accuracy_curves(ax, tta, f"Digits CNN across {link['nominal']} ({link['measured_mbit']:,.0f} Mbit/s "
                                   f"measured), np={tta['np']}, {tta['seeds']} seeds")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "time_to_accuracy_by_rate.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [os.path.basename(path)]
+    return _save_panels(fig, axes[0], os.path.join(out_dir, "time_to_accuracy_by_rate.png"))
 
 
 def bytes_per_sample(rows, path):
@@ -154,10 +159,4 @@ def throughput_vs_link_rate(results, out_dir):
         ax.set_ylabel("samples/s (all ranks)")
         topology = results["topology"]
         ax.set_title(f"{model}: {topology['hosts']} hosts × {topology['ranks_per_host']} rank")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out_dir, "throughput_vs_link_rate.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [os.path.basename(path)]
+    return _save_panels(fig, axes[0], os.path.join(out_dir, "throughput_vs_link_rate.png"))
