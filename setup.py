@@ -42,6 +42,8 @@ setup(
     description="Pluggable sync strategies (SyncAverage, EASGD, gradient accumulation) "
     "for TensorFlow 2 / Keras 3 over Horovod ring-allreduce",
     packages=find_packages(include=["hvd_easgd", "hvd_easgd.*"]),
+    # The mpi-direct ops are compiled on each machine (make setup) from their source.
+    package_data={"hvd_easgd.comm._mpi_ops": ["*.cc"]},
     python_requires=">=3.11,<3.12",
     install_requires=_requirements(),
 )

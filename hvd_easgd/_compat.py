@@ -64,3 +64,27 @@ def launcher_rank():
         if value is not None and value.isdigit():
             return int(value)
     return 0
+
+
+def cache_dir(environ=None):
+    """Where builds made for this machine's stack are kept, outside any clone
+    (tools/setup_env.sh keeps the Horovod wheel there too)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("HVD_EASGD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hvd_easgd")
+
+
+def native_build_key(mpi_library_version):
+    """``tf-<version>-<MPI library>-<version>-cp<python>``: what a native library
+    built against TensorFlow's and MPI's headers must match to load and run.
+
+    ``mpi_library_version`` is ``MPI_Get_library_version``'s text (mpi4py's
+    ``MPI.Get_library_version()``, callable before MPI starts).
+    """
+    import re
+    import sys
+
+    import tensorflow as tf
+
+    mpi = mpi_library_version.split("\x00")[0].split(",")[0].strip()  # "Open MPI v4.1.4"
+    mpi = re.sub(r"[^A-Za-z0-9.]+", "-", mpi).strip("-").lower()
+    return f"tf-{tf.__version__}-{mpi}-cp{sys.version_info[0]}{sys.version_info[1]}"

@@ -11,6 +11,7 @@ RESUMABLE_KEYS = frozenset({
     "epochs", "run_dir", "resume", "config", "checkpoint_every", "keep_checkpoints", "eval_every",
     "threads_per_rank", "verbose", "max_bad_steps", "tensorboard", "checkpoint_every_steps",
     "checkpoint_every_minutes", "checkpoint_on_signal", "agree_every", "stop_grace_seconds", "auto_resume",
+    "collectives",  # how the bytes travel, not what is trained
 })
 
 # Strategies whose checkpoint resumes at another number of ranks (``checkpoint.restore``

@@ -1,13 +1,18 @@
 """Process start-up: Horovod initialisation, threads per rank, GPU pinning.
 
-With runtime.py, comm/horovod_comm.py is the only module that imports Horovod.
+With runtime.py, comm/horovod_comm.py is the only module that imports Horovod,
+and comm/mpi_direct.py (with the build of its ops) the only one that imports mpi4py.
 """
 import os
 import warnings
 
 from . import _compat, tuning
 
-_STATE = {"comm": None, "horovod_settings": None}
+_STATE = {"comm": None, "horovod_settings": None, "collectives": None}
+
+# How the job's collectives travel: Horovod (MPI, Gloo or NCCL), or straight
+# over MPI through hvd_easgd's own TF ops (comm/mpi_direct.py; MPI launches only).
+COLLECTIVES = ("horovod", "mpi-direct")
 
 # Horovod's stall inspector warns after CHECK seconds and, with SHUTDOWN set,
 # aborts the job instead of hanging forever when a rank stops answering.
@@ -97,7 +102,25 @@ def horovod_settings():
     return _STATE["horovod_settings"]
 
 
-def init(threads_per_rank=None, use_horovod=None, process_sets=None):
+def gloo_launch(environ=None):
+    """True when horovodrun started this process over Gloo (``--gloo``, or by
+    default where Horovod has no MPI): then there is no MPI job to join."""
+    environ = os.environ if environ is None else environ
+    return ("HOROVOD_GLOO_RENDEZVOUS_ADDR" in environ
+            or environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo")
+
+
+def check_collectives(collectives, environ=None):
+    """Refuses an unknown choice, and ``"mpi-direct"`` under a Gloo launch."""
+    if collectives not in COLLECTIVES:
+        raise ValueError(f"`collectives` must be one of {COLLECTIVES}. Received: collectives={collectives!r}")
+    if collectives == "mpi-direct" and gloo_launch(environ):
+        raise ValueError("`collectives` must be \"horovod\" under a Gloo launch (horovodrun --gloo): "
+                         "\"mpi-direct\" needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix). "
+                         "Received: collectives='mpi-direct'")
+
+
+def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives=None):
     """Initialises Horovod once and returns the process's communicator.
 
     Exposes ``rank``, ``size``, ``local_rank`` and ``local_size`` on the
@@ -112,11 +135,21 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None):
     that ``comm.split(groups)`` can create sub-communicators (Hierarchical's
     groups) once the ranks know their hosts. Off by default: Horovod's
     process sets are otherwise fixed at its start.
+
+    ``collectives="mpi-direct"`` sends every collective of the job straight
+    over MPI through hvd_easgd's own TF ops (``DirectMPICommunicator``) and
+    does not start Horovod at all; MPI launches only. Its ``split`` needs no
+    process sets (MPI splits communicators at any time). ``None`` (default)
+    is ``"horovod"`` on the first call, and whatever the first call chose on
+    later ones.
     """
     if process_sets not in PROCESS_SETS:
         raise ValueError(f"`process_sets` must be one of {PROCESS_SETS}. Received: process_sets={process_sets!r}")
     if _STATE["comm"] is not None:
         comm = _STATE["comm"]
+        if collectives is not None and collectives != _STATE["collectives"]:
+            raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
+                             f"one process has one kind of collectives. Received: collectives={collectives!r}")
         if process_sets == "dynamic" and not getattr(comm, "dynamic_process_sets", True):
             raise RuntimeError("hvd_easgd.init() already started Horovod without dynamic process sets; "
                                "call hvd_easgd.init(process_sets='dynamic') first, before anything initialises")
@@ -124,6 +157,12 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None):
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
+    collectives = collectives or "horovod"
+    check_collectives(collectives)
+    if collectives == "mpi-direct":
+        comm = _init_mpi_direct(threads_per_rank)
+        _STATE.update(comm=comm, collectives=collectives)
+        return comm
     if use_horovod is None:
         use_horovod = _compat.horovod_available()
     if use_horovod:
@@ -145,8 +184,20 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None):
         from .comm import LocalCommunicator
 
         comm = LocalCommunicator()
-    _STATE["comm"] = comm
+    _STATE.update(comm=comm, collectives=collectives)
     return comm
+
+
+def _init_mpi_direct(threads_per_rank):
+    # Open MPI reads how to wait when MPI starts, which importing the module does.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", tuning.OMPI_YIELD_WHEN_IDLE)
+    from .comm import mpi_direct
+
+    _, _, local_rank, local_size, _, _ = mpi_direct.launch_layout()
+    # Thread pools first: creating the communicator's account variable starts TF's runtime.
+    _configure_threads(local_size, threads_per_rank)
+    _pin_gpu(local_rank)
+    return mpi_direct.DirectMPICommunicator()
 
 
 def communicator():

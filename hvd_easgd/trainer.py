@@ -86,10 +86,12 @@ def train(args, config, dataset, strategy):
 
 # --- the job's steps, in order ---------------------------------------------------------
 def _start_ranks(args, strategy):
-    """Starts Horovod, seeds every random source, and binds the strategy to the ranks."""
+    """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
+    random source, and binds the strategy to the ranks."""
     # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
     splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
-    comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None)
+    comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None,
+                        collectives=getattr(args, "collectives", "horovod"))
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)

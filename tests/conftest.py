@@ -64,6 +64,21 @@ def horovodrun(args, np=2, controller="gloo", timeout=240, cwd=None, env=None):
     return run(horovodrun_command(args, np, controller), timeout=timeout, cwd=cwd, env=env)
 
 
+def mpirun_command(args, np=2):
+    """``mpirun -np N python ARGS`` on this host, over loopback: an MPI launch without horovodrun."""
+    return ["mpirun", "-np", str(np), "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+            PYTHON, *args]
+
+
+def launch(args, launcher, np=2, timeout=240, cwd=None, env=None):
+    """Runs ``args`` under ``launcher``: "gloo" or "mpi" (horovodrun --gloo|--mpi) or "mpirun"."""
+    if launcher == "mpirun":
+        # mpirun refuses root unless told twice (the test machines run as root).
+        env = dict(env or quiet_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return run(mpirun_command(args, np), timeout=timeout, cwd=cwd, env=env)
+    return horovodrun(args, np=np, controller=launcher, timeout=timeout, cwd=cwd, env=env)
+
+
 def run(cmd, timeout=240, cwd=None, env=None):
     proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env or quiet_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

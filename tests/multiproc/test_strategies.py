@@ -1,23 +1,36 @@
-"""Strategy behaviour across real ranks: horovodrun -np 2, over Gloo and over MPI.
+"""Strategy behaviour across real ranks: horovodrun -np 2, over Gloo and over MPI,
+and through the direct MPI communicator (--collectives mpi-direct) under
+horovodrun --mpi and under mpirun itself.
 
-One launch per controller runs every check (tests/multiproc/scripts/
-core_checks.py); the assertions below read what each rank recorded.
+One launch per (launcher, collectives) runs every check (tests/multiproc/
+scripts/core_checks.py); the assertions below read what each rank recorded.
 """
 import numpy as np
 import pytest
 
-from tests.conftest import CONTROLLERS, horovodrun, read_rank_results, script
+from tests.conftest import CONTROLLERS, launch, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE = 2
+# (launcher, collectives): Horovod under each controller; the direct path under both MPI launch styles.
+LAUNCHES = [(controller, "horovod") for controller in CONTROLLERS] + [("mpi", "mpi-direct"), ("mpirun", "mpi-direct")]
+_RESULTS = {}
 
 
-@pytest.fixture(scope="module", params=CONTROLLERS)
+def core_results(launcher, collectives, tmp_path_factory):
+    """Every rank's core_checks results for one launch (launched once per module)."""
+    if (launcher, collectives) not in _RESULTS:
+        out = tmp_path_factory.mktemp(f"core-{launcher}-{collectives}")
+        proc = launch([script("core_checks.py"), str(out), collectives], launcher, np=SIZE, timeout=280)
+        assert proc.returncode == 0, (f"core_checks failed under {launcher} with {collectives}:\n"
+                                      f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        _RESULTS[launcher, collectives] = read_rank_results(out, SIZE)
+    return _RESULTS[launcher, collectives]
+
+
+@pytest.fixture(scope="module", params=LAUNCHES, ids=["-".join(p) for p in LAUNCHES])
 def ranks(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"core-{request.param}")
-    proc = horovodrun([script("core_checks.py"), str(out)], np=SIZE, controller=request.param, timeout=280)
-    assert proc.returncode == 0, f"core_checks failed under --{request.param}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return read_rank_results(out, SIZE)
+    return core_results(*request.param, tmp_path_factory)
 
 
 def test_rank_values_are_averaged_and_summed(ranks):
@@ -121,3 +134,29 @@ def test_variable_size_images_do_not_retrace_per_shape(ranks):
         assert r["image_traces"] <= 3
         assert r["image_updates"] == 3  # 9 images, k = 3
         assert r["image_identical_maxdiff"] == 0.0
+
+
+DIRECT = [launch for launch in LAUNCHES if launch[1] == "mpi-direct"]
+
+
+@pytest.mark.parametrize("launcher", [launcher for launcher, _ in DIRECT])
+def test_direct_collectives_ran_in_one_order_on_every_rank(launcher, tmp_path_factory):
+    ranks = core_results(launcher, "mpi-direct", tmp_path_factory)
+    for r in ranks:
+        assert r["communicator"] == "DirectMPICommunicator"
+        count, digest = r["collective_order"]
+        assert count > 100  # every check's collectives, not a handful
+        # the same number of collectives, and the same kinds, dtypes and sizes in the same order
+        assert r["collective_orders"] == [[count, digest]] * SIZE
+
+
+@pytest.mark.parametrize("launcher", [launcher for launcher, _ in DIRECT])
+def test_direct_account_equals_the_horovod_account_for_the_same_steps(launcher, tmp_path_factory):
+    direct = core_results(launcher, "mpi-direct", tmp_path_factory)
+    horovod = core_results("mpi", "horovod", tmp_path_factory)
+    assert horovod[0]["communicator"] == "HorovodCommunicator"
+    keys = ["sync_bytes_20_steps", "sync_calls_20_steps", "fp16_bytes_5_steps", "accumulate_bytes",
+            "accumulate_calls", "weighted_bytes", "weighted_calls"]
+    for d, h in zip(direct, horovod):
+        assert {k: d[k] for k in keys} == {k: h[k] for k in keys}
+        assert d["easgd"]["per_step_bytes"] == h["easgd"]["per_step_bytes"]

@@ -1,6 +1,9 @@
-"""Runs under `horovodrun -np 2`: every strategy check that needs real ranks,
-in one launch so TF start-up is paid once. Each rank writes OUT/rank<r>.json;
-tests/multiproc/test_strategies.py asserts on them.
+"""Runs under `horovodrun -np 2` (or `mpirun -np 2`): every strategy check that
+needs real ranks, in one launch so TF start-up is paid once. Each rank writes
+OUT/rank<r>.json; tests/multiproc/test_strategies.py asserts on them.
+
+Usage: core_checks.py OUT [COLLECTIVES], COLLECTIVES as hvd_easgd.init takes
+them (default "horovod").
 
 All ranks run the same checks in the same order, so collectives line up.
 """
@@ -17,10 +20,11 @@ from hvd_easgd.comm import RanksDisagreeError
 from tests import reference as ref
 
 OUT = sys.argv[1]
-comm = hvd_easgd.init(threads_per_rank=1)
+COLLECTIVES = sys.argv[2] if len(sys.argv) > 2 else "horovod"
+comm = hvd_easgd.init(threads_per_rank=1, collectives=COLLECTIVES)
 RANK, SIZE = comm.rank, comm.size
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-results = {"rank": RANK, "size": SIZE}
+results = {"rank": RANK, "size": SIZE, "communicator": type(comm).__name__}
 
 
 def gathered_max_diff(arrays):
@@ -320,6 +324,11 @@ for h, w_ in shapes:
 results["image_traces"] = len(traces)
 results["image_updates"] = int(fcn_opt.iterations.numpy())
 results["image_identical_maxdiff"] = gathered_max_diff(fcn.trainable_variables)
+
+# --- 11. the direct communicator: every rank issued the same collectives in the same order ---------
+if hasattr(comm, "order_digest"):
+    results["collective_order"] = list(comm.order_digest())  # read before the gather below adds to it
+    results["collective_orders"] = comm.allgather_json(results["collective_order"])
 
 os.makedirs(OUT, exist_ok=True)
 with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:

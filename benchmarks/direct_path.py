@@ -1,0 +1,287 @@
+"""The direct MPI path (``--collectives mpi-direct``) against Horovod, at np = 2.
+
+    python -m benchmarks.direct_path --out results/direct_path.json [--rounds 3]
+
+Arms, each in its own ``mpirun -np 2`` launch (Horovod reads its
+tunables once, when it starts), launched round-robin for ``--rounds`` rounds
+in a rotating order so that load from elsewhere hits them alike:
+
+* ``horovod``: HorovodCommunicator with hvd_easgd's settings (hvd_easgd.tuning:
+  Horovod's 1 ms cycle, Open MPI yielding): the tuned path a job gets;
+* ``horovod_cycle_0.1``: the same with HOROVOD_CYCLE_TIME=0.1 (ms), the
+  lowest-latency Horovod setting measured;
+* ``direct``: DirectMPICommunicator (the C++ ops), Horovod not started;
+* ``direct_busy_poll``: the same with Open MPI busy-polling while it waits
+  (OMPI_MCA_mpi_yield_when_idle=0) instead of yielding the core.
+
+``--arms`` picks some (default: the first three).
+
+Each launch measures, on the digits CNN's gradients (153 KB in 8 tensors):
+
+* latency: one grouped allreduce through the communicator per
+  ``tf.function`` call (median per call), the same call of a function that
+  only copies the tensors (TF's own dispatch cost), ``LOOP`` grouped
+  allreduces inside one ``tf.function`` (per allreduce, dispatch amortised),
+  and mpi4py's ``Allreduce`` of the same bytes on numpy buffers in the same
+  process;
+* throughput: SyncAverage, EASGD tau=10 and no communication (each rank
+  alone) on the digits CNN, ``--steps`` steps per timed repeat in
+  ``tf.function`` calls of 20 steps, the three interleaved in a rotating
+  order, the slowest rank's time.
+
+The driver writes every launch's figures, the load average before and after
+each, and the medians (min-max) over launches with the ratios.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ARMS = {"horovod": ("horovod", {}),
+        "horovod_cycle_0.1": ("horovod", {"HOROVOD_CYCLE_TIME": "0.1"}),
+        "direct": ("mpi-direct", {}),
+        "direct_busy_poll": ("mpi-direct", {"OMPI_MCA_mpi_yield_when_idle": "0"})}
+# Variables the arms set: inherited values would make "defaults" mean something else.
+ARM_VARIABLES = ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle")
+LATENCY_CALLS = 300
+LOOP = 50
+STEPS_PER_CALL = 20
+RUNS = ("sync", "easgd_tau10", "no_comm")
+
+
+# --- one launch ---------------------------------------------------------------------------------
+def _per_call_us(call, calls, per=1, warmup=20):
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6 / per
+
+
+def _latency(comm, grads, nbytes, barrier):
+    import tensorflow as tf
+    from mpi4py import MPI  # MPI is up already (Horovod's or mpi_direct's initialisation)
+
+    grouped = tf.function(lambda ts: comm.allreduce(ts, op="average", record=False))
+    copy = tf.function(lambda ts: [tf.identity(t) for t in ts])
+
+    @tf.function
+    def looped(ts):
+        for _ in tf.range(LOOP):
+            ts = comm.allreduce(ts, op="average", record=False)
+        return ts
+
+    raw_comm = MPI.COMM_WORLD.Dup()
+    send = np.ones(nbytes // 4, np.float32)
+    recv = np.empty_like(send)
+    samples = {}
+    for _ in range(2):  # interleaved
+        barrier()
+        samples.setdefault("comm_us", []).append(_per_call_us(lambda: grouped(grads), LATENCY_CALLS))
+        barrier()
+        samples.setdefault("copy_fn_us", []).append(_per_call_us(lambda: copy(grads), LATENCY_CALLS))
+        barrier()
+        samples.setdefault("in_loop_us", []).append(
+            _per_call_us(lambda: looped(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))
+        raw_comm.Barrier()
+        samples.setdefault("mpi4py_us", []).append(
+            _per_call_us(lambda: raw_comm.Allreduce(send, recv, op=MPI.SUM), LATENCY_CALLS))
+    raw_comm.Free()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def worker(arm, out, steps, repeats, batch=32):
+    import hvd_easgd
+    from hvd_easgd import runtime
+
+    collectives, _ = ARMS[arm]
+    comm = hvd_easgd.init(threads_per_rank=1, collectives=collectives)
+    import keras
+    import tensorflow as tf
+
+    from benchmarks.worker import pre_sharded
+
+    data = hvd_easgd.data.digits()
+    barrier = lambda: comm.allreduce([tf.zeros([1])], op="sum", record=False)  # noqa: E731
+
+    keras.utils.set_random_seed(0)
+    shapes = [v.shape for v in hvd_easgd.models.build("cnn", data.input_shape, data.num_classes).trainable_variables]
+    grads = [tf.ones(s, tf.float32) for s in shapes]
+    nbytes = sum(4 * int(np.prod(s)) for s in shapes)
+    latency = _latency(comm, grads, nbytes, barrier)
+
+    xs, ys = pre_sharded(data, batch, comm.rank, comm.size, steps)
+    chunks = [(tf.constant(xs[i:i + STEPS_PER_CALL]), tf.constant(ys[i:i + STEPS_PER_CALL]))
+              for i in range(0, steps, STEPS_PER_CALL)]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def make(name):
+        keras.utils.set_random_seed(0)
+        model = hvd_easgd.models.build("cnn", data.input_shape, data.num_classes)
+        inner = keras.optimizers.SGD(0.05, momentum=0.9)
+        strategy = {"sync": hvd_easgd.SyncAverage, "easgd_tau10": lambda: hvd_easgd.EASGD(10)}.get(name)
+        if strategy is not None:
+            opt = hvd_easgd.DistributedOptimizer(inner, strategy(), comm=comm)
+            hvd_easgd.broadcast_initial_state(model, opt)
+        else:
+            opt = inner
+            opt.build(model.trainable_variables)
+        variables = model.trainable_variables
+
+        @tf.function(jit_compile=False)
+        def run(x, y):
+            loss = tf.constant(0.0)
+            for i in tf.range(tf.shape(x)[0]):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y[i], model(x[i], training=True))
+                opt.apply(tape.gradient(loss, variables), variables)
+            return loss
+
+        return run, (opt if strategy is not None else None)
+
+    runs = {name: make(name) for name in RUNS}
+
+    def timed(run, calls):
+        """(the slowest rank's wall seconds, the busiest rank's CPU seconds) for ``calls``."""
+        barrier()
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for x, y in calls:
+            loss = run(x, y)
+        float(loss.numpy())
+        seconds = comm.allgather_json([time.perf_counter() - start, time.process_time() - cpu_start])
+        return max(s[0] for s in seconds), max(s[1] for s in seconds)
+
+    for run, _ in runs.values():
+        timed(run, chunks[:2])  # trace and warm up
+    samples = {name: [] for name in runs}
+    # Per CPU second of the busiest rank: steadier than wall time when load from
+    # elsewhere takes the cores (a rank waiting by polling counts, one sleeping does not).
+    cpu_samples = {name: [] for name in runs}
+    comm.reset_account()
+    sync_account = None
+    for r in range(repeats):
+        order = list(RUNS[r % len(RUNS):] + RUNS[:r % len(RUNS)])
+        for name in order:
+            before = comm.account()
+            seconds, cpu_seconds = timed(runs[name][0], chunks)
+            samples[name].append(steps * batch * comm.size / seconds)
+            cpu_samples[name].append(steps * batch * comm.size / cpu_seconds)
+            if name == "sync" and sync_account is None:
+                after = comm.account()
+                sync_account = {k: (after[k] - before[k]) / steps for k in after}
+    result = {"arm": arm, "np": comm.size, "communicator": type(comm).__name__,
+              "horovod_settings": runtime.horovod_settings(),
+              "environment": {k: os.environ.get(k) for k in ARM_VARIABLES},
+              "gradient_bytes": nbytes, "gradient_tensors": len(grads), "latency": latency,
+              "samples_per_sec": samples, "samples_per_cpu_sec": cpu_samples, "sync_account_per_step": sync_account}
+    if comm.rank == 0:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+# --- the driver ----------------------------------------------------------------------------------
+def _summary(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _launch(arm, steps, repeats, timeout):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        path = tmp.name
+    env = {k: v for k, v in os.environ.items() if k not in ARM_VARIABLES}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.getcwd(), **ARMS[arm][1])
+    cmd = ["mpirun", "-np", "2", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+           sys.executable, "-m", "benchmarks.direct_path", "--worker", arm, "--out", path,
+           "--steps", str(steps), "--repeats", str(repeats)]
+    load_before = os.getloadavg()
+    started = time.time()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    if proc.returncode:
+        raise SystemExit(f"{arm} launch failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    with open(path) as f:
+        result = json.load(f)
+    os.unlink(path)
+    result.update(loadavg_before=load_before, loadavg_after=os.getloadavg(), seconds=time.time() - started)
+    return result
+
+
+def _median_rate(launch, run):
+    return statistics.median(launch["samples_per_sec"][run])
+
+
+def drive(out, rounds, steps, repeats, arms, timeout=900):
+    launches = []
+    for r in range(rounds):
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+            result = _launch(arm, steps, repeats, timeout)
+            result["round"] = r
+            launches.append(result)
+            lat = result["latency"]
+            print(f"round {r} {arm}: per call {lat['comm_us']:.0f} us (copy fn {lat['copy_fn_us']:.0f}), in loop "
+                  f"{lat['in_loop_us']:.0f} us, mpi4py {lat['mpi4py_us']:.0f} us; "
+                  + ", ".join(f"{run} {_median_rate(result, run):.0f}/s "
+                              f"({statistics.median(result['samples_per_cpu_sec'][run]):.0f}/cpu-s)" for run in RUNS)
+                  + f"; load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}", flush=True)
+    summary = {}
+    for arm in arms:
+        mine = [x for x in launches if x["arm"] == arm]
+        s = summary[arm] = {f"{k}": _summary([x["latency"][k] for x in mine]) for k in mine[0]["latency"]}
+        s["in_loop_over_mpi4py"] = _summary([x["latency"]["in_loop_us"] / x["latency"]["mpi4py_us"] for x in mine])
+        for run in RUNS:
+            s[f"{run}_samples_per_sec"] = _summary([v for x in mine for v in x["samples_per_sec"][run]])
+            s[f"{run}_samples_per_cpu_sec"] = _summary([v for x in mine for v in x["samples_per_cpu_sec"][run]])
+        for run in ("sync", "easgd_tau10"):  # within each launch: same processes, interleaved
+            s[f"{run}_over_no_comm"] = _summary([_median_rate(x, run) / _median_rate(x, "no_comm") for x in mine])
+        s["loadavg_1min"] = _summary([x["loadavg_before"][0] for x in mine] + [x["loadavg_after"][0] for x in mine])
+        s["sync_account_per_step"] = mine[0]["sync_account_per_step"]
+    ratios = {}
+    for direct in (a for a in arms if a.startswith("direct")):
+        for other in (a for a in arms if a.startswith("horovod")):
+            # Paired by round (the launches of one round ran back to back): what load from elsewhere disturbs least.
+            per_round = [_median_rate(d, "sync") / _median_rate(o, "sync") for r in range(rounds)
+                         for d in launches if d["round"] == r and d["arm"] == direct
+                         for o in launches if o["round"] == r and o["arm"] == other]
+            ratios[f"sync_{direct}_over_{other}_per_round"] = per_round
+            ratios[f"sync_{direct}_over_{other}"] = _summary(per_round)
+            ratios[f"in_loop_latency_{other}_over_{direct}"] = (summary[other]["in_loop_us"]["median"]
+                                                                / summary[direct]["in_loop_us"]["median"])
+            ratios[f"per_call_latency_{other}_over_{direct}"] = (summary[other]["comm_us"]["median"]
+                                                                 / summary[direct]["comm_us"]["median"])
+    with open(out, "w") as f:
+        json.dump({"launches": launches, "summary": summary, "ratios": ratios, "rounds": rounds, "steps": steps,
+                   "repeats_per_launch": repeats}, f, indent=1)
+    print(json.dumps({"summary": summary, "ratios": ratios}, indent=1))
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--worker", choices=sorted(ARMS), help="(internal) one launch's measurements")
+    p.add_argument("--arms", default="horovod,horovod_cycle_0.1,direct", help="comma-separated, of: " + ", ".join(ARMS))
+    p.add_argument("--rounds", type=int, default=3, help="launches per arm, round-robin")
+    p.add_argument("--steps", type=int, default=200, help="steps per timed throughput repeat (multiple of 20)")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats of each throughput run per launch")
+    args = p.parse_args(argv)
+    if args.steps % STEPS_PER_CALL:
+        p.error(f"--steps must be a multiple of {STEPS_PER_CALL}")
+    if args.worker:
+        return worker(args.worker, args.out, args.steps, args.repeats)
+    arms = args.arms.split(",")
+    if any(a not in ARMS for a in arms):
+        p.error(f"--arms must be among {list(ARMS)}. Received: --arms {args.arms}")
+    return drive(args.out, args.rounds, args.steps, args.repeats, arms)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
