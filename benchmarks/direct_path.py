@@ -10,11 +10,15 @@ in a rotating order so that load from elsewhere hits them alike:
   Horovod's 1 ms cycle, Open MPI yielding): the tuned path a job gets;
 * ``horovod_cycle_0.1``: the same with HOROVOD_CYCLE_TIME=0.1 (ms), the
   lowest-latency Horovod setting measured;
-* ``direct``: DirectMPICommunicator (the C++ ops), Horovod not started;
+* ``direct``: DirectMPICommunicator (the C++ ops), Horovod not started; a rank
+  that arrives first polls for 1 ms, then naps until the others arrive;
+* ``direct_spin``: the same waiting inside MPI's own call, polling throughout
+  (HVD_EASGD_MPI_DIRECT_WAIT=spin, the ops' first version);
+* ``direct_nap_200us``: naps after 200 us of polling instead of 1 ms;
 * ``direct_busy_poll``: the same with Open MPI busy-polling while it waits
   (OMPI_MCA_mpi_yield_when_idle=0) instead of yielding the core.
 
-``--arms`` picks some (default: the first three).
+``--arms`` picks some (default: horovod, direct, direct_spin).
 
 Each launch measures, on the digits CNN's gradients (153 KB in 8 tensors):
 
@@ -22,8 +26,10 @@ Each launch measures, on the digits CNN's gradients (153 KB in 8 tensors):
   ``tf.function`` call (median per call), the same call of a function that
   only copies the tensors (TF's own dispatch cost), ``LOOP`` grouped
   allreduces inside one ``tf.function`` (per allreduce, dispatch amortised),
-  and mpi4py's ``Allreduce`` of the same bytes on numpy buffers in the same
-  process;
+  the same ``LOOP`` allreduces unrolled in one graph (the direct arms only:
+  Horovod's path unrolled grew a rank past 12 GB), the loop alone (identity
+  ops: TF's cost per iteration), and mpi4py's ``Allreduce`` of the same bytes
+  on numpy buffers in the same process;
 * throughput: SyncAverage, EASGD tau=10 and no communication (each rank
   alone) on the digits CNN, ``--steps`` steps per timed repeat in
   ``tf.function`` calls of 20 steps, the three interleaved in a rotating
@@ -46,9 +52,12 @@ import numpy as np
 ARMS = {"horovod": ("horovod", {}),
         "horovod_cycle_0.1": ("horovod", {"HOROVOD_CYCLE_TIME": "0.1"}),
         "direct": ("mpi-direct", {}),
+        "direct_spin": ("mpi-direct", {"HVD_EASGD_MPI_DIRECT_WAIT": "spin"}),
+        "direct_nap_200us": ("mpi-direct", {"HVD_EASGD_MPI_DIRECT_SPIN_US": "200"}),
         "direct_busy_poll": ("mpi-direct", {"OMPI_MCA_mpi_yield_when_idle": "0"})}
 # Variables the arms set: inherited values would make "defaults" mean something else.
-ARM_VARIABLES = ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle")
+ARM_VARIABLES = ("HOROVOD_CYCLE_TIME", "OMPI_MCA_mpi_yield_when_idle", "HVD_EASGD_MPI_DIRECT_WAIT",
+                 "HVD_EASGD_MPI_DIRECT_SPIN_US")
 LATENCY_CALLS = 300
 LOOP = 50
 STEPS_PER_CALL = 20
@@ -67,7 +76,7 @@ def _per_call_us(call, calls, per=1, warmup=20):
     return statistics.median(times) * 1e6 / per
 
 
-def _latency(comm, grads, nbytes, barrier):
+def _latency(comm, grads, nbytes, barrier, direct):
     import tensorflow as tf
     from mpi4py import MPI  # MPI is up already (Horovod's or mpi_direct's initialisation)
 
@@ -78,6 +87,18 @@ def _latency(comm, grads, nbytes, barrier):
     def looped(ts):
         for _ in tf.range(LOOP):
             ts = comm.allreduce(ts, op="average", record=False)
+        return ts
+
+    @tf.function
+    def unrolled(ts):  # LOOP allreduces in one graph, no loop: what a step with several collectives runs
+        for _ in range(LOOP):
+            ts = comm.allreduce(ts, op="average", record=False)
+        return ts
+
+    @tf.function
+    def looped_copy(ts):  # the loop alone: TF's cost per iteration, to read in_loop_us against
+        for _ in tf.range(LOOP):
+            ts = [tf.identity(t) for t in ts]
         return ts
 
     raw_comm = MPI.COMM_WORLD.Dup()
@@ -92,6 +113,13 @@ def _latency(comm, grads, nbytes, barrier):
         barrier()
         samples.setdefault("in_loop_us", []).append(
             _per_call_us(lambda: looped(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))
+        barrier()
+        # Horovod's path is not unrolled: 50 grouped allreduces in one graph grew a rank past 12 GB (OOM-killed).
+        samples.setdefault("unrolled_us", []).append(float("nan") if not direct else
+            _per_call_us(lambda: unrolled(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))
+        barrier()
+        samples.setdefault("loop_copy_us", []).append(
+            _per_call_us(lambda: looped_copy(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))
         raw_comm.Barrier()
         samples.setdefault("mpi4py_us", []).append(
             _per_call_us(lambda: raw_comm.Allreduce(send, recv, op=MPI.SUM), LATENCY_CALLS))
@@ -117,7 +145,7 @@ def worker(arm, out, steps, repeats, batch=32):
     shapes = [v.shape for v in hvd_easgd.models.build("cnn", data.input_shape, data.num_classes).trainable_variables]
     grads = [tf.ones(s, tf.float32) for s in shapes]
     nbytes = sum(4 * int(np.prod(s)) for s in shapes)
-    latency = _latency(comm, grads, nbytes, barrier)
+    latency = _latency(comm, grads, nbytes, barrier, collectives == "mpi-direct")
 
     xs, ys = pre_sharded(data, batch, comm.rank, comm.size, steps)
     chunks = [(tf.constant(xs[i:i + STEPS_PER_CALL]), tf.constant(ys[i:i + STEPS_PER_CALL]))
@@ -228,7 +256,7 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
             launches.append(result)
             lat = result["latency"]
             print(f"round {r} {arm}: per call {lat['comm_us']:.0f} us (copy fn {lat['copy_fn_us']:.0f}), in loop "
-                  f"{lat['in_loop_us']:.0f} us, mpi4py {lat['mpi4py_us']:.0f} us; "
+                  f"{lat['in_loop_us']:.0f} us (loop alone {lat['loop_copy_us']:.0f}), unrolled {lat['unrolled_us']:.0f} us, mpi4py {lat['mpi4py_us']:.0f} us; "
                   + ", ".join(f"{run} {_median_rate(result, run):.0f}/s "
                               f"({statistics.median(result['samples_per_cpu_sec'][run]):.0f}/cpu-s)" for run in RUNS)
                   + f"; load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}", flush=True)
@@ -236,7 +264,8 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
     for arm in arms:
         mine = [x for x in launches if x["arm"] == arm]
         s = summary[arm] = {f"{k}": _summary([x["latency"][k] for x in mine]) for k in mine[0]["latency"]}
-        s["in_loop_over_mpi4py"] = _summary([x["latency"]["in_loop_us"] / x["latency"]["mpi4py_us"] for x in mine])
+        for k in ("in_loop", "unrolled"):
+            s[f"{k}_over_mpi4py"] = _summary([x["latency"][f"{k}_us"] / x["latency"]["mpi4py_us"] for x in mine])
         for run in RUNS:
             s[f"{run}_samples_per_sec"] = _summary([v for x in mine for v in x["samples_per_sec"][run]])
             s[f"{run}_samples_per_cpu_sec"] = _summary([v for x in mine for v in x["samples_per_cpu_sec"][run]])
@@ -268,7 +297,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--worker", choices=sorted(ARMS), help="(internal) one launch's measurements")
-    p.add_argument("--arms", default="horovod,horovod_cycle_0.1,direct", help="comma-separated, of: " + ", ".join(ARMS))
+    p.add_argument("--arms", default="horovod,direct,direct_spin", help="comma-separated, of: " + ", ".join(ARMS))
     p.add_argument("--rounds", type=int, default=3, help="launches per arm, round-robin")
     p.add_argument("--steps", type=int, default=200, help="steps per timed throughput repeat (multiple of 20)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of each throughput run per launch")

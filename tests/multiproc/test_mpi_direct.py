@@ -46,10 +46,15 @@ def test_mpi_direct_under_gloo_is_refused_with_one_message_and_exit_2():
     assert exit_codes.get("0") == "2" and set(exit_codes.values()) <= {"2", "143"}, exit_codes  # 143: stopped
 
 
-def test_a_rank_that_never_arrives_aborts_the_job_instead_of_hanging():
-    # rank 1 sleeps past the 3 s stall limit that rank 0's allreduce waits
+def test_a_late_rank_is_awaited_napping_and_one_that_never_arrives_aborts_the_job():
+    # rank 1 first comes 1 s late, then sleeps past the 3 s stall limit that rank 0's allreduce waits
     out = launch([script("direct_stall.py"), "3"], "mpirun", timeout=120)
     text = out.stdout + out.stderr
+    waited = re.search(r"rank 0 waited ([\d.]+) s using ([\d.]+) s of CPU", text)
+    assert waited, text[-3000:]
+    wall, cpu = map(float, waited.groups())
+    # Napping measured 0.11 s of CPU over the 1 s wait; polling throughout (HVD_EASGD_MPI_DIRECT_WAIT=spin) 0.97 s.
+    assert wall >= 0.9 and cpu < 0.35 * wall, (wall, cpu)
     assert out.returncode != 0
     assert "has waited 3 s for the other ranks" in text, text[-3000:]
     assert "rank 1 woke" not in text  # the job ended before the sleeper came back
