@@ -41,7 +41,8 @@ def busbw(nbytes, seconds, n):
     return nbytes / seconds * 2 * (n - 1) / n
 
 
-def _times(call, iterations, warmup):
+def call_times(call, iterations, warmup):
+    """Seconds of each of ``iterations`` calls of ``call``, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         call()
     times = []
@@ -74,7 +75,7 @@ def horovod(comm, controller, gradient_shapes, quick=False):
         nbytes = mb * MB
         x = tf.ones([nbytes // 4], tf.float32)
         barrier()
-        t = _summary(_times(lambda: hvd_sum(x), (QUICK_ITERATIONS if quick else ITERATIONS)[mb], warmup=2))
+        t = _summary(call_times(lambda: hvd_sum(x), (QUICK_ITERATIONS if quick else ITERATIONS)[mb], warmup=2))
         result["sizes"].append({"mbytes": mb, "bytes": nbytes,
                                 "hvd": dict(t, busbw_gbs=busbw(nbytes, t["median"], n) / 1e9)})
 
@@ -100,11 +101,11 @@ def gradient_latency(comm, gradient_shapes, iterations=LATENCY_ITERATIONS, warmu
     through_comm = tf.function(lambda ts: comm.allreduce(ts, op="average", record=False), jit_compile=False)
     calls = {"hvd_grouped_allreduce_us": lambda: grouped(grads),
              "hvd_easgd_comm_allreduce_us": lambda: through_comm(grads)}
-    times = {name: _times(call, 0, warmup) for name, call in calls.items()}  # warm-up only
+    times = {name: call_times(call, 0, warmup) for name, call in calls.items()}  # warm-up only
     block = 10
     for _ in range(max(1, iterations // block)):
         for name, call in calls.items():
-            times[name] += _times(call, block, 0)
+            times[name] += call_times(call, block, 0)
     return dict({"bytes": int(sum(4 * np.prod(shape) for shape in gradient_shapes)), "tensors": len(grads)},
                 **{name: _us(t) for name, t in times.items()})
 
@@ -122,9 +123,10 @@ def raw(gradient_bytes, quick=False):
         send = np.ones(nbytes // 4, np.float32)
         recv = np.empty_like(send)
         world.Barrier()
-        mpi = _summary(_times(lambda: world.Allreduce(send, recv, op=MPI.SUM), iterations, warmup=2))
+        mpi = _summary(call_times(lambda: world.Allreduce(send, recv, op=MPI.SUM), iterations, warmup=2))
         world.Barrier()
-        copy = _summary(_times(lambda: np.copyto(recv, send), iterations, warmup=2)) if world.Get_rank() == 0 else None
+        copy = (_summary(call_times(lambda: np.copyto(recv, send), iterations, warmup=2)) if world.Get_rank() == 0
+                else None)
         world.Barrier()
         return mpi, world.bcast(copy, root=0)  # one process's copy; the others waited
 

@@ -49,6 +49,8 @@ import time
 
 import numpy as np
 
+from . import allreduce  # numpy only at import
+
 ARMS = {"horovod": ("horovod", {}),
         "horovod_cycle_0.1": ("horovod", {"HOROVOD_CYCLE_TIME": "0.1"}),
         "direct": ("mpi-direct", {}),
@@ -66,14 +68,8 @@ RUNS = ("sync", "easgd_tau10", "no_comm")
 
 # --- one launch ---------------------------------------------------------------------------------
 def _per_call_us(call, calls, per=1, warmup=20):
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6 / per
+    """Median µs per call of ``call``, divided by ``per`` (the collectives one call runs)."""
+    return statistics.median(allreduce.call_times(call, calls, warmup)) * 1e6 / per
 
 
 def _latency(comm, grads, nbytes, barrier, direct):
