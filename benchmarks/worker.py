@@ -266,7 +266,7 @@ def fit_throughput(launch, args):
         traffic = dict(summed_traffic([account for _, account, _ in runs]), steps=timed_steps,
                        samples=timed_steps * batch)
         row = _row(launch, args, config.name, "cnn", "fit", batch, steps, [sps for sps, _, _ in runs], traffic,
-                   fit_variants.expected_traffic(config.model), order_record(configs, repeats))
+                   fit_variants.expected_traffic(config), order_record(configs, repeats))
         row["steps_per_execution"] = args.steps_per_call
         row["timed_steps_per_repeat"] = steps - args.steps_per_call
         rows.append(row)

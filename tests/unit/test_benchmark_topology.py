@@ -87,3 +87,24 @@ def test_the_host_counter_reads_the_interfaces_transmitted_bytes(tmp_path):
     with pytest.raises(host_traffic.InterfaceMissing, match=r"--interface eth9: .*it has lo, cluster0"):
         host_traffic.transmitted_bytes("eth9", str(path))
     assert host_traffic.transmitted_bytes("lo") >= 0  # this process's own namespace
+
+
+class _Ranks:
+    def __init__(self, size):
+        self.size = size
+
+
+@pytest.mark.parametrize("name", ["sync", "easgd_tau10", "accum4_sync", "periodic_tau10", "diloco_tau10",
+                                  "sync_two_level", "hier_easgd_tau10", "no_comm"])
+def test_one_rank_expects_nothing_sent_but_raw_horovod_still_calls(cnn, name):
+    # hvd_easgd's communicators return a one-rank collective's inputs without a call (0 bytes, 0 calls),
+    # so the analytic column at np = 1 is zero; at two ranks on one host it is the per-rank formula.
+    assert configurations.expected_for_launch(name, cnn, _Ranks(1), 1, 1) == {"bytes_per_step": 0.0,
+                                                                              "calls_per_step": 0.0}
+    assert configurations.expected_for_launch(name, cnn, _Ranks(2), 1, 2) == configurations.expected_traffic(
+        name, cnn, 1, 2)
+    assert configurations.expected_for_launch("raw_horovod", cnn, _Ranks(1), 1, 1) == {
+        "bytes_per_step": float(M), "calls_per_step": 1.0}
+    if name == "sync":
+        assert configurations.expected_traffic(name, cnn, 1, 2) == {"bytes_per_step": float(M),
+                                                                    "calls_per_step": 1.0}
