@@ -39,6 +39,9 @@ because the strategies average different things:
   at k = 1. Measured at size 2, k = 1, τ = 10, seeds 0 and 1: ×1 ends at
   0.986 and 0.981 (first epoch >= 0.95: 5, 5), ×2 at 0.986 and 0.983 (4, 5).
   k > 1 was not measured: the √k is EASGD's, by the same argument.
+- ``hierarchical``: refused. Its two levels average different things (the
+  gradients of a group's ranks; the groups by ``--inter``'s rule), and no
+  factor for the pair was measured.
 - ``diloco``: refused. Its inner rate sets how far the ranks drift in τ
   steps and ``--outer-lr`` how far the synced weights follow their mean
   drift; no single factor on ``--lr`` stands for both, and none was
@@ -61,7 +64,7 @@ LINEAR_UP_TO = 4
 
 RULE_HELP = ("sync: m = ranks*K batches per update, factor m up to 4, then 4*sqrt(m/4); "
              "easgd and periodic: factor ranks*sqrt(K) (a local update averages K micro-batches of one rank); "
-             "diloco: none (tune --lr and --outer-lr)")
+             "diloco and hierarchical: none (tune --lr; see the error)")
 
 
 def _sync_factor(size, accumulate):
@@ -78,7 +81,11 @@ def _easgd_factor(size, accumulate):
 _RULES = {"sync": _sync_factor, "easgd": _easgd_factor, "periodic": _easgd_factor}
 # Strategies with no rule, and why (the message --scale-lr gives).
 _NO_RULE = {"diloco": "the inner --lr sets the ranks' drift over tau steps and --outer-lr how far the synced "
-                      "weights follow it; no one factor on --lr scales both. Tune --lr and --outer-lr instead"}
+                      "weights follow it; no one factor on --lr scales both. Tune --lr and --outer-lr instead",
+            "hierarchical": "its intra level averages the gradients of the ranks in a group (SyncAverage's rule "
+                            "would count those) while its inter level meets the groups by its own rule (--inter), "
+                            "and no factor for the pair was measured. Tune --lr, e.g. starting from "
+                            "--strategy sync's factor for the ranks in one group"}
 
 
 def _check_count(name, value):

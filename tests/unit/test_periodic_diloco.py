@@ -404,6 +404,10 @@ def test_scale_lr_rule():
         lr_scale(2, 1, "diloco")
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy diloco has no --scale-lr rule"):
         cli.parse_args(["--strategy", "diloco", "--scale-lr"])
+    # Hierarchical: named, with its reason, instead of the generic list of strategies with a rule
+    with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy hierarchical has no --scale-lr rule: "
+                                                r"its intra level .* Tune --lr"):
+        cli.parse_args(["--strategy", "hierarchical", "--ranks-per-group", "2", "--scale-lr"])
 
 
 def test_building_them_from_the_command_line_creates_no_tensorflow_variable():
