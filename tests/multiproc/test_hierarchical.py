@@ -1,5 +1,6 @@
 """Hierarchical across real ranks: horovodrun -np 4 on this host, groups of 2
-(Horovod's dynamic process sets, created differently by Gloo and by MPI)."""
+(Horovod's dynamic process sets, created differently by Gloo and by MPI), and
+the direct MPI path under mpirun (communicators from MPI_Comm_split)."""
 import json
 import os
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import CONTROLLERS, ROOT, horovodrun, read_rank_results, script
+from tests.conftest import CONTROLLERS, ROOT, horovodrun, launch, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE, N, WIDTH, LR = 4, 2, 3, 0.5
@@ -18,11 +19,16 @@ GROUPS = [[0, 1], [2, 3]]
 TRAIN = os.path.join(ROOT, "train.py")
 
 
-@pytest.fixture(scope="module", params=CONTROLLERS)
+# (launcher, collectives): Horovod under each controller, and the direct path under mpirun.
+LAUNCHES = [(controller, "horovod") for controller in CONTROLLERS] + [("mpirun", "mpi-direct")]
+
+
+@pytest.fixture(scope="module", params=LAUNCHES, ids=["-".join(p) for p in LAUNCHES])
 def ranks(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"hierarchical-{request.param}")
-    proc = horovodrun([script("hierarchical_checks.py"), str(out)], np=SIZE, controller=request.param, timeout=280)
-    assert proc.returncode == 0, f"under --{request.param}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    launcher, collectives = request.param
+    out = tmp_path_factory.mktemp(f"hierarchical-{launcher}-{collectives}")
+    proc = launch([script("hierarchical_checks.py"), str(out), collectives], launcher, np=SIZE, timeout=280)
+    assert proc.returncode == 0, f"under {request.param}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return read_rank_results(out, SIZE)
 
 

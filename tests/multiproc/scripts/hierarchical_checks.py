@@ -1,4 +1,6 @@
-"""Hierarchical on real ranks: horovodrun -np 4, groups of 2 as Horovod process sets.
+"""Hierarchical on real ranks: horovodrun -np 4, groups of 2 as Horovod process sets;
+or, with a second argument ``mpi-direct`` under mpirun, as MPI communicators
+split by the direct path.
 
 Each rank steps its own gradients (the same seeded table on every rank) in a
 tf.function, so the leader's and the other ranks' traced steps differ, and
@@ -19,7 +21,8 @@ X0 = np.array([1.0, -2.0, 0.5], np.float32)
 COUNTS = [3, 1, 2, 5]
 
 out_dir = sys.argv[1]
-comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic")
+collectives = sys.argv[2] if len(sys.argv) > 2 else "horovod"
+comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic", collectives=collectives)
 grads = np.random.default_rng(0).normal(size=(STEPS, comm.size, WIDTH)).astype(np.float32)
 
 
