@@ -334,7 +334,8 @@ class MpiKernel : public OpKernel {
   }
 
  protected:
-  // Starts the collective `what`; fails the op if another one is running.
+  // Starts the collective `what`: fails the op if another one is running,
+  // else returns once every rank of the communicator has reached it.
   bool Begin(OpKernelContext* ctx, const std::string& what, std::unique_ptr<Collective>* collective) {
     collective->reset(new Collective(state_, what));
     if (!(*collective)->ok()) {
@@ -343,6 +344,7 @@ class MpiKernel : public OpKernel {
                  "must run one at a time, in program order, for every rank to issue them alike"));
       return false;
     }
+    ArriveTogether(state_->comm);
     return true;
   }
   CommState* state_ = nullptr;
@@ -407,7 +409,6 @@ class AllreduceOp : public MpiKernel {
     }
     std::unique_ptr<Collective> collective;
     if (!Begin(ctx, what, &collective)) return;
-    ArriveTogether(state_->comm);
     for (size_t g = 0; g < groups.size(); ++g) {
       MPI_Datatype type;
       MPI_Op op;
@@ -470,7 +471,6 @@ class BroadcastOp : public MpiKernel {
     }
     std::unique_ptr<Collective> collective;
     if (!Begin(ctx, what, &collective)) return;
-    ArriveTogether(state_->comm);
     // Offsets in bytes: every segment kAlignBytes-aligned.
     std::vector<int64_t> offsets;
     int64_t total = 0;
@@ -517,7 +517,6 @@ class AllgatherOp : public MpiKernel {
     std::string what = "allgather " + tensorflow::DataTypeString(in.dtype()) + " " + row_shape.DebugString();
     std::unique_ptr<Collective> collective;
     if (!Begin(ctx, what, &collective)) return;
-    ArriveTogether(state_->comm);
     // The number of rows may differ by rank: gather it first, then the bytes.
     const int size = state_->size;
     std::vector<int64_t> rows(size);
