@@ -96,6 +96,9 @@ def trainable_count(model):
     return element_count(model.trainable_variables)
 
 
+NOTHING_SENT = {"bytes_per_step": 0.0, "calls_per_step": 0.0}
+
+
 def expected_traffic(name, model, hosts=1, ranks_per_host=1):
     """Analytic payload bytes and collective calls per training step (per rank).
 
@@ -138,19 +141,12 @@ def expected_traffic(name, model, hosts=1, ranks_per_host=1):
     raise ValueError(name)
 
 
-NOTHING_SENT = {"bytes_per_step": 0.0, "calls_per_step": 0.0}
-
-
-def sends_alone(name):
-    """Whether ``name`` still hands its payload to a collective when it is the only rank: raw Horovod
-    does (its calls are counted where they are traced); hvd_easgd's communicators return the inputs
-    of a one-rank collective without a call (hvd_easgd.comm.Communicator), so they send nothing."""
-    return name in BASELINES or name == "raw_horovod_fit"
-
-
-def expected_for_launch(name, model, comm, hosts, ranks_per_host):
-    """``expected_traffic`` for a launch of ``comm.size`` ranks: nothing at one rank unless it ``sends_alone``."""
-    if comm.size == 1 and not sends_alone(name):
+def expected_for_launch(name, model, comm, hosts=1, ranks_per_host=1):
+    """``expected_traffic`` for a launch of ``comm.size`` ranks. At one rank, hvd_easgd's
+    communicators return a collective's inputs without a call (hvd_easgd.comm.Communicator), so
+    its configurations send nothing; the baselines' raw Horovod calls are still counted where
+    they are traced."""
+    if comm.size == 1 and name not in BASELINES:
         return dict(NOTHING_SENT)
     return expected_traffic(name, model, hosts, ranks_per_host)
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 import hvd_easgd
 
 from .collective_count import CollectiveCounter, TrafficAccount
-from .configurations import NOTHING_SENT, broadcast_like_raw_horovod, sends_alone, trainable_count
+from .configurations import broadcast_like_raw_horovod, expected_for_launch
 from .names import FIT
 
 
@@ -95,9 +95,10 @@ def dataset(x, y, batch):
             .batch(batch, drop_remainder=True).repeat().prefetch(4))
 
 
+# The custom-loop configuration each model.fit one sends as (configurations.expected_traffic).
+SENDS_AS = {"sync_fit": "sync", "raw_horovod_fit": "raw_horovod"}
+
+
 def expected_traffic(config):
-    """All gradients in one call per step; nothing for sync_fit at one rank (configurations.expected_for_launch)."""
-    if config.comm.size == 1 and not sends_alone(config.name):
-        return dict(NOTHING_SENT)
-    return {"bytes_per_step": float(4 * trainable_count(config.model)), "calls_per_step": 1.0}
+    return expected_for_launch(SENDS_AS[config.name], config.model, config.comm)
 

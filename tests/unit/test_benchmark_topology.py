@@ -1,6 +1,8 @@
 """The benchmark's strategies for several hosts: their analytic bytes (per rank, and
 across hosts under rings in rank order), and the host counter the measured figure
 comes from."""
+import types
+
 import numpy as np
 import pytest
 
@@ -108,3 +110,16 @@ def test_one_rank_expects_nothing_sent_but_raw_horovod_still_calls(cnn, name):
     if name == "sync":
         assert configurations.expected_traffic(name, cnn, 1, 2) == {"bytes_per_step": float(M),
                                                                     "calls_per_step": 1.0}
+
+
+def test_model_fit_rows_expect_what_their_custom_loop_twins_send(cnn):
+    from benchmarks import fit_variants
+
+    def fit(name, size):
+        return types.SimpleNamespace(name=name, model=cnn, comm=_Ranks(size))
+
+    every_step = {"bytes_per_step": float(M), "calls_per_step": 1.0}
+    assert fit_variants.expected_traffic(fit("sync_fit", 2)) == every_step
+    assert fit_variants.expected_traffic(fit("raw_horovod_fit", 2)) == every_step
+    assert fit_variants.expected_traffic(fit("sync_fit", 1)) == {"bytes_per_step": 0.0, "calls_per_step": 0.0}
+    assert fit_variants.expected_traffic(fit("raw_horovod_fit", 1)) == every_step
