@@ -24,7 +24,7 @@ import hvd_easgd
 from hvd_easgd import atomic, runtime
 from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
-from hvd_easgd.lr_scaling import lr_scale
+from hvd_easgd.lr_scaling import has_rule, lr_scale
 
 from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine, report
 from .names import ALL_CUSTOM_LOOP, CUSTOM_LOOP, FIT, STRATEGIES
@@ -280,7 +280,7 @@ def scaled_learning_rate(base, size, name):
     """The learning rate ``train.py --lr BASE --scale-lr`` trains configuration ``name`` with
     (``--lr`` itself for a strategy --scale-lr refuses: DiLoCo)."""
     strategy, accumulate = configurations.TRAIN_PY_EQUIVALENT[name]
-    if strategy == "diloco":
+    if not has_rule(strategy):
         return base
     return base * lr_scale(size, accumulate, strategy)
 

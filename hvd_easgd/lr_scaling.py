@@ -88,6 +88,11 @@ _NO_RULE = {"diloco": "the inner --lr sets the ranks' drift over tau steps and -
                             "--strategy sync's factor for the ranks in one group"}
 
 
+def has_rule(strategy_name):
+    """Whether ``--scale-lr`` has a rule for this strategy (``diloco`` and ``hierarchical`` have none)."""
+    return strategy_name not in _NO_RULE
+
+
 def _check_count(name, value):
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
         raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value!r}")

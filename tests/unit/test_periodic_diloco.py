@@ -12,7 +12,7 @@ import hvd_easgd
 from hvd_easgd import DiLoCo, GradientAccumulation, LocalCommunicator, PeriodicAverage, SyncAverage
 from hvd_easgd import cli, errors
 from hvd_easgd.comm import SimulatedCluster
-from hvd_easgd.lr_scaling import lr_scale
+from hvd_easgd.lr_scaling import has_rule, lr_scale
 from hvd_easgd.strategies import registry, walk
 from tests import reference as ref
 
@@ -404,6 +404,8 @@ def test_scale_lr_rule():
         lr_scale(2, 1, "diloco")
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy diloco has no --scale-lr rule"):
         cli.parse_args(["--strategy", "diloco", "--scale-lr"])
+    assert [has_rule(name) for name in ("sync", "easgd", "periodic", "diloco", "hierarchical")] == [
+        True, True, True, False, False]
     # Hierarchical: named, with its reason, instead of the generic list of strategies with a rule
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy hierarchical has no --scale-lr rule: "
                                                 r"its intra level .* Tune --lr"):
