@@ -111,8 +111,9 @@ def _latency(comm, grads, nbytes, barrier, direct):
             _per_call_us(lambda: looped(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))
         barrier()
         # Horovod's path is not unrolled: 50 grouped allreduces in one graph grew a rank past 12 GB (OOM-killed).
-        samples.setdefault("unrolled_us", []).append(float("nan") if not direct else
-            _per_call_us(lambda: unrolled(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))
+        unrolled_us = (_per_call_us(lambda: unrolled(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2)
+                       if direct else float("nan"))
+        samples.setdefault("unrolled_us", []).append(unrolled_us)
         barrier()
         samples.setdefault("loop_copy_us", []).append(
             _per_call_us(lambda: looped_copy(grads)[0].numpy(), LATENCY_CALLS // LOOP * 2, per=LOOP, warmup=2))

@@ -22,14 +22,15 @@ HEADLINES = (
     ("accum4_sync", "sync", "custom", 1.0, "accumulation k=4 ÷ SyncAverage"),
 )
 
-
-def goal_for(goal, controller):
-    """A headline's goal under ``controller``: the number, its entry for that controller, or None."""
-    return goal.get(controller) if isinstance(goal, dict) else goal
 MWMS_HEADLINES = (
     ("sync_fit", "SyncAverage (model.fit) ÷ MWMS (model.fit)"),
     ("sync", "SyncAverage (custom loop) ÷ MWMS (model.fit)"),
 )
+
+
+def goal_for(goal, controller):
+    """A headline's goal under ``controller``: the number, its entry for that controller, or None."""
+    return goal.get(controller) if isinstance(goal, dict) else goal
 
 
 def throughput_summary(samples_per_sec):
