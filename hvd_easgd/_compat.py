@@ -39,13 +39,52 @@ def versions():
     return found
 
 
+# tools/setup_env.sh writes this beside horovod/tensorflow/ when it installs
+# its build: "<TF version the wheel was built against> patch-<hash>".
+HOROVOD_BUILD_RECORD = "hvd_easgd_build.txt"
+
+
+class StackMismatchError(RuntimeError):
+    """A native library was built against another TensorFlow than the one running."""
+
+
+def horovod_built_against(horovod_dir):
+    """The TF version recorded for the Horovod installed at ``horovod_dir`` (None if unrecorded)."""
+    try:
+        with open(os.path.join(horovod_dir, "tensorflow", HOROVOD_BUILD_RECORD)) as f:
+            return f.read().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 @functools.lru_cache(maxsize=None)
-def horovod_available():
+def horovod_problem():
+    """Why Horovod's TensorFlow extension cannot serve this process, in one line;
+    None when it can. ``"not installed"`` is a problem only where a launcher
+    started several ranks (``init`` decides)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("horovod")
+    if spec is None:
+        return "Horovod is not installed (make setup builds it)"
+    import tensorflow as tf
+
+    running = tf.__version__
+    built = horovod_built_against(os.path.dirname(spec.origin))
+    if built is not None and built != running:
+        return (f"Horovod was built against TensorFlow {built} but TensorFlow {running} is running; "
+                "rebuild it with `make setup` (or `make setup TF=<version>` for another venv)")
     try:
         import horovod.tensorflow  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except Exception as err:  # a symbol error from a library built for another TF, or a missing extension
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        return (f"Horovod's TensorFlow extension does not load under TensorFlow {running} ({first}); "
+                "it was most likely built against another TensorFlow: rebuild it with `make setup`")
+    return None
+
+
+def horovod_available():
+    return horovod_problem() is None
 
 
 def under_launcher():

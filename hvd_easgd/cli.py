@@ -335,7 +335,7 @@ def main(argv=None):
         except data.DataError as err:
             raise UsageError(str(err)) from None
         train(args, effective_config(args), dataset, strategy)
-    except (UsageError, RanksDisagreeError, checkpoint.CheckpointError) as err:
+    except (UsageError, RanksDisagreeError, checkpoint.CheckpointError, _compat.StackMismatchError) as err:
         exit_with_usage_error(err)
     except TrainingPreempted as err:
         print(f"train.py: {err}; exit status {EXIT_PREEMPTED}", file=sys.stderr, flush=True)

@@ -164,7 +164,12 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
         _STATE.update(comm=comm, collectives=collectives)
         return comm
     if use_horovod is None:
-        use_horovod = _compat.horovod_available()
+        problem = _compat.horovod_problem()
+        # Alone, a process without Horovod trains as one rank; under a launcher
+        # that would silently train each rank on its own.
+        if problem is not None and _compat.under_launcher():
+            raise _compat.StackMismatchError(problem)
+        use_horovod = problem is None
     if use_horovod:
         import horovod.tensorflow as hvd
 
