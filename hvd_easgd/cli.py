@@ -17,7 +17,7 @@ from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_us
 from .lr_scaling import RULE_HELP, lr_scale
 from .models import MODELS
 from .preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
-from .runtime import COLLECTIVES, gloo_launch
+from .runtime import COLLECTIVES, check_collectives
 from .strategies import GradientAccumulation, registry
 from .trainer import train
 
@@ -88,9 +88,11 @@ def build_parser():
                        help="with --scale-lr: ramp linearly from --lr to the scaled rate over these epochs")
     train.add_argument("--threads-per-rank", type=int, default=None,
                        help="TF threads per rank (default: SLURM_CPUS_PER_TASK, else cores / local ranks)")
-    train.add_argument("--collectives", default="horovod", choices=COLLECTIVES,
-                       help="how every collective travels: through Horovod, or straight over MPI with mpi4py "
-                            "(mpi-direct: lower latency per step; MPI launches only, not horovodrun --gloo)")
+    train.add_argument("--collectives", default="auto", choices=COLLECTIVES,
+                       help="how every collective travels: through Horovod, or straight over MPI through "
+                            "hvd_easgd's own ops (mpi-direct: MPI launches on CPU only, not horovodrun --gloo). "
+                            "auto: mpi-direct under an MPI launch on CPU with its ops built, else horovod; "
+                            "rank 0 says which and why at start-up")
     train.add_argument("--max-bad-steps", type=int, default=25,
                        help="abort after this many consecutive steps with NaN/Inf updates")
 
@@ -266,10 +268,10 @@ def _validate(args):
             lr_scale(1, args.accumulate, args.strategy)
         except ValueError as err:
             raise UsageError(f"--scale-lr: {err}") from None
-    if args.collectives == "mpi-direct" and gloo_launch():
-        raise UsageError("--collectives mpi-direct needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix), "
-                         "and this is a Gloo launch (horovodrun --gloo); use --collectives horovod under Gloo. "
-                         "Received: --collectives mpi-direct")
+    try:  # before anything starts, so every rank leaves alike
+        check_collectives(args.collectives)
+    except ValueError as err:
+        raise UsageError(f"--{err}") from None
     if args.threads_per_rank is not None and args.threads_per_rank < 1:
         raise UsageError(f"--threads-per-rank must be >= 1. Received: {args.threads_per_rank}")
     try:

@@ -8,11 +8,14 @@ import warnings
 
 from . import _compat, tuning
 
-_STATE = {"comm": None, "horovod_settings": None, "collectives": None}
+_STATE = {"comm": None, "horovod_settings": None, "collectives": None, "collectives_reason": None}
 
 # How the job's collectives travel: Horovod (MPI, Gloo or NCCL), or straight
-# over MPI through hvd_easgd's own TF ops (comm/mpi_direct.py; MPI launches only).
-COLLECTIVES = ("horovod", "mpi-direct")
+# over MPI through hvd_easgd's own TF ops (comm/mpi_direct.py; MPI launches
+# only). "auto", the default, picks one per job (choose_collectives).
+COLLECTIVES = ("auto", "horovod", "mpi-direct")
+# Settings that ask for Horovod's own tools, which only its path has.
+HOROVOD_TOOLS = ("HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_ELASTIC")
 
 # Horovod's stall inspector warns after CHECK seconds and, with SHUTDOWN set,
 # aborts the job instead of hanging forever when a rank stops answering.
@@ -110,14 +113,73 @@ def gloo_launch(environ=None):
             or environ.get("HOROVOD_CONTROLLER", "").lower() == "gloo")
 
 
+def mpi_launch(environ=None):
+    """True when an MPI launcher started this process (``horovodrun --mpi``, ``mpirun``,
+    ``srun --mpi=pmix``): there is an MPI job to join, and Horovod is not needed for it."""
+    environ = os.environ if environ is None else environ
+    return not gloo_launch(environ) and any(
+        marker in environ for marker in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"))
+
+
 def check_collectives(collectives, environ=None):
-    """Refuses an unknown choice, and ``"mpi-direct"`` under a Gloo launch."""
+    """Refuses an unknown choice, and ``"mpi-direct"`` under a Gloo launch (the one
+    place that refusal is made; train.py asks it before anything starts)."""
     if collectives not in COLLECTIVES:
         raise ValueError(f"`collectives` must be one of {COLLECTIVES}. Received: collectives={collectives!r}")
     if collectives == "mpi-direct" and gloo_launch(environ):
-        raise ValueError("`collectives` must be \"horovod\" under a Gloo launch (horovodrun --gloo): "
-                         "\"mpi-direct\" needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix). "
+        raise ValueError("collectives mpi-direct needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix), "
+                         "and this is a Gloo launch (horovodrun --gloo): use \"auto\" or \"horovod\" there. "
                          "Received: collectives='mpi-direct'")
+
+
+def choose_collectives(environ=None, gpu=None, direct_ops=None):
+    """``(path, why)`` for ``collectives="auto"``: the direct MPI path where it
+    applies, Horovod's path elsewhere.
+
+    The direct path applies to a CPU job under an MPI launch whose ops are built
+    for the running TensorFlow, MPI and Python: there it runs SyncAverage at
+    about 1.4-1.7x Horovod's samples/s at np = 2 (README, benchmarks). Horovod's
+    path stays for Gloo launches (no MPI to use), one process without a launcher
+    (nothing to reduce), GPUs (Horovod reduces on the device with NCCL; the
+    direct ops are CPU-only) and Horovod's own tools (timeline, autotune, elastic).
+
+    ``gpu`` (a bool) and ``direct_ops`` (``True`` when built, else why not) say
+    what to assume instead of looking (``None``), so tests decide without a GPU or MPI.
+    """
+    environ = os.environ if environ is None else environ
+    if gloo_launch(environ):
+        return "horovod", "a Gloo launch (horovodrun --gloo) has no MPI for the direct path"
+    if not mpi_launch(environ):
+        return "horovod", "not an MPI launch"
+    tools = [name for name in HOROVOD_TOOLS if environ.get(name, "") not in ("", "0")]
+    if tools:
+        return "horovod", f"{', '.join(tools)} asks for Horovod's own tools"
+    if gpu is None:
+        gpu = _device() == "gpu"
+    if gpu:
+        return "horovod", "GPUs: Horovod reduces on them with NCCL (the direct ops are CPU-only)"
+    problem = _direct_ops_problem() if direct_ops is None else (None if direct_ops is True else direct_ops)
+    if problem:
+        return "horovod", problem
+    return "mpi-direct", "an MPI launch on CPU, with the direct ops built for this TensorFlow, MPI and Python"
+
+
+def _direct_ops_problem():
+    """Why the direct ops cannot load here, or None (reads MPI's version without starting MPI)."""
+    from .comm import _mpi_ops
+
+    try:
+        path = _mpi_ops.library_path(_mpi_ops.mpi_library_version())
+    except (ImportError, _mpi_ops.MissingOpsLibrary) as err:
+        return f"the direct path is unavailable ({err})"
+    if not os.path.exists(path):
+        return f"the direct ops are not built for this TensorFlow, MPI and Python ({path}; make setup builds them)"
+    return None
+
+
+def collectives_in_use():
+    """``(path, why)`` of the job's collectives once ``init()`` ran (else ``(None, None)``)."""
+    return _STATE["collectives"], _STATE["collectives_reason"]
 
 
 def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives=None):
@@ -139,15 +201,17 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
     ``collectives="mpi-direct"`` sends every collective of the job straight
     over MPI through hvd_easgd's own TF ops (``DirectMPICommunicator``) and
     does not start Horovod at all; MPI launches only. Its ``split`` needs no
-    process sets (MPI splits communicators at any time). ``None`` (default)
-    is ``"horovod"`` on the first call, and whatever the first call chose on
-    later ones.
+    process sets (MPI splits communicators at any time). ``"horovod"`` uses
+    Horovod's collectives. ``"auto"`` picks one (``choose_collectives``) and
+    rank 0 prints which, and why, in one line. ``None`` (default) is
+    ``"auto"`` on the first call, and whatever the first call chose on later
+    ones.
     """
     if process_sets not in PROCESS_SETS:
         raise ValueError(f"`process_sets` must be one of {PROCESS_SETS}. Received: process_sets={process_sets!r}")
     if _STATE["comm"] is not None:
         comm = _STATE["comm"]
-        if collectives is not None and collectives != _STATE["collectives"]:
+        if collectives not in (None, "auto") and collectives != _STATE["collectives"]:
             raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
                              f"one process has one kind of collectives. Received: collectives={collectives!r}")
         if process_sets == "dynamic" and not getattr(comm, "dynamic_process_sets", True):
@@ -157,8 +221,16 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
-    collectives = collectives or "horovod"
+    collectives = collectives or "auto"
     check_collectives(collectives)
+    if collectives == "auto" and use_horovod is not False:
+        collectives, reason = choose_collectives()
+        if _compat.launcher_rank() == 0:
+            print(f"hvd_easgd: collectives {collectives}: {reason} (collectives='horovod' or 'mpi-direct', "
+                  "train.py --collectives, forces one)", flush=True)
+    else:
+        collectives, reason = ("horovod" if collectives == "auto" else collectives), "chosen by the caller"
+    _STATE["collectives_reason"] = reason
     if collectives == "mpi-direct":
         comm = _init_mpi_direct(threads_per_rank)
         _STATE.update(comm=comm, collectives=collectives)

@@ -91,7 +91,7 @@ def _start_ranks(args, strategy):
     # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
     splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
     comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None,
-                        collectives=getattr(args, "collectives", "horovod"))
+                        collectives=args.collectives)
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
     keras.utils.set_random_seed(args.seed)
@@ -244,6 +244,8 @@ def _write_run_config(run_dir, config, num_ranks, placement, groups=None):
     with atomic.temporary_path(os.path.join(run_dir, "config.yaml")) as tmp:
         with open(tmp, "w") as f:
             run["horovod_settings"] = runtime.horovod_settings()
+            path, why = runtime.collectives_in_use()
+            run["collectives_in_use"] = {"path": path, "why": why}
             yaml.safe_dump(run, f, sort_keys=True)
 
 

@@ -83,7 +83,14 @@ else
   echo "tensorflow-cpu==$TF_VERSION" >> "$resolved_reqs"
 fi
 WHEEL_KEY="horovod-$HOROVOD_VERSION-tf-$TF_VERSION-cp311-$VARIANT-patch-$patch_hash"
+if [ "$VARIANT" = cuda ]; then
+  # Horovod's GPU build compiles CUDA kernels: it needs the toolkit's nvcc,
+  # which no pip wheel provides in full.
+  NVCC=$(command -v nvcc || true)
+  [ -z "$NVCC" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+fi
 if [ -n "$PLAN_ONLY" ]; then
+  [ "$VARIANT" = cuda ] && echo "cuda toolkit: ${NVCC:-missing (install the CUDA 12 toolkit or set CUDA_HOME)}"
   echo "tensorflow: $TF_VERSION"
   echo "variant: $VARIANT"
   echo "venv: $VENV"
@@ -92,6 +99,8 @@ if [ -n "$PLAN_ONLY" ]; then
   echo "horovod wheel cache: $CACHE/wheels/$WHEEL_KEY"
   exit 0
 fi
+
+[ "$VARIANT" = cuda ] && [ -z "$NVCC" ] && die "nvidia-smi sees a GPU but there is no CUDA toolkit (nvcc) to build Horovod's NCCL ops: install the CUDA 12 toolkit or set CUDA_HOME; HVD_EASGD_FORCE_CPU=1 builds for CPU instead"
 
 # --- 1. Debian packages -----------------------------------------------------
 # MPI and the Horovod build; then what `make test` needs: a one-node SLURM
@@ -170,7 +179,12 @@ if ! have_horovod; then
     if [ "$VARIANT" = cuda ]; then
       # NCCL from the nvidia-nccl-cu12 wheel unless the system provides one.
       nccl_home=${HOROVOD_NCCL_HOME:-$("$VENV/bin/python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)}
-      [ -n "$nccl_home" ] && build_env+=(HOROVOD_NCCL_HOME="$nccl_home")
+      if [ -n "$nccl_home" ]; then
+        # The wheel ships lib/libnccl.so.2 only; Horovod's CMake looks for libnccl.so.
+        [ -e "$nccl_home/lib/libnccl.so" ] || ln -s libnccl.so.2 "$nccl_home/lib/libnccl.so"
+        build_env+=(HOROVOD_NCCL_HOME="$nccl_home" HOROVOD_NCCL_LINK=SHARED)
+      fi
+      build_env+=(HOROVOD_CUDA_HOME="$(dirname "$(dirname "$NVCC")")")
     fi
     log="$WHEEL_DIR/build.log"
     src=$(mktemp -d)

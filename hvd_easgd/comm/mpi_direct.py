@@ -44,14 +44,29 @@ they run np = 2), and no endless hang: a collective still waiting after
 ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (hvd_easgd sets 60) aborts the job,
 as Horovod's stall inspector does.
 """
+import atexit
 import os
 
 import mpi4py
 
-# Before the first `from mpi4py import MPI`, which initialises MPI: TF runs the
-# ops on its executor threads, not the thread that initialised MPI.
-mpi4py.rc.thread_level = "multiple"
-from mpi4py import MPI  # noqa: E402 -- after the thread level
+# MPI is started explicitly below: the automatic choice of collectives may
+# have loaded mpi4py already, with automatic initialisation off, to read MPI's
+# version (_mpi_ops.mpi_library_version).
+mpi4py.rc.initialize = False
+from mpi4py import MPI  # noqa: E402
+
+
+def _start_mpi():
+    """MPI with ``MPI_THREAD_MULTIPLE``: TF runs the ops on its executor threads,
+    not the thread that initialised MPI. Finalised at exit, as every MPI process
+    must be before it ends (mpirun reports an abnormal exit otherwise)."""
+    if MPI.Is_initialized():
+        return
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    atexit.register(lambda: MPI.Is_finalized() or MPI.Finalize())
+
+
+_start_mpi()
 
 from . import _mpi_ops  # noqa: E402
 from .communicator import Communicator  # noqa: E402

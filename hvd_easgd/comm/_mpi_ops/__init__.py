@@ -39,6 +39,25 @@ def _mpi_flags(which):
     raise MissingOpsLibrary("cannot find MPI's compile flags: `mpicc` (Open MPI or MPICH) is not installed")
 
 
+def mpi_library_version():
+    """MPI's ``MPI_Get_library_version`` text, read without starting MPI.
+
+    If mpi4py's MPI module is not loaded yet, it is loaded with automatic
+    initialisation off: choosing the collectives (runtime.choose_collectives)
+    reads the version before either path starts MPI; Horovod's then starts it
+    itself, and comm/mpi_direct.py starts it explicitly.
+    """
+    import sys
+
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.initialize = False
+    from mpi4py import MPI
+
+    return MPI.Get_library_version()
+
+
 def compile_command(output):
     import tensorflow as tf
 

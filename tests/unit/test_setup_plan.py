@@ -1,0 +1,86 @@
+"""tools/setup_env.sh's choice of variant, read from its --plan (which installs nothing).
+
+No GPU machine runs this stack here, so the GPU branch is checked with a
+stand-in ``nvidia-smi`` (and ``nvcc``) on a PATH the test controls.
+"""
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT
+from setup import requirements
+
+pytestmark = pytest.mark.unit
+SETUP = os.path.join(ROOT, "tools", "setup_env.sh")
+
+
+def _tool(directory, name, body):
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def plan(tmp_path, gpu=None, nvcc=False, **env):
+    """``setup_env.sh --plan`` with only the stand-ins and the system's tools on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if gpu == "working":
+        _tool(bin_dir, "nvidia-smi", '[ "$1" = -L ] && echo "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-0)"; exit 0')
+    elif gpu == "no driver":  # installed, but the driver answers with an error
+        _tool(bin_dir, "nvidia-smi", "echo 'NVIDIA-SMI has failed because it could not communicate with the "
+                                     "NVIDIA driver' >&2; exit 9")
+    if nvcc:
+        _tool(bin_dir, "nvcc", "echo 'Cuda compilation tools, release 12.4'")
+    environ = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "CUDA_HOME": str(tmp_path / "no-cuda"),
+               **env}
+    proc = subprocess.run(["bash", SETUP, "--plan"], env=environ, capture_output=True, text=True, timeout=60)
+    fields = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    return proc, fields
+
+
+def test_a_working_gpu_plans_tensorflow_and_cuda_and_horovod_with_nccl(tmp_path):
+    proc, fields = plan(tmp_path, gpu="working", nvcc=True)
+    assert proc.returncode == 0, proc.stderr
+    assert fields["variant"] == "cuda"
+    requirements_line = fields["requirements"].split()
+    assert "tensorflow[and-cuda]==2.21.0" in requirements_line and "nvidia-nccl-cu12" in requirements_line
+    assert not any(r.startswith("tensorflow-cpu") for r in requirements_line)
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in fields["horovod build"].split()
+    assert {"HOROVOD_WITH_TENSORFLOW=1", "HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1"} <= set(
+        fields["horovod build"].split())
+    # a CUDA build is cached apart from the CPU one
+    assert os.path.basename(fields["horovod wheel cache"]).startswith("horovod-0.28.1-tf-2.21.0-cp311-cuda-patch-")
+    assert fields["cuda toolkit"].endswith("/bin/nvcc")
+
+
+@pytest.mark.parametrize("gpu, env", [(None, {}), ("no driver", {}), ("working", {"HVD_EASGD_FORCE_CPU": "1"})],
+                         ids=["no-nvidia-smi", "driver-fails", "forced-cpu"])
+def test_without_a_usable_gpu_the_plan_is_tensorflow_cpu_without_nccl(tmp_path, gpu, env):
+    proc, fields = plan(tmp_path, gpu=gpu, nvcc=True, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert fields["variant"] == "cpu"
+    assert "tensorflow-cpu==2.21.0" in fields["requirements"].split()
+    assert "nvidia-nccl-cu12" not in fields["requirements"] and "NCCL" not in fields["horovod build"]
+    assert "-cpu-patch-" in fields["horovod wheel cache"]
+
+
+def test_a_gpu_without_the_cuda_toolkit_is_named_in_the_plan(tmp_path):
+    proc, fields = plan(tmp_path, gpu="working", nvcc=False)
+    assert fields["variant"] == "cuda" and fields["cuda toolkit"].startswith("missing (install the CUDA 12 toolkit")
+
+
+def test_the_patch_is_part_of_the_wheel_cache_key(tmp_path):
+    import hashlib
+
+    with open(os.path.join(ROOT, "tools", "horovod", "horovod-0.28.1-no-xla.patch"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:8]
+    _, fields = plan(tmp_path)
+    assert fields["horovod wheel cache"].endswith(f"-patch-{digest}")
+
+
+def test_pip_install_dot_asks_for_the_same_tensorflow_distribution_as_the_setup_script():
+    assert requirements(cuda=True)[0] == "tensorflow[and-cuda]>=2.18.1,<2.22"
+    assert requirements(cuda=False)[0] == "tensorflow-cpu>=2.18.1,<2.22"
+    names = {r.split(">")[0].split("[")[0] for r in requirements(cuda=False)}
+    assert {"keras", "tensorboard", "numpy", "mpi4py"} <= names and "horovod" not in names
