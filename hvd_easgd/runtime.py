@@ -150,18 +150,18 @@ def choose_collectives(environ=None, gpu=None, direct_ops=None):
     if gloo_launch(environ):
         return "horovod", "a Gloo launch (horovodrun --gloo) has no MPI for the direct path"
     if not mpi_launch(environ):
-        return "horovod", "not an MPI launch"
+        return "horovod", "this is not an MPI launch"
     tools = [name for name in HOROVOD_TOOLS if environ.get(name, "") not in ("", "0")]
     if tools:
         return "horovod", f"{', '.join(tools)} asks for Horovod's own tools"
     if gpu is None:
         gpu = _device() == "gpu"
     if gpu:
-        return "horovod", "GPUs: Horovod reduces on them with NCCL (the direct ops are CPU-only)"
+        return "horovod", "GPUs are visible, and Horovod reduces on them with NCCL (the direct ops are CPU-only)"
     problem = _direct_ops_problem() if direct_ops is None else (None if direct_ops is True else direct_ops)
     if problem:
         return "horovod", problem
-    return "mpi-direct", "an MPI launch on CPU, with the direct ops built for this TensorFlow, MPI and Python"
+    return "mpi-direct", "this is an MPI launch on CPU and the direct ops are built for this TensorFlow, MPI and Python"
 
 
 def _direct_ops_problem():
@@ -226,8 +226,8 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
     if collectives == "auto" and use_horovod is not False:
         collectives, reason = choose_collectives()
         if _compat.launcher_rank() == 0:
-            print(f"hvd_easgd: collectives {collectives}: {reason} (collectives='horovod' or 'mpi-direct', "
-                  "train.py --collectives, forces one)", flush=True)
+            print(f"hvd_easgd: collectives {collectives}, because {reason} (train.py --collectives or "
+                  "hvd_easgd.init(collectives=...) forces one)", flush=True)
     else:
         collectives, reason = ("horovod" if collectives == "auto" else collectives), "chosen by the caller"
     _STATE["collectives_reason"] = reason
