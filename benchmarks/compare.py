@@ -395,8 +395,8 @@ def method_notes(args, tta=None):
                      + ("; MWMS at SyncAverage's" if "mwms_fit" in tta["per_config"] else "")
                      + ". Each row's learning rate is in the table.")
     if args.run_mwms:
-        notes.append("MWMS: tf.distribute.MultiWorkerMirroredStrategy with RING collectives in tf_keras 2.18 "
-                     "(Keras 3 model.fit fails under MWMS), workers started with TF_CONFIG on 127.0.0.1, the same "
+        notes.append("MWMS: tf.distribute.MultiWorkerMirroredStrategy with RING collectives in "
+                     f"{mwms.TF_KERAS.replace('==', ' ')} (Keras 3 model.fit fails under MWMS), workers started with TF_CONFIG on 127.0.0.1, the same "
                      "CNN layer for layer, shards, batch and SGD; its "
                      f"{args.repeats or default_repeats(len(FIT))} repeats (as many as the model.fit rows') are "
                      "consecutive within its own launch.")

@@ -20,11 +20,11 @@ import subprocess
 import sys
 import time
 
-from hvd_easgd import atomic
+from hvd_easgd import _compat, atomic
 
 from .processes import log_tail, stop_process_groups
 
-TF_KERAS = "tf_keras==2.18.0"
+TF_KERAS = _compat.tf_keras_requirement(_compat.installed_tensorflow_version())
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

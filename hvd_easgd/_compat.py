@@ -87,6 +87,33 @@ def horovod_available():
     return horovod_problem() is None
 
 
+def installed_tensorflow_version():
+    """The installed TensorFlow's version, read from its distribution's metadata
+    (no import: the benchmark driver never loads TensorFlow). None if absent."""
+    from importlib import metadata
+
+    for distribution in ("tensorflow-cpu", "tensorflow", "tensorflow-gpu"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# The Keras 2 release for each supported TF series (the MWMS baseline runs on it);
+# each tf_keras release is built for its TF series only.
+_TF_KERAS = {"2.18": "2.18.0", "2.19": "2.19.0", "2.20": "2.20.1", "2.21": "2.21.0"}
+
+
+def tf_keras_requirement(tensorflow_version):
+    """``tf_keras==X`` for a TensorFlow version, e.g. ``"2.21.0"`` -> ``"tf_keras==2.21.0"``."""
+    series = ".".join(str(tensorflow_version).split(".")[:2])
+    if series not in _TF_KERAS:
+        raise ValueError(f"no tf_keras is known for TensorFlow {tensorflow_version}; supported series: "
+                         f"{sorted(_TF_KERAS)}. Received: tensorflow_version={tensorflow_version!r}")
+    return f"tf_keras=={_TF_KERAS[series]}"
+
+
 def under_launcher():
     """True when started by horovodrun/mpirun/srun with more than one rank possible."""
     markers = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")

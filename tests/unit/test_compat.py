@@ -1,0 +1,30 @@
+"""The version switches in hvd_easgd/_compat.py that need no TensorFlow import."""
+import pytest
+
+from hvd_easgd import _compat
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("tf_version, wanted", [("2.18.1", "tf_keras==2.18.0"), ("2.19.1", "tf_keras==2.19.0"),
+                                                ("2.20.0", "tf_keras==2.20.1"), ("2.21.0", "tf_keras==2.21.0")])
+def test_the_mwms_baseline_gets_the_keras_2_of_the_running_tf_series(tf_version, wanted):
+    assert _compat.tf_keras_requirement(tf_version) == wanted
+
+
+def test_a_tf_series_without_a_known_tf_keras_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"no tf_keras is known for TensorFlow 2\.17\.0.*Received: "
+                                         r"tensorflow_version='2\.17\.0'"):
+        _compat.tf_keras_requirement("2.17.0")
+
+
+def test_the_installed_tensorflow_is_read_without_importing_it():
+    import sys
+
+    imported_before = "tensorflow" in sys.modules
+    version = _compat.installed_tensorflow_version()
+    assert version is not None and version.count(".") == 2
+    assert ("tensorflow" in sys.modules) == imported_before
+    import tensorflow as tf
+
+    assert version == tf.__version__
