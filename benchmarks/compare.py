@@ -428,48 +428,69 @@ def main(argv=None):
         for controller in args.controller_list:
             tta = tta_pending and np_ == tta_np(args)
             tta_pending = tta_pending and not tta
-            out_json = os.path.join(out_dir, f"launch-np{np_}-{controller}.json")
-            log_path = os.path.join(out_dir, "logs", f"hvd-np{np_}-{controller}.log")
-            cmd, binding, extra_env = worker_command(args, np_, controller, out_json, tta)
-            busy = wait_until_idle(args.wait_idle) if args.wait_idle else foreign_cpu_busy()
-            print(f"[compare] horovodrun np={np_} --{controller} (binding {binding})"
-                  + (" + time-to-accuracy" if tta else ""), flush=True)
-            t0 = time.perf_counter()
-            with machine.ForeignLoad() as foreign:
-                code = run_bounded(cmd, log_path, args.launch_timeout, extra_env)
-            for line in _progress(log_path):
-                print("   ", line, flush=True)
-            if code != 0 or not os.path.exists(out_json):
-                why = "timed out" if code is None else f"exit status {code}"
-                results["failures"].append(f"np={np_} {controller}: {why} (log: logs/{os.path.basename(log_path)})")
-                print(f"[compare] np={np_} {controller} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)
-                continue
-            with open(out_json) as f:
-                launch = json.load(f)
-            results["launches"].append({"np": np_, "controller": controller, "binding": binding, "kind": "horovodrun",
-                                        "command": " ".join([*(f"{k}={v}" for k, v in extra_env.items()),
-                                                             shlex.join(cmd)]),
-                                        "env": extra_env, "foreign_cpu_busy": busy,
-                                        "foreign_cpu_share_during": foreign.share,
-                                        "cpu_affinity_per_rank": launch["cpu_affinity_per_rank"],
-                                        "threads_per_rank": launch["threads_per_rank"],
-                                        "horovod_settings": launch.get("horovod_settings"),
-                                        "loadavg_before": launch["loadavg_before"],
-                                        "loadavg_after": launch["loadavg_after"],
-                                        "seconds": time.perf_counter() - t0})
-            for key, value in launch["versions"].items():
-                results["versions"].setdefault(key, value)
-            results["rows"] += launch["rows"]
-            if launch.get("allreduce"):
-                results["allreduce"].append(launch["allreduce"])
-            if launch.get("time_to_accuracy"):
-                results["time_to_accuracy"] = launch["time_to_accuracy"]
+            cmd, binding, extra_env = worker_command(args, np_, controller, "{out}", tta)
+            _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, "", tta)
+            if controller == "mpi":
+                # What a job gets by default: hvd_easgd's configurations on the collectives that
+                # `auto` picks under an MPI launch (the direct path where its ops are built). In its
+                # own launch: raw Horovod's rows need Horovod, which the direct path does not start.
+                cmd, binding, extra_env = default_path_command(args, np_, "{out}")
+                _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, "-default", False)
     if results["allreduce"]:
         run_raw_references(args, out_dir, results)
     if args.run_mwms:
         run_mwms(args, out_dir, results)
     finish(results, args, out_dir, started)
     return 0 if results["rows"] else 1
+
+def default_path_command(args, np_, out_json):
+    """The worker on the default collectives (``auto``): hvd_easgd's configurations and
+    the no-communication ceiling only, no model.fit, microbenchmark or time to accuracy."""
+    cmd, binding, env = worker_command(argparse.Namespace(**dict(vars(args), no_fit=True, no_allreduce=True)),
+                                       np_, "mpi", out_json, tta=False)
+    hvd_easgd_configs = [c for c in CUSTOM_LOOP if c != "raw_horovod"]
+    return cmd + ["--collectives", "auto", "--configs", ",".join(hvd_easgd_configs)], binding, env
+
+
+def _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, suffix, tta):
+    """One bounded worker launch; its rows, versions and launch record go into ``results``."""
+    out_json = os.path.join(out_dir, f"launch-np{np_}-{controller}{suffix}.json")
+    log_path = os.path.join(out_dir, "logs", f"hvd-np{np_}-{controller}{suffix}.log")
+    cmd = [out_json if part == "{out}" else part for part in cmd]
+    busy = wait_until_idle(args.wait_idle) if args.wait_idle else foreign_cpu_busy()
+    print(f"[compare] horovodrun np={np_} --{controller} (binding {binding})"
+          + (" + time-to-accuracy" if tta else "") + (", default collectives" if suffix else ""), flush=True)
+    t0 = time.perf_counter()
+    with machine.ForeignLoad() as foreign:
+        code = run_bounded(cmd, log_path, args.launch_timeout, extra_env)
+    for line in _progress(log_path):
+        print("   ", line, flush=True)
+    if code != 0 or not os.path.exists(out_json):
+        why = "timed out" if code is None else f"exit status {code}"
+        results["failures"].append(f"np={np_} {controller}{suffix}: {why} (log: logs/{os.path.basename(log_path)})")
+        print(f"[compare] np={np_} {controller}{suffix} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)
+        return
+    with open(out_json) as f:
+        launch = json.load(f)
+    results["launches"].append({"np": np_, "controller": controller, "binding": binding, "kind": "horovodrun",
+                                "collectives": launch.get("collectives"),
+                                "command": " ".join([*(f"{k}={v}" for k, v in extra_env.items()),
+                                                     shlex.join(cmd)]),
+                                "env": extra_env, "foreign_cpu_busy": busy,
+                                "foreign_cpu_share_during": foreign.share,
+                                "cpu_affinity_per_rank": launch["cpu_affinity_per_rank"],
+                                "threads_per_rank": launch["threads_per_rank"],
+                                "horovod_settings": launch.get("horovod_settings"),
+                                "loadavg_before": launch["loadavg_before"],
+                                "loadavg_after": launch["loadavg_after"],
+                                "seconds": time.perf_counter() - t0})
+    for key, value in launch["versions"].items():
+        results["versions"].setdefault(key, value)
+    results["rows"] += launch["rows"]
+    if launch.get("allreduce"):
+        results["allreduce"].append(launch["allreduce"])
+    if launch.get("time_to_accuracy"):
+        results["time_to_accuracy"] = launch["time_to_accuracy"]
 
 
 def finish(results, args, out_dir, started):

@@ -22,6 +22,11 @@ HEADLINES = (
     ("accum4_sync", "sync", "custom", 1.0, "accumulation k=4 ÷ SyncAverage"),
 )
 
+# At one rank there is nothing to send: hvd_easgd's path should cost (almost) nothing over the ceiling.
+ONE_RANK_HEADLINES = (
+    ("sync", "no_comm", "custom", {"mpi": 0.95}, "SyncAverage ÷ no communication"),
+)
+
 MWMS_HEADLINES = (
     ("sync_fit", "SyncAverage (model.fit) ÷ MWMS (model.fit)"),
     ("sync", "SyncAverage (custom loop) ÷ MWMS (model.fit)"),
@@ -57,35 +62,46 @@ def ratio(a, b):
             "paired_median": statistics.median(paired) if paired else None}
 
 
+def collectives_of(row):
+    """The path a row's collectives took; rows from before the default became ``auto`` took Horovod's."""
+    return row.get("collectives") or "horovod"
+
+
 def add_scaling_efficiency(rows):
-    """samples/s at np=n ÷ (n × samples/s at np=1), same config, model, loop and controller."""
+    """samples/s at np=n ÷ (n × samples/s at np=1), same config, model, loop, controller and collectives."""
     for row in rows:
         row["scaling_efficiency"] = None
         if row["np"] > 1:
-            base = find(rows, config=row["config"], model=row["model"], loop=row["loop"],
-                        controller=row["controller"], np=1)
+            base = next((r for r in rows if r["np"] == 1 and collectives_of(r) == collectives_of(row) and all(
+                r.get(k) == row.get(k) for k in ("config", "model", "loop", "controller"))), None)
             if base is not None:
                 row["scaling_efficiency"] = row["samples_per_sec"]["median"] / (
                     row["np"] * base["samples_per_sec"]["median"])
 
 
 def headline_ratios(rows, allreduce_results):
+    """Each headline per (np, controller, collectives path) whose launch measured both of its rows;
+    a path other than Horovod's is named in the label ("[mpi-direct]")."""
     out = []
-    multi = sorted({(r["np"], r["controller"]) for r in rows if r["np"] > 1 and r["controller"] != "grpc-ring"})
-    for np_, controller in multi:
-        for num, den, loop, goals, label in HEADLINES:
-            a = find(rows, config=num, model="cnn", loop=loop, np=np_, controller=controller)
-            b = find(rows, config=den, model="cnn", loop=loop, np=np_, controller=controller)
+    rows = [dict(r, collectives=collectives_of(r)) for r in rows]
+    groups = sorted({(r["np"], r["controller"], r["collectives"]) for r in rows if r["controller"] != "grpc-ring"})
+    for np_, controller, path in groups:
+        tag = "" if path == "horovod" else f" [{path}]"
+        for num, den, loop, goals, label in HEADLINES if np_ > 1 else ONE_RANK_HEADLINES:
+            a = find(rows, config=num, model="cnn", loop=loop, np=np_, controller=controller, collectives=path)
+            b = find(rows, config=den, model="cnn", loop=loop, np=np_, controller=controller, collectives=path)
             if a and b:
                 goal = goal_for(goals, controller)
-                out.append(dict(ratio(a, b), label=label, np=np_, controller=controller, goal=goal,
+                out.append(dict(ratio(a, b), label=label + tag, np=np_, controller=controller, goal=goal,
                                 met=None if goal is None else ratio(a, b)["value"] >= goal, numerator=num,
-                                denominator=den))
+                                denominator=den, collectives=path))
+        if np_ == 1:
+            continue
         mwms = find(rows, config="mwms_fit", model="cnn", np=np_)
         for num, label in MWMS_HEADLINES:
-            a = find(rows, config=num, model="cnn", np=np_, controller=controller)
+            a = find(rows, config=num, model="cnn", np=np_, controller=controller, collectives=path)
             if a and mwms:
-                out.append(dict(ratio(a, mwms), label=label, np=np_, controller=controller, goal=None, met=None,
+                out.append(dict(ratio(a, mwms), label=label + tag, np=np_, controller=controller, goal=None, met=None,
                                 numerator=num, denominator="mwms_fit"))
     for result in allreduce_results:
         for size in result["sizes"]:
@@ -126,9 +142,11 @@ def throughput_table(rows, model):
              "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     order = {name: i for i, name in enumerate(CUSTOM_LOOP + FIT + ("mwms_fit",))}
     for row in sorted((r for r in rows if r["model"] == model),
-                      key=lambda r: (r["np"], r["controller"], r["loop"], order.get(r["config"], 99))):
+                      key=lambda r: (r["np"], r["controller"], collectives_of(r), r["loop"],
+                                     order.get(r["config"], 99))):
         lines.append(
-            f"| {row['config']} | {row['np']} | {row['controller']} | {row['loop']} | {_sps(row)} "
+            f"| {row['config']}{'' if collectives_of(row) == 'horovod' else f' [{collectives_of(row)}]'} "
+            f"| {row['np']} | {row['controller']} | {row['loop']} | {_sps(row)} "
             f"| {_num(row.get('scaling_efficiency'), '{:.2f}')} "
             f"| {_num(row['bytes_per_sample'])} ({_num(row['expected_bytes_per_sample'])}) "
             f"| {_num(row['calls_per_step'], '{:.3f}')} ({_num(row['expected_calls_per_step'], '{:.3f}')}) "

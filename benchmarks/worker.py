@@ -65,6 +65,10 @@ def parse_args(argv=None):
                         "(default: train.py's --lr)")
     p.add_argument("--allreduce", action="store_true", help="run the allreduce microbenchmark (np > 1)")
     p.add_argument("--quick", action="store_true", help="fewer microbenchmark iterations")
+    # Horovod's path by default: raw Horovod's rows and the allreduce microbenchmark call Horovod in this
+    # process, which the direct path does not start. compare.py runs a second, default-path launch.
+    p.add_argument("--collectives", default="horovod", choices=runtime.COLLECTIVES,
+                   help="hvd_easgd's collectives in this launch (auto: what a job gets by default)")
     args = p.parse_args(argv)
     multiple = configurations.STEP_MULTIPLE
     if args.steps_per_call % multiple:
@@ -336,7 +340,8 @@ def main(argv=None):
     args = parse_args(argv)
     load_before = os.getloadavg()
     grouped = configurations.needs_process_sets(args.config_list + (args.tta_config_list if args.tta_seeds else []))
-    comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic" if grouped else None)
+    comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic" if grouped else None,
+                          collectives=args.collectives)
     import tensorflow as tf
 
     launch = Launch(comm, args.interface)
@@ -370,6 +375,10 @@ def main(argv=None):
             gradient_shapes = [list(v.shape) for v in model.trainable_variables]
         launch.say("allreduce microbenchmark")
         out["allreduce"] = allreduce.horovod(comm, args.controller, gradient_shapes, quick=args.quick)
+    path = runtime.collectives_in_use()[0]
+    for row in out["rows"]:
+        row["collectives"] = path  # which path hvd_easgd's rows took (raw Horovod's is always Horovod)
+    out["collectives"] = path
     out["loadavg_after"] = os.getloadavg()
     out["seconds"] = time.perf_counter() - started
     if comm.rank == 0:
