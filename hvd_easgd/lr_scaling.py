@@ -55,8 +55,11 @@ the strategy's rule (``--scale-lr auto``: ``auto_scales``), and with no
 (or ``--accumulate``) leave few updates in an epoch. Measured on digits
 (1,437 training samples, per-rank batch 32; the figures are in the README):
 at 8 ranks an epoch holds 5 updates, and 10 epochs at the unscaled rate end
-at 0.88; the rule alone (×5.66) ends at 0.972 and 0.9xx (seeds 0, 1); the
-rule and 20 epochs (100 updates) at 0.983 and 0.9xx.
+at 0.881; 20 epochs alone (×1) at 0.953; the rule alone (×5.66, 10 epochs)
+at 0.972 and 0.967 (seeds 0, 1); both (×5.66, 20 epochs = 100 updates) at
+0.983 and 0.969, the default. At 4 ranks (11 updates an epoch, 10 epochs)
+the rule (×4) ends at 0.978 and 0.981. The rule keeps what it was measured
+with: SGD with or without momentum (``RULE_OPTIMIZERS``).
 
 Standard library only: the benchmarks import ``lr_scale`` for their
 time-to-accuracy rows, so they use the rule ``train.py`` uses.
