@@ -22,9 +22,8 @@ import numpy as np
 
 import hvd_easgd
 from hvd_easgd import atomic, runtime
-from hvd_easgd.cli import build_parser as train_py_parser
 from hvd_easgd.data import epoch_indices, steps_per_epoch
-from hvd_easgd.lr_scaling import has_rule, lr_scale
+from hvd_easgd.lr_scaling import DEFAULT_LR, has_rule, lr_scale
 
 from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine, report
 from .names import ALL_CUSTOM_LOOP, CUSTOM_LOOP, FIT, STRATEGIES
@@ -299,7 +298,7 @@ def time_to_accuracy(launch, args):
     batch = args.batch
     n = len(data.y_train)
     per_epoch = steps_per_epoch(n, batch, launch.size)
-    base_lr = args.tta_lr if args.tta_lr is not None else train_py_parser().get_default("lr")
+    base_lr = args.tta_lr if args.tta_lr is not None else DEFAULT_LR
     names = args.tta_config_list
     lrs = {name: scaled_learning_rate(base_lr, launch.size, name) for name in names}
     results = {name: [] for name in names}

@@ -14,7 +14,7 @@ from . import _compat, checkpoint, data
 from .callbacks import NonFiniteTrainingError
 from .comm import RanksDisagreeError
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
-from .lr_scaling import RULE_HELP, lr_scale
+from .lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, RULE_HELP, auto_scales, lr_scale
 from .models import MODELS
 from .preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from .runtime import COLLECTIVES, check_collectives
@@ -77,15 +77,20 @@ def build_parser():
     train.add_argument("--num-classes", type=int, default=10, help="classes of --data synthetic")
     train.add_argument("--optimizer", default="momentum", choices=OPTIMIZERS)
     train.add_argument("--momentum", type=float, default=0.9, help="for momentum and nesterov")
-    train.add_argument("--lr", type=float, default=0.02, help="learning rate of the inner optimizer")
+    train.add_argument("--lr", type=float, default=None,
+                       help=f"learning rate of the inner optimizer (default {DEFAULT_LR}, scaled by --scale-lr auto)")
     train.add_argument("--batch-size", type=int, default=None,
                        help="per rank, per micro-batch with --accumulate (default 32; images:DIR takes 1)")
-    train.add_argument("--epochs", type=int, default=10)
+    train.add_argument("--epochs", type=int, default=None,
+                       help=f"default {DEFAULT_EPOCHS}, or more to make at least {MIN_UPDATES} optimizer updates "
+                            "when the ranks (and --accumulate) leave few in an epoch")
     train.add_argument("--seed", type=int, default=0, help="weights and data order (not the train/test split)")
-    train.add_argument("--scale-lr", action="store_true",
-                       help=f"multiply --lr by a factor that grows with the ranks and --accumulate K. {RULE_HELP}")
+    train.add_argument("--scale-lr", action=argparse.BooleanOptionalAction, default="auto",
+                       help="multiply --lr by a factor that grows with the ranks and --accumulate K; auto: when "
+                            "--lr is not given, for strategies with a rule and SGD-type optimizers (--no-scale-lr: "
+                            f"never). {RULE_HELP}")
     train.add_argument("--lr-warmup-epochs", type=float, default=0.0,
-                       help="with --scale-lr: ramp linearly from --lr to the scaled rate over these epochs")
+                       help="with the scaled rate: ramp linearly from --lr to it over these epochs")
     train.add_argument("--threads-per-rank", type=int, default=None,
                        help="TF threads per rank (default: SLURM_CPUS_PER_TASK, else cores / local ranks)")
     train.add_argument("--collectives", default="auto", choices=COLLECTIVES,
@@ -239,9 +244,12 @@ def _validate(args):
     elif variable_size and args.batch_size != 1:
         raise UsageError("images of different sizes cannot be stacked into a batch: use --batch-size 1 "
                          "with --accumulate K (one image per micro-batch)")
-    positive = {"--batch-size": args.batch_size, "--epochs": args.epochs, "--lr": args.lr,
+    _resolve_lr(args)
+    positive = {"--batch-size": args.batch_size, "--lr": args.lr,
                 "--accumulate": args.accumulate, "--num-classes": args.num_classes,
                 "--eval-every": args.eval_every, "--max-bad-steps": args.max_bad_steps}
+    if args.epochs is not None:  # None: the default, resolved once the ranks are known
+        positive["--epochs"] = args.epochs
     for flag, value in positive.items():
         if value is None or not value > 0:
             raise UsageError(f"{flag} must be > 0. Received: {flag}={value}")
@@ -260,9 +268,10 @@ def _validate(args):
                          f"Received: --checkpoint-on-signal={args.checkpoint_on_signal}")
     args.checkpoint_on_signal = ",".join(names) or "none"
     if args.lr_warmup_epochs < 0:
-        raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: {args.lr_warmup_epochs}")
+        raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
     if args.lr_warmup_epochs and not args.scale_lr:
-        raise UsageError("--lr-warmup-epochs goes with --scale-lr")
+        raise UsageError("--lr-warmup-epochs goes with a scaled rate (--scale-lr, or --scale-lr auto without --lr), "
+                         f"and this run keeps --lr {args.lr}. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
     if args.scale_lr:
         try:  # a strategy without a measured rule is refused here, before Horovod starts
             lr_scale(1, args.accumulate, args.strategy)
@@ -291,6 +300,21 @@ def _validate(args):
         args.model = "fcn" if args.data.startswith("images:") else "cnn"
     if args.model not in MODELS:
         raise UsageError(f"--model must be one of {sorted(MODELS)}. Received: {args.model!r}")
+
+
+def _resolve_lr(args):
+    """``--lr`` and ``--scale-lr`` as they take effect: ``--lr`` not given is
+    ``DEFAULT_LR``, and ``--scale-lr auto`` becomes True or False
+    (``lr_scaling.auto_scales``), so config.yaml and a resume see the choice made.
+    ``--epochs`` not given stays None here: its default needs the number of
+    ranks (``trainer``)."""
+    if args.scale_lr not in (True, False, "auto"):
+        raise UsageError(f"--scale-lr must be auto, true or false. Received: scale_lr={args.scale_lr!r}")
+    lr_given = args.lr is not None
+    if not lr_given:
+        args.lr = DEFAULT_LR
+    if args.scale_lr == "auto":
+        args.scale_lr = auto_scales(args.strategy, args.optimizer, lr_given)
 
 
 def strategy_kwargs(args, name=None):

@@ -23,7 +23,7 @@ from .config_compare import resume_mismatches
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from .kept_model import save_kept_model
-from .lr_scaling import lr_scale
+from .lr_scaling import default_epochs, lr_scale
 from .optimizer import DistributedOptimizer
 from .strategies import walk
 
@@ -39,9 +39,10 @@ def train(args, config, dataset, strategy):
     """
     comm = _start_ranks(args, strategy)
     steps = _steps_per_epoch(args, dataset, comm)
+    _resolve_epochs(args, steps)
     run_dir = _resolve_run_dir(args, comm)
     _check_run_dir_is_shared(run_dir, comm, create=not args.resume)
-    config = dict(config, run_dir=run_dir)
+    config = dict(config, run_dir=run_dir, epochs=args.epochs)
     resume_from = _checkpoint_to_resume(args, run_dir, config, comm)
 
     model = models.build(args.model, dataset.input_shape, dataset.num_classes)
@@ -49,7 +50,8 @@ def train(args, config, dataset, strategy):
     optimizer = _compile(model, args, strategy, comm, updates_per_epoch=steps // args.accumulate)
     placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if comm.rank == 0:
-        _write_run_config(run_dir, config, comm.size, placement, _rank_groups(strategy))
+        _write_run_config(run_dir, config, comm.size, placement, _rank_groups(strategy),
+                          learning_rate=_learning_rate_record(args, comm.size, steps // args.accumulate, resume_from))
     start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, args.batch_size * comm.size,
@@ -113,6 +115,14 @@ def _steps_per_epoch(args, dataset, comm):
         raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
                          f"samples: fewer than one update of {batch} x {args.accumulate}")
     return steps
+
+
+def _resolve_epochs(args, steps):
+    """``--epochs`` not given (None): ``lr_scaling.default_epochs`` of this run's
+    updates per epoch. The value is saved in config.yaml and the checkpoints, so
+    a resume continues to the same epoch."""
+    if args.epochs is None:
+        args.epochs = default_epochs(steps // args.accumulate)
 
 
 def default_run_dir(strategy_name):
@@ -198,13 +208,32 @@ def _check_ranks_agree(comm, config, model):
     })
 
 
+def _learning_rate(args, size, updates_per_epoch):
+    """``(rate trained at after any warm-up, lr_scale's factor, warm-up updates)``:
+    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * lr_scale(...)``."""
+    if not args.scale_lr:
+        return args.lr, 1.0, 0
+    factor = lr_scale(size, args.accumulate, args.strategy)
+    return args.lr * factor, factor, int(round(args.lr_warmup_epochs * updates_per_epoch))
+
+
+def _learning_rate_record(args, size, updates_per_epoch, resume_from=None):
+    """config.yaml's ``learning_rate``: the rate the run trains at (after any
+    warm-up), and how it follows from ``--lr``."""
+    rate, factor, warmup = _learning_rate(args, size, updates_per_epoch)
+    saved_size = resume_from[0]["num_ranks"] if resume_from is not None else size
+    if saved_size != size and not warmup:
+        # A constant rate is a variable of the optimizer: the checkpoint's comes back with it.
+        rate, factor, warmup = _learning_rate(args, saved_size, updates_per_epoch)
+    return {"rate": rate, "factor": factor, "warmup_updates": warmup}
+
+
 def _inner_optimizer(args, size, updates_per_epoch):
     """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
     at ``--lr * lr_scale(...)`` (reached by linear warm-up if asked)."""
     lr = args.lr
     if args.scale_lr:
-        target = args.lr * lr_scale(size, args.accumulate, args.strategy)
-        warmup = int(round(args.lr_warmup_epochs * updates_per_epoch))
+        target, _, warmup = _learning_rate(args, size, updates_per_epoch)
         if warmup > 0:
             # A built-in schedule keeps model.keras loadable by plain Keras:
             # linear warm-up from lr to the target, then constant (alpha=1).
@@ -234,11 +263,13 @@ def _rank_groups(strategy):
     return next((s.groups for s in walk(strategy) if getattr(s, "groups", None)), None)
 
 
-def _write_run_config(run_dir, config, num_ranks, placement, groups=None):
+def _write_run_config(run_dir, config, num_ranks, placement, groups=None, learning_rate=None):
     """config.yaml: what this run is (effective config, where each rank runs, versions;
-    the strategy's groups of ranks if it has some)."""
+    the strategy's groups of ranks if it has some; the learning rate it trains at)."""
     os.makedirs(run_dir, exist_ok=True)
     run = {"config": config, "num_ranks": num_ranks, "ranks": placement, "versions": _compat.versions()}
+    if learning_rate is not None:
+        run["learning_rate"] = learning_rate
     if groups is not None:
         run["groups"] = [list(g) for g in groups]
     with atomic.temporary_path(os.path.join(run_dir, "config.yaml")) as tmp:

@@ -42,6 +42,9 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
 
     config = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
     assert config["num_ranks"] == 2 and config["config"]["strategy"] == "sync"
+    # the defaults as resolved: --scale-lr auto on (x2 at 2 ranks), 10 epochs (220 updates >= 100)
+    assert (config["config"]["lr"], config["config"]["scale_lr"], config["config"]["epochs"]) == (0.02, True, 10)
+    assert config["learning_rate"]["rate"] == pytest.approx(0.04)
     assert set(config["versions"]) >= {"python", "tensorflow", "keras", "horovod", "hvd_easgd"}
     assert config["versions"]["horovod"] == "0.28.1" and config["versions"]["tensorflow"].startswith("2.18")
 
@@ -82,8 +85,10 @@ def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run,
 def test_accumulation_with_scale_lr_trains_as_well_as_sync(tmp_path):
     # k = 4 gives 4x fewer updates of a 4x larger batch: at the default --lr it ends near
     # 0.88; --scale-lr's rule (x4*sqrt(2) for sync at 2 ranks x 4) brings it to the 0.95 of plain sync
+    # in the same 10 epochs (the default --epochs would make them 20: 5 updates an epoch)
     run_dir = str(tmp_path / "run")
-    proc = horovodrun([TRAIN, "--accumulate", "4", "--scale-lr", "--run-dir", run_dir], timeout=240)
+    proc = horovodrun([TRAIN, "--accumulate", "4", "--scale-lr", "--epochs", "10", "--run-dir", run_dir],
+                      timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert len(metrics["epochs"]) == 10 and metrics["final"]["test_accuracy"] >= 0.95

@@ -39,7 +39,11 @@ def exit_and_stderr(argv, capsys):
     (["--image-shape", "32,32"], "--image-shape must be H,W,C"),
     (["--data", "images:/tmp", "--batch-size", "8"], "images of different sizes cannot be stacked"),
     (["--model", "vgg"], "--model must be one of"),
-    (["--lr-warmup-epochs", "2"], "--lr-warmup-epochs goes with --scale-lr"),
+    (["--lr", "0.05", "--lr-warmup-epochs", "2"], "--lr-warmup-epochs goes with a scaled rate (--scale-lr, or "
+     "--scale-lr auto without --lr), and this run keeps --lr 0.05. Received: --lr-warmup-epochs=2.0"),
+    (["--strategy", "diloco", "--lr-warmup-epochs", "2"], "--lr-warmup-epochs goes with a scaled rate"),
+    (["--lr-warmup-epochs", "-1"], "--lr-warmup-epochs must be >= 0. Received: --lr-warmup-epochs=-1.0"),
+    (["--epochs", "0"], "--epochs must be > 0. Received: --epochs=0"),
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):

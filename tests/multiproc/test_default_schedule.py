@@ -1,0 +1,37 @@
+"""The mission's own command, `horovodrun -np N python train.py` with no option but the run
+directory, at N = 8 (5 updates an epoch on digits) and N = 4: the defaults (--scale-lr auto, the
+default --epochs) reach 0.95 there, and config.yaml records the rate and epochs they resolved to."""
+import json
+import os
+
+import pytest
+import yaml
+
+from hvd_easgd.data import digits, steps_per_epoch
+from hvd_easgd.lr_scaling import DEFAULT_LR, default_epochs, lr_scale
+from tests.conftest import ROOT, horovodrun
+
+pytestmark = pytest.mark.multiproc
+TRAIN = os.path.join(ROOT, "train.py")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("np_, epochs", [(8, 20), (4, 10)])
+def test_the_mission_command_reaches_095_at_the_rate_and_length_it_records(np_, epochs, tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = horovodrun([TRAIN, "--run-dir", run_dir], np=np_, controller="mpi", timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
+    print(f"np={np_}: final test accuracy {metrics['final']['test_accuracy']:.4f}")
+    assert metrics["final"]["test_accuracy"] >= 0.95
+
+    run = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
+    updates = steps_per_epoch(len(digits().y_train), 32, np_)
+    assert default_epochs(updates) == epochs  # 5 updates an epoch at 8 ranks: 20 epochs make 100
+    config = run["config"]
+    assert (config["lr"], config["scale_lr"], config["epochs"]) == (DEFAULT_LR, True, epochs)
+    assert run["learning_rate"] == {"rate": pytest.approx(DEFAULT_LR * lr_scale(np_, 1, "sync"), rel=1e-12),
+                                    "factor": pytest.approx(lr_scale(np_, 1, "sync"), rel=1e-12),
+                                    "warmup_updates": 0}
+    assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, epochs + 1))
+    assert all(row["bytes_sent_per_step"] == 4 * 38282 for row in metrics["epochs"])  # still plain sync
