@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -20,6 +21,16 @@ TRAIN = os.path.join(ROOT, "train.py")
 FINAL = re.compile(r"final test accuracy: (\d\.\d{4})")
 
 
+def installed_tensorflow():
+    """The TF distribution's version as pip installed it (tensorflow-cpu, or tensorflow with CUDA)."""
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """`horovodrun -np 2 python train.py` with no options but the run directory."""
@@ -29,6 +40,7 @@ def default_run(tmp_path_factory):
     return run_dir, proc
 
 
+@pytest.mark.smoke  # train.py on the Horovod path (the direct path's is in test_mpi_direct.py)
 def test_defaults_reach_095_and_write_the_run_directory(default_run):
     run_dir, proc = default_run
     last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
@@ -43,7 +55,8 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
     config = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
     assert config["num_ranks"] == 2 and config["config"]["strategy"] == "sync"
     assert set(config["versions"]) >= {"python", "tensorflow", "keras", "horovod", "hvd_easgd"}
-    assert config["versions"]["horovod"] == "0.28.1" and config["versions"]["tensorflow"].startswith("2.18")
+    # The TF of this venv (make smoke TF=<version> runs this in any supported one), not a fixed version.
+    assert config["versions"]["horovod"] == "0.28.1" and config["versions"]["tensorflow"] == installed_tensorflow()
 
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert len(metrics["epochs"]) == 10
@@ -63,6 +76,7 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
         "manifest.json", "rank-00000.npz", "rank-00001.npz"]
 
 
+@pytest.mark.smoke  # the kept model, saved by train.py, reloaded by plain Keras
 def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run, tmp_path):
     run_dir, _ = default_run
     from hvd_easgd import data
