@@ -93,6 +93,9 @@ def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run,
     assert float(accuracy) == pytest.approx(final, abs=1e-6) and imported == "False"
 
 
+# In the smoke subset as its train.py on Horovod's path: a Gloo launch takes that path whatever
+# --collectives defaults to, while default_run's MPI launch may take the direct one.
+@pytest.mark.smoke
 def test_accumulation_with_scale_lr_trains_as_well_as_sync(tmp_path):
     # k = 4 gives 4x fewer updates of a 4x larger batch: at the default --lr it ends near
     # 0.88; --scale-lr's rule (x4*sqrt(2) for sync at 2 ranks x 4) brings it to the 0.95 of plain sync
