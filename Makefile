@@ -59,8 +59,9 @@ test-multinode: $(STAMP) $(OPS_STAMP)
 	$(PYTEST) -m multinode tests
 
 # A few minutes' check of one venv (TF=<version>): the core checks under
-# horovodrun --gloo and --mpi, train.py on both collective paths, the GAN guide
-# and the kept model reloaded (the tests marked smoke). SMOKE_ARGS: more pytest
+# horovodrun --gloo and --mpi, train.py on both collective paths (Horovod's
+# under --gloo, the direct one under --mpi), the GAN guide and the kept model
+# reloaded (the tests marked smoke). SMOKE_ARGS: more pytest
 # options (make matrix passes --junitxml).
 smoke: $(STAMP) $(OPS_STAMP)
 	$(PYTEST) -m smoke tests $(SMOKE_ARGS)
