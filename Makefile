@@ -2,8 +2,19 @@
 # Both install whatever is missing first (apt packages, .venv, the Horovod
 # build and the mpi-direct TF ops, cached under ~/.cache/hvd_easgd so a clean
 # clone reuses them).
-
+#
+# TF=<version> (one of tools/tf_versions.txt) works on that TensorFlow instead,
+# in its own venv: `make setup TF=2.19.1` builds .venv-tf2.19.1 and
+# `make smoke TF=2.19.1` runs the smoke subset there. Without TF (or with the
+# default, requirements.txt's pin) it is .venv, as tools/setup_env.sh decides.
+DEFAULT_TF := $(shell sed -n 's/^tensorflow-cpu==//p' requirements.txt)
+ifeq ($(filter-out $(DEFAULT_TF),$(TF)),)
 VENV    ?= .venv
+else
+VENV    ?= .venv-tf$(TF)
+endif
+# No `export TF`: make already hands a TF given on its command line (or found in
+# the environment) to tools/setup_env.sh, and without one the script sees none.
 PY      := $(VENV)/bin/python
 PYTEST  := $(PY) -m pytest
 STAMP   := $(VENV)/.hvd_easgd-ready
@@ -14,11 +25,12 @@ MPI_OPS := hvd_easgd/comm/_mpi_ops
 OPS_STAMP := $(VENV)/.hvd_easgd-mpi-ops-$(shell cat $(MPI_OPS)/mpi_ops.cc $(MPI_OPS)/__init__.py | sha256sum | cut -c1-12)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup demo test test-unit test-multiproc test-slurm test-multinode bench bench-quick clean
+.PHONY: setup demo test test-unit test-multiproc test-slurm test-multinode smoke matrix supported-versions bench bench-quick clean
 
 # Re-runs the (idempotent, fast when done) set-up script whenever the pins
-# or the script change; otherwise does nothing.
-$(STAMP): requirements.txt tools/setup_env.sh setup.py
+# or the script change; otherwise does nothing. The stamps live in the venv, so
+# each TF's venv has its own.
+$(STAMP): requirements.txt tools/setup_env.sh tools/tf_versions.txt setup.py
 	bash tools/setup_env.sh
 	touch $@
 
@@ -46,6 +58,24 @@ test-slurm: $(STAMP) $(OPS_STAMP)
 
 test-multinode: $(STAMP) $(OPS_STAMP)
 	$(PYTEST) -m multinode tests
+
+# A few minutes' check of one venv (TF=<version>): the core checks under
+# horovodrun --gloo and --mpi, train.py on both collective paths (Horovod's
+# under --gloo, the direct one under --mpi), the GAN guide and the kept model
+# reloaded (the tests marked smoke). SMOKE_ARGS: more pytest
+# options (make matrix passes --junitxml).
+smoke: $(STAMP) $(OPS_STAMP)
+	$(PYTEST) -m smoke tests $(SMOKE_ARGS)
+
+# Every TF in tools/tf_versions.txt: setup, then smoke, one at a time; writes
+# docs/results/tf-versions/<version>.json and renders docs/supported-versions.md.
+# Not part of `make test`: it builds a venv (and Horovod) per version.
+matrix:
+	python3 -m tools.tf_matrix run
+
+# docs/supported-versions.md again from the committed results (no runs).
+supported-versions:
+	python3 -m tools.tf_matrix render
 
 bench: $(STAMP) $(OPS_STAMP)
 	$(PY) -m benchmarks.compare

@@ -188,6 +188,7 @@ if ! have_horovod; then
     fi
     log="$WHEEL_DIR/build.log"
     src=$(mktemp -d)
+    build_started=$(date +%s)
     # The sdist, patched, then built from its folder. --no-cache-dir: pip's own
     # wheel cache is keyed by the sdist alone and would hand back a build made
     # against another TensorFlow, or without the patch.
@@ -201,6 +202,9 @@ if ! have_horovod; then
       die "the Horovod build against TF $TF_VERSION failed; full log: $log"
     fi
     rm -rf "$src"
+    # Kept beside the wheel: `make matrix` reports how long this TF's build
+    # took (docs/supported-versions.md) even once the wheel is reused.
+    echo $(( $(date +%s) - build_started )) > "$WHEEL_DIR/build-seconds"
     wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n1)
   else
     say "reusing cached $wheel"

@@ -47,6 +47,7 @@ def max_rel_err(a, b):
 
 
 # --- 1. several optimizers (the GAN) -------------------------------------------------------------------
+@pytest.mark.smoke  # the GAN guide: two wrapped optimizers, one launch
 def test_gan_with_two_wrapped_optimizers_fits(gan):
     for r in gan:
         assert r["fit_error"] is None  # was: AttributeError: 'RMSprop' object has no attribute 'comm'
@@ -54,6 +55,7 @@ def test_gan_with_two_wrapped_optimizers_fits(gan):
         assert r["both_synced_at_build"]
 
 
+@pytest.mark.smoke
 def test_gan_ranks_agree_and_the_generator_learns(gan):
     for r in gan:
         assert r["discriminator_maxdiff"] == 0.0 and r["d_optimizer_maxdiff"] == 0.0  # SyncAverage

@@ -18,7 +18,8 @@ FINAL = re.compile(r"final test accuracy: (\d\.\d{4})")
 DIGITS_CNN_PARAMS = 38282
 
 
-@pytest.mark.parametrize("launcher", ["mpi", "mpirun"])
+# Under horovodrun --mpi it is in the smoke subset: train.py on the direct path.
+@pytest.mark.parametrize("launcher", [pytest.param("mpi", marks=pytest.mark.smoke), "mpirun"])
 def test_train_py_over_mpi_direct_reaches_095_with_the_horovod_byte_account(launcher, tmp_path):
     run_dir = str(tmp_path / "run")
     proc = launch([TRAIN, "--collectives", "mpi-direct", "--run-dir", run_dir, "--no-tensorboard"], launcher,

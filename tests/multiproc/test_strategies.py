@@ -14,6 +14,9 @@ pytestmark = pytest.mark.multiproc
 SIZE = 2
 # (launcher, collectives): Horovod under each controller; the direct path under both MPI launch styles.
 LAUNCHES = [(controller, "horovod") for controller in CONTROLLERS] + [("mpi", "mpi-direct"), ("mpirun", "mpi-direct")]
+# The Horovod launches are in the smoke subset (make smoke / make matrix): the core checks
+# under --gloo and --mpi; the direct path's smoke is train.py's (test_mpi_direct.py).
+PARAMS = [pytest.param(p, id="-".join(p), marks=[pytest.mark.smoke] if p[1] == "horovod" else []) for p in LAUNCHES]
 _RESULTS = {}
 
 
@@ -28,7 +31,7 @@ def core_results(launcher, collectives, tmp_path_factory):
     return _RESULTS[launcher, collectives]
 
 
-@pytest.fixture(scope="module", params=LAUNCHES, ids=["-".join(p) for p in LAUNCHES])
+@pytest.fixture(scope="module", params=PARAMS)
 def ranks(request, tmp_path_factory):
     return core_results(*request.param, tmp_path_factory)
 

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import time
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -20,6 +21,16 @@ TRAIN = os.path.join(ROOT, "train.py")
 FINAL = re.compile(r"final test accuracy: (\d\.\d{4})")
 
 
+def installed_tensorflow():
+    """The TF distribution's version as pip installed it (tensorflow-cpu, or tensorflow with CUDA)."""
+    for dist in ("tensorflow-cpu", "tensorflow"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """`horovodrun -np 2 python train.py` with no options but the run directory."""
@@ -29,6 +40,7 @@ def default_run(tmp_path_factory):
     return run_dir, proc
 
 
+@pytest.mark.smoke  # train.py on the Horovod path (the direct path's is in test_mpi_direct.py)
 def test_defaults_reach_095_and_write_the_run_directory(default_run):
     run_dir, proc = default_run
     last = [line for line in proc.stdout.splitlines() if line.strip()][-1]
@@ -46,7 +58,8 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
     assert (config["config"]["lr"], config["config"]["scale_lr"], config["config"]["epochs"]) == (0.02, True, 10)
     assert config["learning_rate"]["rate"] == pytest.approx(0.04)
     assert set(config["versions"]) >= {"python", "tensorflow", "keras", "horovod", "hvd_easgd"}
-    assert config["versions"]["horovod"] == "0.28.1" and config["versions"]["tensorflow"].startswith("2.18")
+    # The TF of this venv (make smoke TF=<version> runs this in any supported one), not a fixed version.
+    assert config["versions"]["horovod"] == "0.28.1" and config["versions"]["tensorflow"] == installed_tensorflow()
 
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert len(metrics["epochs"]) == 10
@@ -66,6 +79,7 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
         "manifest.json", "rank-00000.npz", "rank-00001.npz"]
 
 
+@pytest.mark.smoke  # the kept model, saved by train.py, reloaded by plain Keras
 def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run, tmp_path):
     run_dir, _ = default_run
     from hvd_easgd import data
@@ -82,6 +96,9 @@ def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run,
     assert float(accuracy) == pytest.approx(final, abs=1e-6) and imported == "False"
 
 
+# In the smoke subset as its train.py on Horovod's path: a Gloo launch takes that path whatever
+# --collectives defaults to, while default_run's MPI launch may take the direct one.
+@pytest.mark.smoke
 def test_accumulation_with_scale_lr_trains_as_well_as_sync(tmp_path):
     # k = 4 gives 4x fewer updates of a 4x larger batch: at the default --lr it ends near
     # 0.88; --scale-lr's rule (x4*sqrt(2) for sync at 2 ranks x 4) brings it to the 0.95 of plain sync
