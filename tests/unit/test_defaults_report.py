@@ -1,0 +1,17 @@
+"""docs/default-collectives.md is what benchmarks.defaults_report renders from the committed results."""
+import pytest
+
+from benchmarks import defaults_report
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_committed_page_equals_its_render_from_the_committed_results():
+    with open(defaults_report.PAGE) as f:
+        assert f.read() == defaults_report.render()
+
+
+def test_the_page_carries_the_default_paths_goal_rows():
+    text = defaults_report.render()
+    assert "| SyncAverage ÷ no communication | 2 | mpi-direct |" in text
+    assert "| SyncAverage ÷ no communication | 1 | mpi-direct |" in text
