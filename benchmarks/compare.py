@@ -33,7 +33,7 @@ from . import machine, mwms, plots, rated_links, report
 from .curves import mean_over_seeds, summarise
 from .names import CUSTOM_LOOP, FIT
 from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
-from .processes import log_tail, stop_process_groups
+from .processes import report_failed_launch, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
@@ -428,20 +428,21 @@ def main(argv=None):
         for controller in args.controller_list:
             tta = tta_pending and np_ == tta_np(args)
             tta_pending = tta_pending and not tta
-            cmd, binding, extra_env = worker_command(args, np_, controller, "{out}", tta)
-            _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, "", tta)
+            _launch(args, results, out_dir, np_, controller, "", tta,
+                    lambda out_json: worker_command(args, np_, controller, out_json, tta))
             if controller == "mpi":
                 # What a job gets by default: hvd_easgd's configurations on the collectives that
                 # `auto` picks under an MPI launch (the direct path where its ops are built). In its
                 # own launch: raw Horovod's rows need Horovod, which the direct path does not start.
-                cmd, binding, extra_env = default_path_command(args, np_, "{out}")
-                _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, "-default", False)
+                _launch(args, results, out_dir, np_, controller, "-default", False,
+                        lambda out_json: default_path_command(args, np_, out_json))
     if results["allreduce"]:
         run_raw_references(args, out_dir, results)
     if args.run_mwms:
         run_mwms(args, out_dir, results)
     finish(results, args, out_dir, started)
     return 0 if results["rows"] else 1
+
 
 def default_path_command(args, np_, out_json):
     """The worker on the default collectives (``auto``): hvd_easgd's configurations and
@@ -452,11 +453,12 @@ def default_path_command(args, np_, out_json):
     return cmd + ["--collectives", "auto", "--configs", ",".join(hvd_easgd_configs)], binding, env
 
 
-def _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, suffix, tta):
-    """One bounded worker launch; its rows, versions and launch record go into ``results``."""
+def _launch(args, results, out_dir, np_, controller, suffix, tta, command):
+    """One bounded worker launch; its rows, versions and launch record go into ``results``.
+    ``command(out_json)`` gives ``(cmd, binding, extra_env)``, as ``worker_command`` does."""
     out_json = os.path.join(out_dir, f"launch-np{np_}-{controller}{suffix}.json")
     log_path = os.path.join(out_dir, "logs", f"hvd-np{np_}-{controller}{suffix}.log")
-    cmd = [out_json if part == "{out}" else part for part in cmd]
+    cmd, binding, extra_env = command(out_json)
     busy = wait_until_idle(args.wait_idle) if args.wait_idle else foreign_cpu_busy()
     print(f"[compare] horovodrun np={np_} --{controller} (binding {binding})"
           + (" + time-to-accuracy" if tta else "") + (", default collectives" if suffix else ""), flush=True)
@@ -466,9 +468,7 @@ def _launch(args, results, out_dir, np_, controller, cmd, binding, extra_env, su
     for line in _progress(log_path):
         print("   ", line, flush=True)
     if code != 0 or not os.path.exists(out_json):
-        why = "timed out" if code is None else f"exit status {code}"
-        results["failures"].append(f"np={np_} {controller}{suffix}: {why} (log: logs/{os.path.basename(log_path)})")
-        print(f"[compare] np={np_} {controller}{suffix} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)
+        report_failed_launch(results["failures"], f"np={np_} {controller}{suffix}", code, log_path)
         return
     with open(out_json) as f:
         launch = json.load(f)

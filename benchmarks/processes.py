@@ -30,3 +30,11 @@ def log_tail(path, chars=3000):
             return f.read()[-chars:]
     except OSError:
         return ""
+
+
+def report_failed_launch(failures, label, code, log_path):
+    """A launch that timed out (``code`` None) or exited non-zero: one line in
+    ``failures``, and its log's tail printed for whoever is watching."""
+    why = "timed out" if code is None else f"exit status {code}"
+    failures.append(f"{label}: {why} (log: logs/{os.path.basename(log_path)})")
+    print(f"[compare] {label} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)

@@ -37,7 +37,7 @@ from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privil
 
 from . import plots, report
 from .names import BASELINES, TOPOLOGY_SUITE
-from .processes import log_tail, stop_process_groups
+from .processes import report_failed_launch, stop_process_groups
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
@@ -238,9 +238,7 @@ def main(args, out_dir, command, stamp):
             t0 = time.perf_counter()
             code = run_on_cluster(cluster, cmd, log_path, args.launch_timeout)
             if code != 0 or not os.path.exists(out_json):
-                why = "timed out" if code is None else f"exit status {code}"
-                results["failures"].append(f"{rate}: {why} (log: logs/{os.path.basename(log_path)})")
-                print(f"[compare] {rate} {why}; log tail:\n{log_tail(log_path, 2500)}", flush=True)
+                report_failed_launch(results["failures"], rate, code, log_path)
                 continue
             with open(out_json) as f:
                 launch = json.load(f)

@@ -162,12 +162,15 @@ WHEEL_DIR="$CACHE/wheels/$WHEEL_KEY"  # cp311: the only Python checked above
 # Where setup records which TF this Horovod was built against, for the job's
 # start-up check (hvd_easgd._compat.horovod_problem).
 BUILD_RECORD_NAME=hvd_easgd_build.txt
+BUILD_RECORD="$TF_VERSION patch-$patch_hash"
+# The installed Horovod is this build: its version, its TF extension loads, and
+# its record names this TF and this patch (a changed patch installs anew).
 have_horovod() {
-  "$VENV/bin/python" - "$HOROVOD_VERSION" "$TF_VERSION" "$BUILD_RECORD_NAME" <<'PY' 2>/dev/null
+  "$VENV/bin/python" - "$HOROVOD_VERSION" "$BUILD_RECORD" "$BUILD_RECORD_NAME" <<'PY' 2>/dev/null
 import os, sys, horovod, horovod.tensorflow  # noqa: F401  (import proves the TF extension loads)
 record = os.path.join(os.path.dirname(horovod.tensorflow.__file__), sys.argv[3])
-built = open(record).read().split() if os.path.exists(record) else []
-sys.exit(0 if horovod.__version__ == sys.argv[1] and built[:1] == [sys.argv[2]] else 1)
+built = open(record).read().strip() if os.path.exists(record) else ""
+sys.exit(0 if horovod.__version__ == sys.argv[1] and built == sys.argv[2] else 1)
 PY
 }
 if ! have_horovod; then
@@ -210,12 +213,12 @@ if ! have_horovod; then
     say "reusing cached $wheel"
   fi
   $PIP install --no-deps --force-reinstall "$wheel"
-  "$VENV/bin/python" - "$TF_VERSION" "$patch_hash" "$BUILD_RECORD_NAME" <<'PY'
+  "$VENV/bin/python" - "$BUILD_RECORD" "$BUILD_RECORD_NAME" <<'PY'
 import os, sys
 import importlib.util
 spec = importlib.util.find_spec("horovod")
-with open(os.path.join(os.path.dirname(spec.origin), "tensorflow", sys.argv[3]), "w") as f:
-    f.write(f"{sys.argv[1]} patch-{sys.argv[2]}\n")
+with open(os.path.join(os.path.dirname(spec.origin), "tensorflow", sys.argv[2]), "w") as f:
+    f.write(sys.argv[1] + "\n")
 PY
 fi
 
