@@ -42,8 +42,8 @@ def worker(out_path, repeats, epochs):
 
     import hvd_easgd
     from hvd_easgd import callbacks, runtime
-    from hvd_easgd.data import digits, steps_per_epoch, training_dataset
-    from hvd_easgd.models import cnn
+    from hvd_easgd.app.data import digits, steps_per_epoch, training_dataset
+    from hvd_easgd.app.models import cnn
     from hvd_easgd.optimizer import DistributedOptimizer
     from hvd_easgd.preemption import StopRequests
     from hvd_easgd.strategies import SyncAverage

@@ -390,7 +390,7 @@ def method_notes(args, tta=None):
     if tta:
         notes.append(f"Time to accuracy: each configuration trains at the learning rate train.py --lr "
                      f"{tta['base_lr']} --scale-lr uses for it, {tta['base_lr']} × "
-                     "hvd_easgd.lr_scaling.lr_scale(np, accumulation k, strategy), the function train.py calls, so "
+                     "hvd_easgd.app.lr_scaling.lr_scale(np, accumulation k, strategy), the function train.py calls, so "
                      "accumulation is scaled by train.py's rule"
                      + ("; MWMS at SyncAverage's" if "mwms_fit" in tta["per_config"] else "")
                      + ". Each row's learning rate is in the table.")

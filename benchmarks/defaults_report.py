@@ -122,7 +122,7 @@ def render_training():
              "# train.py's defaults at N ranks",
              "",
              "Without `--lr`, the rate is 0.02 times the strategy's `--scale-lr` rule (`--scale-lr auto`); without "
-             "`--epochs`, 10 epochs or enough for 100 optimizer updates (`hvd_easgd.lr_scaling`). Digits, on this "
+             "`--epochs`, 10 epochs or enough for 100 optimizer updates (`hvd_easgd.app.lr_scaling`). Digits, on this "
              "repository's 2-core machine (8 ranks oversubscribe it). " + index["note"],
              "",
              "| command | ranks | collectives | lr trained at | epochs | final test accuracy |",

@@ -138,8 +138,8 @@ def worker(args):
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     import tf_keras as keras
 
-    from hvd_easgd.data import digits, epoch_indices, steps_per_epoch
-    from hvd_easgd.models import cnn
+    from hvd_easgd.app.data import digits, epoch_indices, steps_per_epoch
+    from hvd_easgd.app.models import cnn
 
     from .machine import versions
 

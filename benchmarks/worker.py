@@ -22,8 +22,8 @@ import numpy as np
 
 import hvd_easgd
 from hvd_easgd import atomic, runtime
-from hvd_easgd.data import epoch_indices, steps_per_epoch
-from hvd_easgd.lr_scaling import DEFAULT_LR, has_rule, lr_scale
+from hvd_easgd.app.data import epoch_indices, steps_per_epoch
+from hvd_easgd.app.lr_scaling import DEFAULT_LR, has_rule, lr_scale
 
 from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine, report
 from .names import ALL_CUSTOM_LOOP, CUSTOM_LOOP, FIT, STRATEGIES

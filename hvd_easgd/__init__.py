@@ -45,8 +45,8 @@ _LAZY = {
     "rank": ".runtime",
     "size": ".runtime",
     "callbacks": ".callbacks",
-    "data": ".data",
-    "models": ".models",
+    "data": ".app.data",
+    "models": ".app.models",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -56,7 +56,7 @@ def __getattr__(name):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(_LAZY[name], __name__)
-    value = module if _LAZY[name] == f".{name}" else getattr(module, name)
+    value = module if _LAZY[name].endswith(f".{name}") else getattr(module, name)
     globals()[name] = value  # later lookups skip this function
     return value
 

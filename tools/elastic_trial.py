@@ -59,8 +59,8 @@ def worker(progress_dir, workarounds):
 
     from hvd_easgd import runtime
     from hvd_easgd.checkpoint import state_groups
-    from hvd_easgd.data import digits, steps_per_epoch, training_dataset
-    from hvd_easgd.models import cnn
+    from hvd_easgd.app.data import digits, steps_per_epoch, training_dataset
+    from hvd_easgd.app.models import cnn
     from hvd_easgd.optimizer import DistributedOptimizer
     from hvd_easgd.strategies import SyncAverage
 

@@ -16,7 +16,7 @@ counts when ``sample_count`` is passed.
 Uneven work: a rank with no data left calls the step with zero gradients and
 ``sample_count=0`` so that every rank reaches every collective; windows do
 not span epoch boundaries when the caller counts windows per epoch
-(``hvd_easgd.data.accumulation_windows``).
+(``hvd_easgd.app.data.accumulation_windows``).
 """
 import numbers
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import yaml
 
-from hvd_easgd.data import digits, steps_per_epoch
-from hvd_easgd.lr_scaling import DEFAULT_LR, default_epochs, lr_scale
+from hvd_easgd.app.data import digits, steps_per_epoch
+from hvd_easgd.app.lr_scaling import DEFAULT_LR, default_epochs, lr_scale
 from tests.conftest import ROOT, horovodrun
 
 pytestmark = pytest.mark.multiproc

@@ -82,7 +82,7 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
 @pytest.mark.smoke  # the kept model, saved by train.py, reloaded by plain Keras
 def test_model_keras_loads_with_plain_keras_and_reproduces_accuracy(default_run, tmp_path):
     run_dir, _ = default_run
-    from hvd_easgd import data
+    from hvd_easgd.app import data
 
     digits = data.digits()
     np.savez(tmp_path / "test.npz", x=digits.x_test, y=digits.y_test)

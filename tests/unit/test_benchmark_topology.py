@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks import configurations, host_traffic, names
-from hvd_easgd import models
+from hvd_easgd.app import models
 
 pytestmark = pytest.mark.unit
 

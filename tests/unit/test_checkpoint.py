@@ -137,7 +137,7 @@ def test_another_rank_count_loads_the_saved_shard_and_another_model_is_refused(t
 ])
 def test_resize_is_refused_mid_epoch_for_unknown_strategies_and_for_a_fixed_alpha_too_big(strategy, step, alpha,
                                                                                            reason):
-    from hvd_easgd.config_compare import resize_refusal, resume_mismatches
+    from hvd_easgd.app.config_compare import resize_refusal, resume_mismatches
 
     config = {"strategy": strategy, "moving_rate": alpha}
     manifest = {"epoch": 2, "step_in_epoch": step, "num_ranks": 2, "config": config}

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from hvd_easgd import checkpoint, cli, errors
+from hvd_easgd import checkpoint
+from hvd_easgd.app import cli, errors
 from hvd_easgd.strategies import EASGD, registry
 from hvd_easgd.strategies.base import CliOption, SyncStrategy
 from tests.conftest import PYTHON, ROOT, quiet_env

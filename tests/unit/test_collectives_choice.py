@@ -1,9 +1,10 @@
 """Choosing how a job's collectives travel: horovod or mpi-direct (no MPI started here)."""
 import pytest
 
-from hvd_easgd import _compat, cli, runtime
-from hvd_easgd.config_compare import config_differences
-from hvd_easgd.errors import UsageError
+from hvd_easgd import _compat, runtime
+from hvd_easgd.app import cli
+from hvd_easgd.app.config_compare import config_differences
+from hvd_easgd.app.errors import UsageError
 
 pytestmark = pytest.mark.unit
 GLOO = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "1234",

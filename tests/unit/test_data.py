@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hvd_easgd import data
+from hvd_easgd.app import data
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,9 @@ import types
 
 import pytest
 
-from hvd_easgd import checkpoint, cli, data, trainer
-from hvd_easgd.lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, default_epochs
+from hvd_easgd import checkpoint
+from hvd_easgd.app import cli, data, trainer
+from hvd_easgd.app.lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, default_epochs
 
 pytestmark = pytest.mark.unit
 SQRT2 = math.sqrt(2)

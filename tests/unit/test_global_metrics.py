@@ -9,7 +9,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from hvd_easgd import data
+from hvd_easgd.app import data
 from hvd_easgd.callbacks.global_metrics import GlobalEvaluationMetrics
 from hvd_easgd.callbacks.metric_average import MetricAverage
 from hvd_easgd.comm import LocalCommunicator

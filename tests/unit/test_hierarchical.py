@@ -253,7 +253,7 @@ def test_accumulation_wraps_hierarchical():
 
 
 def test_the_command_line_builds_the_inter_strategy_from_its_own_flags():
-    from hvd_easgd import cli, errors
+    from hvd_easgd.app import cli, errors
 
     strategy = cli.make_strategy(cli.parse_args(["--strategy", "hierarchical", "--tau", "10",
                                                  "--ranks-per-group", "2"]))

@@ -5,8 +5,8 @@ import math
 import keras
 import pytest
 
-from hvd_easgd.lr_scaling import lr_scale
-from hvd_easgd.trainer import _inner_optimizer
+from hvd_easgd.app.lr_scaling import lr_scale
+from hvd_easgd.app.trainer import _inner_optimizer
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,9 @@ import tensorflow as tf
 
 import hvd_easgd
 from hvd_easgd import DiLoCo, GradientAccumulation, LocalCommunicator, PeriodicAverage, SyncAverage
-from hvd_easgd import cli, errors
+from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import SimulatedCluster
-from hvd_easgd.lr_scaling import has_rule, lr_scale
+from hvd_easgd.app.lr_scaling import has_rule, lr_scale
 from hvd_easgd.strategies import registry, walk
 from tests import reference as ref
 

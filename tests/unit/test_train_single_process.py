@@ -60,7 +60,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     # model.keras is the EASGD center: it reproduces the final (center) test accuracy
     import keras
 
-    from hvd_easgd import data
+    from hvd_easgd.app import data
 
     digits = data.digits()
     saved = keras.models.load_model(os.path.join(run_dir, "model.keras"))

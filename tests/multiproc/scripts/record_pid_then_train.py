@@ -2,7 +2,8 @@
 import os
 import sys
 
-from hvd_easgd import _compat, cli
+from hvd_easgd import _compat
+from hvd_easgd.app import cli
 
 pid_dir = sys.argv[1]
 with open(os.path.join(pid_dir, f"pid{_compat.launcher_rank()}"), "w") as f:

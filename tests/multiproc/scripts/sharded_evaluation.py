@@ -11,7 +11,7 @@ import sys
 import keras
 
 import hvd_easgd
-from hvd_easgd import data
+from hvd_easgd.app import data
 from hvd_easgd.callbacks import GlobalEvaluationMetrics, MetricAverage
 
 OUT = sys.argv[1]

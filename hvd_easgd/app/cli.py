@@ -10,15 +10,16 @@ import sys
 
 import yaml
 
-from . import _compat, checkpoint, data
-from .callbacks import NonFiniteTrainingError
-from .comm import RanksDisagreeError
+from .. import _compat, checkpoint
+from . import data
+from ..callbacks import NonFiniteTrainingError
+from ..comm import RanksDisagreeError
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, RULE_HELP, auto_scales, lr_scale
 from .models import MODELS
-from .preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
-from .runtime import COLLECTIVES, check_collectives
-from .strategies import GradientAccumulation, registry
+from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
+from ..runtime import COLLECTIVES, check_collectives
+from ..strategies import GradientAccumulation, registry
 from .trainer import train
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")

@@ -18,14 +18,15 @@ import keras
 import tensorflow as tf
 import yaml
 
-from . import _compat, atomic, callbacks, checkpoint, models, preemption, runtime
+from .. import _compat, atomic, callbacks, checkpoint, preemption, runtime
+from . import models
 from .config_compare import resume_mismatches
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
-from .kept_model import save_kept_model
+from ..kept_model import save_kept_model
 from .lr_scaling import default_epochs, lr_scale
-from .optimizer import DistributedOptimizer
-from .strategies import walk
+from ..optimizer import DistributedOptimizer
+from ..strategies import walk
 
 
 def train(args, config, dataset, strategy):

@@ -8,7 +8,7 @@ TensorFlow has loaded.
 import sys
 import time
 
-from . import _compat
+from .. import _compat
 
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
