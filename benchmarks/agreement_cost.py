@@ -132,7 +132,7 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker, args.repeats, args.epochs)
     sys.path.insert(0, ROOT)
-    from tests import loopback_network
+    from tools import loopback_network
 
     print(f"network: {loopback_network.enter()}", flush=True)
     results = {}

@@ -1,23 +1,13 @@
-"""Shared test helpers: the venv's interpreter and a bounded horovodrun launcher."""
-import json
+"""pytest hooks: the loopback-only test network, and seconds per tier. The helpers tests import live in tests/helpers.py."""
 import os
-import subprocess
-import sys
 
-import pytest
-
-from tests import loopback_network
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-CONTROLLERS = ("gloo", "mpi")
+from tools import loopback_network
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def pytest_configure(config):
-    # Before any test starts a server: see tests/loopback_network.py for why.
+    # Before any test starts a server: see tools/loopback_network.py for why.
     config.hvd_easgd_network = loopback_network.enter()
 
 
@@ -45,60 +35,3 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{tier}: {tests} tests, {seconds:.0f} s")
 
 
-def quiet_env(**extra):
-    # Keep MPI's and Gloo's traffic on loopback: the tests run on one host.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1",
-               OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
-    env.update(extra)
-    return env
-
-
-def horovodrun_command(args, np=2, controller="gloo"):
-    """``horovodrun -np N --gloo|--mpi python ARGS`` on this host, over loopback."""
-    return [HOROVODRUN, "-np", str(np), f"--{controller}", "--network-interface", "lo", PYTHON, *args]
-
-
-def horovodrun(args, np=2, controller="gloo", timeout=240, cwd=None, env=None):
-    """Runs ``horovodrun_command(args)``; the timeout turns a deadlock into a
-    failure (and kills the whole process group)."""
-    return run(horovodrun_command(args, np, controller), timeout=timeout, cwd=cwd, env=env)
-
-
-def mpirun_command(args, np=2):
-    """``mpirun -np N python ARGS`` on this host, over loopback: an MPI launch without horovodrun.
-    ``--oversubscribe``: more ranks than cores (np=4 on the 2-core test machine), as horovodrun allows."""
-    return ["mpirun", "-np", str(np), "--oversubscribe", "--mca", "btl_tcp_if_include", "lo", "--mca",
-            "oob_tcp_if_include", "lo", PYTHON, *args]
-
-
-def launch(args, launcher, np=2, timeout=240, cwd=None, env=None):
-    """Runs ``args`` under ``launcher``: "gloo" or "mpi" (horovodrun --gloo|--mpi) or "mpirun"."""
-    if launcher == "mpirun":
-        # mpirun refuses root unless told twice (the test machines run as root).
-        env = dict(env or quiet_env(), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        return run(mpirun_command(args, np), timeout=timeout, cwd=cwd, env=env)
-    return horovodrun(args, np=np, controller=launcher, timeout=timeout, cwd=cwd, env=env)
-
-
-def run(cmd, timeout=240, cwd=None, env=None):
-    proc = subprocess.Popen(cmd, cwd=cwd or ROOT, env=env or quiet_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {timeout}s (deadlock?): {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def read_rank_results(directory, size):
-    results = []
-    for rank in range(size):
-        with open(os.path.join(directory, f"rank{rank}.json")) as f:
-            results.append(json.load(f))
-    return results
-
-
-def script(name):
-    return os.path.join(ROOT, "tests", "multiproc", "scripts", name)

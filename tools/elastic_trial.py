@@ -227,7 +227,7 @@ def main(argv=None):
     if args.worker:
         return worker(args.worker, args.workarounds)
     sys.path.insert(0, ROOT)
-    from tests import loopback_network
+    from tools import loopback_network
 
     print(f"network: {loopback_network.enter()}", flush=True)
     python = sys.executable

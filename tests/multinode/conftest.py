@@ -1,7 +1,7 @@
 """The multinode tier: a virtual cluster of two hosts (tools/vcluster.py) for the whole session.
 
 The pytest session itself runs in a loopback-only network namespace
-(tests/loopback_network.py). The cluster's namespaces are *named* ones
+(tools/loopback_network.py). The cluster's namespaces are *named* ones
 (``ip netns add``, held in /run/netns): they do not nest in the namespace of
 the process that creates them, so building them from here leaves the pytest
 namespace with lo alone, and the machine's root namespace untouched. Jobs are
@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import PYTHON, ROOT, run
+from tests.helpers import PYTHON, ROOT, run
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges
 
 TRAIN = os.path.join(ROOT, "train.py")

@@ -7,7 +7,7 @@ node1, and a configuration that names every host with its cluster address.
 import os
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tests.multinode.conftest import multinode_env
 from tests.slurm.conftest import COMMAND_TIMEOUT, SlurmCluster, _node_hardware
 

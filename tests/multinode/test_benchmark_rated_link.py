@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run
+from tests.helpers import ROOT, run
 
 pytestmark = pytest.mark.multinode
 

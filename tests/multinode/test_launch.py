@@ -11,7 +11,7 @@ import shlex
 import pytest
 import yaml
 
-from tests.conftest import PYTHON, ROOT
+from tests.helpers import PYTHON, ROOT
 from tests.multinode.conftest import TRAIN, horovodrun_on_hosts, launch, multinode_env
 from tools.vcluster import INTERFACE
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.conftest import PYTHON
+from tests.helpers import PYTHON
 from tests.multinode.conftest import horovodrun_on_hosts, multinode_env, popen
 from tests.multinode.test_launch import README_MPIRUN
 from tools.vcluster import SSH_PORT, VirtualCluster, check_privileges

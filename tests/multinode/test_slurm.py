@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import PYTHON, ROOT
+from tests.helpers import PYTHON, ROOT
 from tests.multinode import slurm_on_cluster
 from tests.multinode.conftest import HOSTS, RANKS_PER_HOST
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests import loopback_network
+from tools import loopback_network
 from tools.vcluster import BENCHMARK_RANGE, INTERFACE, SSH_PORT
 
 pytestmark = pytest.mark.multinode

@@ -9,7 +9,7 @@ import yaml
 
 from hvd_easgd.app.data import digits, steps_per_epoch
 from hvd_easgd.app.lr_scaling import DEFAULT_LR, default_epochs, lr_scale
-from tests.conftest import ROOT, horovodrun
+from tests.helpers import ROOT, horovodrun
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")

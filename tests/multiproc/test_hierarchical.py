@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import CONTROLLERS, ROOT, horovodrun, launch, read_rank_results, script
+from tests.helpers import CONTROLLERS, ROOT, horovodrun, launch, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE, N, WIDTH, LR = 4, 2, 3, 0.5

@@ -8,7 +8,7 @@ callbacks, shard the data); one launch per script, alternating --gloo and
 import numpy as np
 import pytest
 
-from tests.conftest import horovodrun, read_rank_results, script
+from tests.helpers import horovodrun, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE = 2

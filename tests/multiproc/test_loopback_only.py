@@ -1,7 +1,7 @@
 """Every server a multi-process test starts is reachable over loopback only.
 
 The test session runs in a private network namespace with lo alone (see
-tests/loopback_network.py), because Open MPI's out-of-band listener, its TCP
+tools/loopback_network.py), because Open MPI's out-of-band listener, its TCP
 BTL and horovodrun's Gloo rendezvous bind to every address whatever we ask.
 This test looks at the sockets of a live job, not at our intentions.
 """
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tests import loopback_network
-from tests.conftest import ROOT, horovodrun_command, quiet_env, script
+from tools import loopback_network
+from tests.helpers import ROOT, horovodrun_command, quiet_env, script
 
 pytestmark = pytest.mark.multiproc
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from tests.conftest import ROOT, launch, script
+from tests.helpers import ROOT, launch, script
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")

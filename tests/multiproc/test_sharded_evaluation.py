@@ -3,7 +3,7 @@ samples, in 4 and 3 batches, give exactly the one-process figures of the whole
 test set, through model.evaluate and through fit's val_ logs."""
 import pytest
 
-from tests.conftest import horovodrun, read_rank_results, script
+from tests.helpers import horovodrun, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE = 2

@@ -8,7 +8,7 @@ scripts/core_checks.py); the assertions below read what each rank recorded.
 import numpy as np
 import pytest
 
-from tests.conftest import CONTROLLERS, launch, read_rank_results, script
+from tests.helpers import CONTROLLERS, launch, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
 SIZE = 2

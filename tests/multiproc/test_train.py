@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from hvd_easgd import checkpoint
-from tests.conftest import PYTHON, ROOT, horovodrun, horovodrun_command, quiet_env, run, script
+from tests.helpers import PYTHON, ROOT, horovodrun, horovodrun_command, quiet_env, run, script
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")

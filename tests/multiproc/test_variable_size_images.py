@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, horovodrun
+from tests.helpers import ROOT, horovodrun
 
 pytestmark = pytest.mark.multiproc
 

@@ -47,7 +47,7 @@ def _missing_packages():
 
 def _require_packages():
     # `make setup` installs them: the tests run in a network namespace with
-    # loopback alone (tests/loopback_network.py), where apt cannot reach a mirror.
+    # loopback alone (tools/loopback_network.py), where apt cannot reach a mirror.
     missing = _missing_packages()
     if missing:
         pytest.fail(f"SLURM packages missing: {' '.join(missing)}; HINT: `make setup` installs them "

@@ -10,7 +10,7 @@ from hvd_easgd import checkpoint
 from hvd_easgd.app import cli, errors
 from hvd_easgd.strategies import EASGD, registry
 from hvd_easgd.strategies.base import CliOption, SyncStrategy
-from tests.conftest import PYTHON, ROOT, quiet_env
+from tests.helpers import PYTHON, ROOT, quiet_env
 
 pytestmark = pytest.mark.unit
 

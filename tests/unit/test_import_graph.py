@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit
 PACKAGE = os.path.join(ROOT, "hvd_easgd")

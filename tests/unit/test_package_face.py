@@ -4,7 +4,7 @@ import subprocess
 import pytest
 
 import hvd_easgd
-from tests.conftest import PYTHON, ROOT, quiet_env
+from tests.helpers import PYTHON, ROOT, quiet_env
 
 pytestmark = pytest.mark.unit
 

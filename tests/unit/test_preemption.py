@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from hvd_easgd import checkpoint, preemption
-from tests.conftest import PYTHON, ROOT, quiet_env
+from tests.helpers import PYTHON, ROOT, quiet_env
 
 pytestmark = pytest.mark.unit
 

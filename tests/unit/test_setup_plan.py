@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from setup import requirements
 
 pytestmark = pytest.mark.unit

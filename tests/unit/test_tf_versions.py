@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 from tools import tf_matrix
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.conftest import PYTHON, ROOT, run
+from tests.helpers import PYTHON, ROOT, run
 
 pytestmark = pytest.mark.unit
 TRAIN = os.path.join(ROOT, "train.py")
