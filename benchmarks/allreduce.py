@@ -20,13 +20,14 @@ consecutive collectives line the ranks up, so no barrier runs inside the
 timed loop.
 """
 import argparse
-import statistics
 import sys
 import time
 
 import numpy as np
 
 from hvd_easgd import atomic
+
+from .runner import scaled, summary
 
 SIZES_MB = (1, 16, 64)
 MB = 1 << 20
@@ -53,12 +54,9 @@ def call_times(call, iterations, warmup):
     return times
 
 
-def _summary(times):
-    return {"median": statistics.median(times), "min": min(times), "max": max(times), "calls": len(times)}
-
-
 def _us(times):
-    return {k: (v * 1e6 if k != "calls" else v) for k, v in _summary(times).items()}
+    """A ``summary`` of call times in µs."""
+    return scaled(summary(times), 1e6)
 
 
 # --- Horovod, inside the benchmark worker ------------------------------------------------------
@@ -75,7 +73,7 @@ def horovod(comm, controller, gradient_shapes, quick=False):
         nbytes = mb * MB
         x = tf.ones([nbytes // 4], tf.float32)
         barrier()
-        t = _summary(call_times(lambda: hvd_sum(x), (QUICK_ITERATIONS if quick else ITERATIONS)[mb], warmup=2))
+        t = summary(call_times(lambda: hvd_sum(x), (QUICK_ITERATIONS if quick else ITERATIONS)[mb], warmup=2))
         result["sizes"].append({"mbytes": mb, "bytes": nbytes,
                                 "hvd": dict(t, busbw_gbs=busbw(nbytes, t["median"], n) / 1e9)})
 
@@ -123,9 +121,9 @@ def raw(gradient_bytes, quick=False):
         send = np.ones(nbytes // 4, np.float32)
         recv = np.empty_like(send)
         world.Barrier()
-        mpi = _summary(call_times(lambda: world.Allreduce(send, recv, op=MPI.SUM), iterations, warmup=2))
+        mpi = summary(call_times(lambda: world.Allreduce(send, recv, op=MPI.SUM), iterations, warmup=2))
         world.Barrier()
-        copy = (_summary(call_times(lambda: np.copyto(recv, send), iterations, warmup=2)) if world.Get_rank() == 0
+        copy = (summary(call_times(lambda: np.copyto(recv, send), iterations, warmup=2)) if world.Get_rank() == 0
                 else None)
         world.Barrier()
         return mpi, world.bcast(copy, root=0)  # one process's copy; the others waited
@@ -137,8 +135,7 @@ def raw(gradient_bytes, quick=False):
                                  "memcpy": dict(copy, gbs=nbytes / copy["median"] / 1e9)}
     mpi, copy = measure(gradient_bytes, QUICK_LATENCY_ITERATIONS if quick else LATENCY_ITERATIONS)
     out["gradients"] = {"bytes": gradient_bytes,
-                        "mpi4py_allreduce_us": {k: (v * 1e6 if k != "calls" else v) for k, v in mpi.items()},
-                        "memcpy_us": {k: (v * 1e6 if k != "calls" else v) for k, v in copy.items()}}
+                        "mpi4py_allreduce_us": scaled(mpi, 1e6), "memcpy_us": scaled(copy, 1e6)}
     return out
 
 

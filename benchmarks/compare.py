@@ -1,4 +1,5 @@
-"""The benchmark suite: ``python -m benchmarks.compare [--quick] [--out DIR]``.
+"""The benchmark suite: ``python -m benchmarks compare [--quick] [--out DIR]``
+(``python -m benchmarks.compare`` is the same program).
 
 Runs one horovodrun launch per (np, controller), each running every
 configuration interleaved (``benchmarks.worker``), then the MWMS baseline
@@ -21,24 +22,22 @@ import json
 import os
 import re
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
 from tools.vcluster import parse_rate
 
-from . import machine, mwms, plots, rated_links, report
+from . import machine, mwms, plots, rated_links, report, runner
 from .curves import mean_over_seeds, summarise
 from .names import CUSTOM_LOOP, FIT
 from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
-from .processes import report_failed_launch, stop_process_groups
+from .runner import REPO_ROOT, local_launch, report_failed_launch, run_local
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
 CONTROLLERS = ("gloo", "mpi")
 RATED_REPEATS = 3
+PROG = "python -m benchmarks.compare"
 
 
 def default_np_list():
@@ -51,8 +50,8 @@ def default_np_list():
     return found
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.compare", description=__doc__.splitlines()[0],
+def parse_args(argv=None, prog=PROG):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="np=2, one controller, 3 repeats, digits CNN only; no MWMS, ResNet or time-to-accuracy")
@@ -169,22 +168,6 @@ def wait_until_idle(limit, threshold=0.2):
 
 
 # --- launching ------------------------------------------------------------------------------------
-def horovodrun():
-    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    return beside if os.path.exists(beside) else "horovodrun"
-
-
-# The suite runs every rank on this host, so ranks talk over loopback, whatever
-# other interfaces the machine has (and in a namespace with lo alone, where
-# Open MPI would otherwise find no network for its out-of-band channel).
-LOOPBACK_ENV = {"OMPI_MCA_oob_tcp_if_include": "lo", "OMPI_MCA_btl_tcp_if_include": "lo"}
-
-
-def local_launch(np_, controller):
-    """``horovodrun`` for np_ ranks on this host, over loopback."""
-    return [horovodrun(), "-np", str(np_), "-H", f"localhost:{np_}", "--network-interface", "lo", f"--{controller}"]
-
-
 def mpi_polling_env(args):
     """How MPI ranks wait, for every MPI launch of the suite.
 
@@ -224,28 +207,6 @@ def worker_command(args, np_, controller, out_json, tta):
     return cmd, binding, env
 
 
-def run_bounded(cmd, log_path, timeout, extra_env=None):
-    """Runs ``cmd`` in its own process group, output to ``log_path``; on
-    timeout ends that group (the launcher and every rank it started)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), PYTHONUNBUFFERED="1",
-               **LOOPBACK_ENV)
-    env.update(extra_env or {})
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(f"{k}={v}" for k, v in (extra_env or {}).items()) + " " + shlex.join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_process_groups([proc])
-            return None
-        finally:
-            if proc.poll() is None:  # interrupted: leave nothing behind
-                os.killpg(proc.pid, signal.SIGKILL)
-
-
 _RANK_TAG = re.compile(r"\[\d+(,\d+)?\]<std(out|err)>:")
 
 
@@ -275,14 +236,13 @@ def run_raw_references(args, out_dir, results):
                 "--gradient-bytes", str(same_n[0]["gradients"]["bytes"])] + (["--quick"] if args.quick else [])
         env = mpi_polling_env(args)
         print(f"[compare] raw MPI (mpi4py) and memcpy references, np={n}", flush=True)
-        code = run_bounded(cmd, log_path, min(args.launch_timeout, 180), env)
+        outcome = run_local(cmd, log_path, min(args.launch_timeout, 180), env)
         raw = None
-        if code == 0 and os.path.exists(out_json):
+        if outcome.ok and os.path.exists(out_json):
             with open(out_json) as f:
                 raw = json.load(f)
         else:
-            results["failures"].append(f"raw MPI references np={n}: "
-                                       f"{'timed out' if code is None else f'exit status {code}'} "
+            results["failures"].append(f"raw MPI references np={n}: {outcome.why} "
                                        f"(log: logs/{os.path.basename(log_path)})")
         results["allreduce"] = [allreduce.combine(r, raw) if r["n"] == n else r for r in results["allreduce"]]
 
@@ -330,7 +290,7 @@ def run_mwms(args, out_dir, results):
             "steps_per_repeat": merged["steps_per_repeat"],
             "steps_per_call": merged["steps_per_execution"], "steps_per_execution": merged["steps_per_execution"],
             "timed_steps_per_repeat": merged["timed_steps_per_repeat"],
-            "samples_per_sec": report.throughput_summary(sps),
+            "samples_per_sec": runner.summary(sps),
             "bytes_per_sample": None, "calls_per_step": None,
             "expected_bytes_per_sample": 4 * merged["trainable_params"] / merged["batch_per_rank"],
             "expected_calls_per_step": 1.0,
@@ -410,12 +370,13 @@ def method_notes(args, tta=None):
     return notes
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv=None, prog=PROG):
+    """Runs the suite; ``prog`` is how it was invoked (recorded as the command)."""
+    args = parse_args(argv, prog)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = os.path.abspath(args.out or os.path.join(RESULTS_ROOT, stamp))
     os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
-    command = "python -m benchmarks.compare " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = f"{prog} " + shlex.join(argv if argv is not None else sys.argv[1:])
     results = {"timestamp": stamp, "command": command.strip(), "quick": args.quick, "machine": machine.describe(),
                "versions": {}, "settings": {k: v for k, v in vars(args).items() if not k.startswith("_")},
                "launches": [], "rows": [], "allreduce": [], "time_to_accuracy": None, "failures": []}
@@ -464,11 +425,11 @@ def _launch(args, results, out_dir, np_, controller, suffix, tta, command):
           + (" + time-to-accuracy" if tta else "") + (", default collectives" if suffix else ""), flush=True)
     t0 = time.perf_counter()
     with machine.ForeignLoad() as foreign:
-        code = run_bounded(cmd, log_path, args.launch_timeout, extra_env)
+        outcome = run_local(cmd, log_path, args.launch_timeout, extra_env)
     for line in _progress(log_path):
         print("   ", line, flush=True)
-    if code != 0 or not os.path.exists(out_json):
-        report_failed_launch(results["failures"], f"np={np_} {controller}{suffix}", code, log_path)
+    if not outcome.ok or not os.path.exists(out_json):
+        report_failed_launch(results["failures"], f"np={np_} {controller}{suffix}", outcome)
         return
     with open(out_json) as f:
         launch = json.load(f)

@@ -22,10 +22,9 @@ import time
 
 from hvd_easgd import _compat, atomic
 
-from .processes import log_tail, stop_process_groups
+from . import runner
 
 TF_KERAS = _compat.tf_keras_requirement(_compat.installed_tensorflow_version())
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # --- installing tf_keras ------------------------------------------------------------------
@@ -71,31 +70,15 @@ def launch(num_workers, out_dir, log_path, timeout, worker_args, python=sys.exec
     """
     os.makedirs(out_dir, exist_ok=True)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(num_workers)]}
-    procs = []
-    with open(log_path, "w") as log:
-        try:
-            for index in range(num_workers):
-                env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-                           TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-                cmd = [python, "-m", "benchmarks.mwms", "--worker", "--index", str(index), "--out-dir", out_dir,
-                       *worker_args]
-                procs.append(subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-            deadline = time.monotonic() + timeout
-            while any(p.poll() is None for p in procs):
-                if any(p.returncode not in (None, 0) for p in procs):
-                    raise RuntimeError("an MWMS worker failed")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"MWMS launch exceeded its {timeout} s timeout")
-                time.sleep(0.5)
-            if any(p.returncode != 0 for p in procs):
-                raise RuntimeError("an MWMS worker failed")
-        except RuntimeError as err:
-            stop_process_groups(procs)
-            raise RuntimeError(f"{err}; log tail:\n{log_tail(log_path)}") from None
-        finally:
-            stop_process_groups(procs)
+    jobs = [([python, "-m", "benchmarks.mwms", "--worker", "--index", str(index), "--out-dir", out_dir, *worker_args],
+             runner.launch_env({"TF_USE_LEGACY_KERAS": "1", "TF_CONFIG": json.dumps(
+                 {"cluster": cluster, "task": {"type": "worker", "index": index}})}))
+            for index in range(num_workers)]
+    outcome = runner.run_bounded(jobs, log_path, timeout)
+    if not outcome.ok:
+        why = (f"MWMS launch exceeded its {timeout} s timeout" if outcome.status is None
+               else "an MWMS worker failed")
+        raise RuntimeError(f"{why}; log tail:\n{runner.log_tail(log_path)}")
     return [json.load(open(os.path.join(out_dir, f"worker{i}.json"))) for i in range(num_workers)]
 
 

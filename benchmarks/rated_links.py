@@ -29,17 +29,15 @@ communication time of a SyncAverage step (its step time minus c).
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from . import plots, report
+from . import plots, report, runner
 from .names import BASELINES, TOPOLOGY_SUITE
-from .processes import report_failed_launch, stop_process_groups
+from .runner import REPO_ROOT, report_failed_launch, spread, table
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "accum4_sync")
 MODELS = ("cnn", "wide_mlp")
 LINK_PROBE_MB = 32
@@ -68,10 +66,9 @@ def tta_configs_of(args):
 
 
 def worker_command(args, out_json, tta=False):
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     np_ = args.hosts * args.ranks_per_host
-    cmd = [horovodrun, "--disable-cache", "-np", str(np_), "-H", hosts_argument(args.hosts, args.ranks_per_host),
-           "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
+    cmd = [runner.horovodrun(), "--disable-cache", "-np", str(np_),
+           "-H", hosts_argument(args.hosts, args.ranks_per_host), "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
            "--models", ",".join(args.rated_models), "--configs", ",".join(configs_of(args)),
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
            "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb),
@@ -91,10 +88,7 @@ def runs_tta_at(args, rate):
 
 def launch_env():
     """The launcher's environment: ours without any loopback-only Open MPI setting, plus MPI_ENV."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
-    env.update(MPI_ENV, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-    return env
+    return runner.launch_env(MPI_ENV, base={k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")})
 
 
 def horovod_settings(env):
@@ -105,20 +99,11 @@ def horovod_settings(env):
 
 
 def run_on_cluster(cluster, cmd, log_path, timeout):
-    """Runs ``cmd`` on node1 (the launcher), output to ``log_path``; returns its status (None: timed out)."""
-    env = cluster.launcher_env(launch_env())
-    with open(log_path, "w") as log:
-        log.write("$ " + shlex.join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cluster.launcher_command(cmd, cwd=REPO_ROOT), env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        finally:
-            stop_process_groups([proc])
-            cluster.stop_jobs()  # ranks on the other hosts, should ssh have left any behind
+    """``runner.run_bounded`` of ``cmd`` on node1 (the launcher); the ranks it starts on the other hosts,
+    should ssh have left any behind, are ended with it."""
+    return runner.run_bounded(cmd, log_path, timeout, cluster.launcher_env(launch_env()),
+                              through=lambda c, e: (cluster.launcher_command(c, cwd=REPO_ROOT), e),
+                              cleanup=cluster.stop_jobs)
 
 
 # --- the model of a step ----------------------------------------------------------------------------
@@ -157,47 +142,50 @@ def _find(rows, model, config, rate):
                  and r["link"]["nominal"] == rate), None)
 
 
+def _per_rate(results, model, cell):
+    """A table of ``cell(row, rate)`` per configuration (rows) and link rate (columns)."""
+    rates = [link["nominal"] for link in results["links"]]
+    return table(["configuration", *rates],
+                 [[config, *(cell(_find(results["rows"], model, config, rate), rate) for rate in rates)]
+                  for config in results["configs"]],
+                 "l" + "r" * len(rates))
+
+
 def markdown(results):
+    topology = results["topology"]
     lines = [f"# Strategies across a rated link ({results['timestamp']})", "",
              f"`{results['command']}`", "",
-             f"Topology: {results['topology']['hosts']} hosts × {results['topology']['ranks_per_host']} rank(s), "
-             f"virtual cluster `{results['topology']['cluster']}`, tc tbf on every host's egress.", "",
-             "| nominal rate | measured (allreduce bus bandwidth) |", "|---|---:|"]
-    lines += [f"| {link['nominal']} | {link['measured_mbit']:,.0f} Mbit/s |" for link in results["links"]]
-    rates = [link["nominal"] for link in results["links"]]
-    configs = results["configs"]
+             f"Topology: {topology['hosts']} hosts × {topology['ranks_per_host']} rank(s), "
+             f"virtual cluster `{topology['cluster']}`, tc tbf on every host's egress.", "",
+             table(["nominal rate", "measured (allreduce bus bandwidth)"],
+                   [[link["nominal"], f"{link['measured_mbit']:,.0f} Mbit/s"] for link in results["links"]], "lr")]
     for model in results["models"]:
+        def throughput(row, rate, model=model):
+            if not row:
+                return "–"
+            sync = _find(results["rows"], model, "sync", rate)
+            ratio = f", {row['samples_per_sec']['median'] / sync['samples_per_sec']['median']:.2f}×" if sync else ""
+            return spread(row["samples_per_sec"], 0) + ratio
+
+        def crossed(row, rate):
+            measured = row and row.get("cross_host_bytes_per_sample")
+            return ("–" if measured is None else
+                    f"{measured:,.0f} / {row['expected_cross_host_bytes_per_sample']:,.0f}")
+
         lines += ["", f"**{model}**, samples/s, median (min–max) of the repeats, and ÷ flat SyncAverage:", "",
-                  "| configuration | " + " | ".join(rates) + " |", "|---|" + "---:|" * len(rates)]
-        for config in configs:
-            cells = []
-            for rate in rates:
-                row = _find(results["rows"], model, config, rate)
-                sync = _find(results["rows"], model, "sync", rate)
-                s = row and row["samples_per_sec"]
-                ratio = f", {s['median'] / sync['samples_per_sec']['median']:.2f}×" if s and sync else ""
-                cells.append(f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f}){ratio}" if s else "–")
-            lines.append(f"| {config} | " + " | ".join(cells) + " |")
-        lines += ["", f"**{model}**, bytes per sample that crossed between hosts, measured (every host's "
+                  _per_rate(results, model, throughput),
+                  "", f"**{model}**, bytes per sample that crossed between hosts, measured (every host's "
                   "transmit counter) / analytic (configurations.cross_host_bytes_per_step):", "",
-                  "| configuration | " + " | ".join(rates) + " |", "|---|" + "---:|" * len(rates)]
-        for config in configs:
-            cells = []
-            for rate in rates:
-                row = _find(results["rows"], model, config, rate)
-                measured = row and row.get("cross_host_bytes_per_sample")
-                cells.append("–" if measured is None else
-                             f"{measured:,.0f} / {row['expected_cross_host_bytes_per_sample']:,.0f}")
-            lines.append(f"| {config} | " + " | ".join(cells) + " |")
+                  _per_rate(results, model, crossed)]
     lines += ["", "c: compute time per step (no_comm); T: communication time per SyncAverage step "
               "(its step time − c). EASGD ÷ SyncAverage, measured against (c + T)/(c + T/τ):", "",
-              "| model | rate | c (ms) | T (ms) | τ=4 measured / analytic | τ=10 measured / analytic |",
-              "|---|---|---:|---:|---:|---:|"]
-    for a in results["analysis"]:
-        cells = [f"{a['easgd'][tau]['measured']:.2f} / {a['easgd'][tau]['analytic']:.2f} "
-                 f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–" for tau in (4, 10)]
-        lines.append(f"| {a['model']} | {a['link_rate']} | {1e3 * a['compute_seconds_per_step']:.1f} | "
-                     f"{1e3 * a['sync_comm_seconds_per_step']:.1f} | " + " | ".join(cells) + " |")
+              table(["model", "rate", "c (ms)", "T (ms)", "τ=4 measured / analytic", "τ=10 measured / analytic"],
+                    [[a["model"], a["link_rate"], f"{1e3 * a['compute_seconds_per_step']:.1f}",
+                      f"{1e3 * a['sync_comm_seconds_per_step']:.1f}",
+                      *(f"{a['easgd'][tau]['measured']:.2f} / {a['easgd'][tau]['analytic']:.2f} "
+                        f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–"
+                        for tau in (4, 10))] for a in results["analysis"]],
+                    "llrrrr")]
     for tta in results["time_to_accuracy_by_rate"]:
         lines += ["", f"Time to accuracy across the {tta['link']['nominal']} link "
                   f"({tta['link']['measured_mbit']:,.0f} Mbit/s measured).", "", report.tta_table(tta)]
@@ -236,9 +224,9 @@ def main(args, out_dir, command, stamp):
             print(f"[compare] {rate}: horovodrun across {args.hosts} hosts" + (" + time-to-accuracy" if tta else ""),
                   flush=True)
             t0 = time.perf_counter()
-            code = run_on_cluster(cluster, cmd, log_path, args.launch_timeout)
-            if code != 0 or not os.path.exists(out_json):
-                report_failed_launch(results["failures"], rate, code, log_path)
+            outcome = run_on_cluster(cluster, cmd, log_path, args.launch_timeout)
+            if not outcome.ok or not os.path.exists(out_json):
+                report_failed_launch(results["failures"], rate, outcome)
                 continue
             with open(out_json) as f:
                 launch = json.load(f)

@@ -8,6 +8,7 @@ range; a ratio against another launch (MWMS) is of medians only.
 import statistics
 
 from .names import CUSTOM_LOOP, FIT
+from .runner import spread, table
 
 # (numerator, denominator, loop, goal, what the goal is). A goal is a number, or one per controller
 # (a controller missing from it has no goal), or None. Against the no-communication ceiling, not
@@ -36,12 +37,6 @@ MWMS_HEADLINES = (
 def goal_for(goal, controller):
     """A headline's goal under ``controller``: the number, its entry for that controller, or None."""
     return goal.get(controller) if isinstance(goal, dict) else goal
-
-
-def throughput_summary(samples_per_sec):
-    """A row's ``samples_per_sec``: median, min and max over the repeats, and the repeats."""
-    values = list(samples_per_sec)
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "repeats": values}
 
 
 def find(rows, **match):
@@ -118,8 +113,7 @@ def headline_ratios(rows, allreduce_results):
 
 # --- Markdown ----------------------------------------------------------------------------------
 def _sps(row):
-    s = row["samples_per_sec"]
-    return f"{s['median']:,.0f} ({s['min']:,.0f}–{s['max']:,.0f})"
+    return spread(row["samples_per_sec"], 0)
 
 
 def _num(value, fmt="{:,.1f}"):
@@ -137,73 +131,67 @@ def _ratio_cell(r):
 
 
 def throughput_table(rows, model):
-    lines = ["| config | np | controller | loop | samples/s median (min–max) | scaling eff. "
-             "| bytes/sample (expected) | calls/step (expected) | final test acc. |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
     order = {name: i for i, name in enumerate(CUSTOM_LOOP + FIT + ("mwms_fit",))}
-    for row in sorted((r for r in rows if r["model"] == model),
-                      key=lambda r: (r["np"], r["controller"], collectives_of(r), r["loop"],
-                                     order.get(r["config"], 99))):
-        lines.append(
-            f"| {row['config']}{'' if collectives_of(row) == 'horovod' else f' [{collectives_of(row)}]'} "
-            f"| {row['np']} | {row['controller']} | {row['loop']} | {_sps(row)} "
-            f"| {_num(row.get('scaling_efficiency'), '{:.2f}')} "
-            f"| {_num(row['bytes_per_sample'])} ({_num(row['expected_bytes_per_sample'])}) "
-            f"| {_num(row['calls_per_step'], '{:.3f}')} ({_num(row['expected_calls_per_step'], '{:.3f}')}) "
-            f"| {_num(row.get('final_test_accuracy'), '{:.3f}')} |")
-    return "\n".join(lines)
+    chosen = sorted((r for r in rows if r["model"] == model),
+                    key=lambda r: (r["np"], r["controller"], collectives_of(r), r["loop"], order.get(r["config"], 99)))
+    return table(
+        ["config", "np", "controller", "loop", "samples/s median (min–max)", "scaling eff.",
+         "bytes/sample (expected)", "calls/step (expected)", "final test acc."],
+        [[f"{row['config']}{'' if collectives_of(row) == 'horovod' else f' [{collectives_of(row)}]'}",
+          row["np"], row["controller"], row["loop"], _sps(row), _num(row.get("scaling_efficiency"), "{:.2f}"),
+          f"{_num(row['bytes_per_sample'])} ({_num(row['expected_bytes_per_sample'])})",
+          f"{_num(row['calls_per_step'], '{:.3f}')} ({_num(row['expected_calls_per_step'], '{:.3f}')})",
+          _num(row.get("final_test_accuracy"), "{:.3f}")] for row in chosen],
+        "lrllrrrrr")
 
 
 def tta_table(tta):
-    lines = [f"Digits CNN, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
+    intro = (f"Digits CNN, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
              f"SGD momentum 0.9 at the learning rate train.py --lr {tta['base_lr']} --scale-lr gives each "
              f"configuration, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; wall time = training only "
              "(slowest rank), no evaluation or tracing; EASGD evaluated on its center"
              + ("; DiLoCo at --lr itself (--scale-lr refuses it), Hierarchical at its inter strategy's flat "
                 "rule for all ranks" if set(tta["per_config"]) & {"diloco_tau10", "hier_easgd_tau10"} else "")
-             + ".",
-             "",
-             f"| config | lr | epochs to {tta['target']} | seconds to {tta['target']} | seeds reaching it "
-             f"| final test acc. | training seconds ({tta['epochs']} epochs) |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, res in tta["per_config"].items():
-        lines.append(f"| {name} | {res['lr']:g} | {_num(res['epochs_to_target'])} "
-                     f"| {_num(res['seconds_to_target'], '{:.2f}')} "
-                     f"| {res['seeds_reaching_target']}/{len(res['runs'])} | {res['final_accuracy']:.3f} "
-                     f"| {res['train_seconds']:.2f} |")
-    return "\n".join(lines)
+             + ".")
+    return intro + "\n\n" + table(
+        ["config", "lr", f"epochs to {tta['target']}", f"seconds to {tta['target']}", "seeds reaching it",
+         "final test acc.", f"training seconds ({tta['epochs']} epochs)"],
+        [[name, f"{res['lr']:g}", _num(res["epochs_to_target"]), _num(res["seconds_to_target"], "{:.2f}"),
+          f"{res['seeds_reaching_target']}/{len(res['runs'])}", f"{res['final_accuracy']:.3f}",
+          f"{res['train_seconds']:.2f}"] for name, res in tta["per_config"].items()],
+        "lrrrrrr")
 
 
 def allreduce_tables(results):
-    lines = ["| size | np | controller | hvd.allreduce busbw GB/s | mpi4py busbw GB/s | memcpy GB/s "
-             "| hvd ÷ mpi4py | hvd ÷ memcpy |", "|---:|---:|---|---:|---:|---:|---:|---:|"]
-    for res in results:
-        for s in res["sizes"]:
-            mpi, copy = s.get("mpi4py"), s.get("memcpy")
-            lines.append(f"| {s['mbytes']} MB | {res['n']} | {res['controller']} | {s['hvd']['busbw_gbs']:.2f} "
-                         f"| {_num(mpi['busbw_gbs'] if mpi else None, '{:.2f}')} "
-                         f"| {_num(copy['gbs'] if copy else None, '{:.2f}')} "
-                         f"| {_num(s.get('hvd_fraction_of_mpi4py'), '{:.2f}')} "
-                         f"| {_num(s.get('hvd_fraction_of_memcpy'), '{:.3f}')} |")
-    lines += ["", "mpi4py and memcpy ran in their own MPI launch without Horovod or TensorFlow (memcpy: rank 0 "
-              "alone). One model's gradients (digits CNN) in one call, median µs per call (min–max):", "",
-              "| np | controller | bytes | hvd.grouped_allreduce in tf.function | hvd_easgd comm.allreduce "
-              "in tf.function | mpi4py Allreduce | memcpy |", "|---:|---|---:|---:|---:|---:|---:|"]
-    cell = lambda d: "—" if d is None else f"{d['median']:,.0f} ({d['min']:,.0f}–{d['max']:,.0f})"  # noqa: E731
-    for res in results:
-        g = res["gradients"]
-        lines.append(f"| {res['n']} | {res['controller']} | {g['bytes']:,} | {cell(g['hvd_grouped_allreduce_us'])} "
-                     f"| {cell(g['hvd_easgd_comm_allreduce_us'])} | {cell(g.get('mpi4py_allreduce_us'))} "
-                     f"| {cell(g.get('memcpy_us'))} |")
-    return "\n".join(lines)
+    bandwidth = table(
+        ["size", "np", "controller", "hvd.allreduce busbw GB/s", "mpi4py busbw GB/s", "memcpy GB/s",
+         "hvd ÷ mpi4py", "hvd ÷ memcpy"],
+        [[f"{s['mbytes']} MB", res["n"], res["controller"], f"{s['hvd']['busbw_gbs']:.2f}",
+          _num(s["mpi4py"]["busbw_gbs"] if s.get("mpi4py") else None, "{:.2f}"),
+          _num(s["memcpy"]["gbs"] if s.get("memcpy") else None, "{:.2f}"),
+          _num(s.get("hvd_fraction_of_mpi4py"), "{:.2f}"), _num(s.get("hvd_fraction_of_memcpy"), "{:.3f}")]
+         for res in results for s in res["sizes"]],
+        "rrlrrrrr")
+    latency = table(
+        ["np", "controller", "bytes", "hvd.grouped_allreduce in tf.function", "hvd_easgd comm.allreduce in tf.function",
+         "mpi4py Allreduce", "memcpy"],
+        [[res["n"], res["controller"], f"{res['gradients']['bytes']:,}",
+          spread(res["gradients"]["hvd_grouped_allreduce_us"], 0),
+          spread(res["gradients"]["hvd_easgd_comm_allreduce_us"], 0),
+          spread(res["gradients"].get("mpi4py_allreduce_us"), 0), spread(res["gradients"].get("memcpy_us"), 0)]
+         for res in results],
+        "rlrrrrr")
+    return "\n".join([bandwidth, "", "mpi4py and memcpy ran in their own MPI launch without Horovod or TensorFlow "
+                       "(memcpy: rank 0 alone). One model's gradients (digits CNN) in one call, median µs per call "
+                       "(min–max):", "", latency])
 
 
 def headline_table(headlines):
-    lines = ["| ratio | np | controller | value | goal |", "|---|---:|---|---:|---|"]
-    for h in headlines:
-        goal = "" if h["goal"] is None else f"≥ {h['goal']} {'met' if h['met'] else 'NOT met'}"
-        lines.append(f"| {h['label']} | {h['np']} | {h['controller']} | {_ratio_cell(h)} | {goal} |")
-    return "\n".join(lines)
+    return table(["ratio", "np", "controller", "value", "goal"],
+                 [[h["label"], h["np"], h["controller"], _ratio_cell(h),
+                   "" if h["goal"] is None else f"≥ {h['goal']} {'met' if h['met'] else 'NOT met'}"]
+                  for h in headlines],
+                 "lrlrl")
 
 
 def markdown(results):

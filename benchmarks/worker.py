@@ -25,9 +25,10 @@ from hvd_easgd import atomic, runtime
 from hvd_easgd.app.data import epoch_indices, steps_per_epoch
 from hvd_easgd.app.lr_scaling import DEFAULT_LR, has_rule, lr_scale
 
-from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine, report
+from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine
 from .names import ALL_CUSTOM_LOOP, CUSTOM_LOOP, FIT, STRATEGIES
 from .order import default_repeats, design_length, interleaved_repeats, is_whole_design
+from .runner import summary
 
 
 def parse_args(argv=None):
@@ -178,7 +179,7 @@ def _row(launch, args, name, model_name, loop, batch, steps, samples_per_sec, tr
         "controller": args.controller, "binding": args.binding,
         "batch_per_rank": batch, "steps_per_repeat": steps, "steps_per_call": args.steps_per_call,
         "order": order,
-        "samples_per_sec": report.throughput_summary(samples_per_sec),
+        "samples_per_sec": summary(samples_per_sec),
         "bytes_per_sample": per_sample,
         "calls_per_step": traffic["calls"] / traffic["steps"],
         "expected_bytes_per_sample": expected["bytes_per_step"] / batch,

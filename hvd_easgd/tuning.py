@@ -111,7 +111,7 @@ def horovod_defaults(device, controller, environ):
         # Also under Gloo when mpirun started the ranks: MPI is initialised
         # then and polls the same way.
         chosen["OMPI_MCA_mpi_yield_when_idle"] = OMPI_YIELD_WHEN_IDLE
-    # Left at Horovod's values, measured (README, benchmarks/tuning_ab.py):
+    # Left at Horovod's values, measured (README, benchmarks/studies/tuning_ab.py):
     # HOROVOD_CYCLE_TIME (0.1 ms cut the latency of a small allreduce 11x but
     # cost every row's throughput on cores the ranks already fill),
     # HOROVOD_CACHE_CAPACITY (the cache turns every repeated negotiation into

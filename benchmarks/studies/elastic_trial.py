@@ -27,21 +27,21 @@ the worker steps around it:
 Usage (root: the trial enters a loopback-only network namespace, as the tests do, because the
 elastic driver's servers bind to every address)::
 
-    python tools/elastic_trial.py --trials 5 --timeout 120                 # stock hvd.elastic
-    python tools/elastic_trial.py --trials 1 --timeout 120 --workarounds state  # 1.: shows 2.
-    python tools/elastic_trial.py --trials 5 --timeout 120 --workarounds all    # with 1. and 2.
+    python -m benchmarks.studies.elastic_trial --trials 5 --timeout 120                   # stock hvd.elastic
+    python -m benchmarks.studies.elastic_trial --trials 1 --timeout 120 --workarounds state  # 1.: shows 2.
+    python -m benchmarks.studies.elastic_trial --trials 5 --timeout 120 --workarounds all    # with 1. and 2.
 """
 import argparse
 import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .. import runner
+
 KILLED_HOST = "127.0.0.1"
 EPOCHS = 4
 # The op names horovod/tensorflow/elastic.py's run.wrapper turns into HorovodInternalError.
@@ -172,8 +172,8 @@ def _discovery(path, hosts):
         f.write("\n".join(hosts) + "\n")
 
 
-def trial(timeout, python, horovodrun, workarounds):
-    """One 3 -> 2 trial; returns ``(recovered, seconds, status, log tail)``."""
+def trial(timeout, workarounds):
+    """One 3 -> 2 trial; returns ``(recovered, seconds, status, log text, work directory)``."""
     work = tempfile.mkdtemp(prefix="elastic-trial-")
     progress = os.path.join(work, "progress")
     os.makedirs(progress)
@@ -182,42 +182,36 @@ def trial(timeout, python, horovodrun, workarounds):
     with open(discovery, "w") as f:
         f.write(f"#!/bin/sh\ncat {discovery}.hosts\n")
     os.chmod(discovery, 0o755)
-    env = dict(os.environ, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2")
-    cmd = [horovodrun, "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3", "--network-interface", "lo",
+    cmd = [runner.horovodrun(), "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3", "--network-interface", "lo",
            "--host-discovery-script", discovery, "--start-timeout", "60",
-           python, os.path.abspath(__file__), "--worker", progress]
+           sys.executable, "-m", "benchmarks.studies.elastic_trial", "--worker", progress]
     cmd += ["--workarounds", workarounds] if workarounds else []
-    log = open(os.path.join(work, "log"), "w+")
     started = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    killed = None
-    try:
-        deadline = started + timeout
-        while proc.poll() is None and time.time() < deadline:
-            done = [n for n in os.listdir(progress) if n.startswith("epoch-")]
-            if killed is None and len(done) >= 3:  # every worker committed epoch 1
-                pid_file = [n for n in os.listdir(progress) if n.startswith(f"pid-{KILLED_HOST}-")][0]
-                killed = int(open(os.path.join(progress, pid_file)).read())
-                os.kill(killed, signal.SIGKILL)
-                _discovery(discovery, ["localhost:2"])
-                print(f"  killed the worker on {KILLED_HOST} (pid {killed}) {time.time() - started:.0f}s in",
-                      flush=True)
-            time.sleep(0.2)
-        status = proc.poll()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            status = "timeout"
-    log.seek(0)
-    text = log.read()
+    killed = []
+
+    def kill_once_every_worker_committed():
+        done = [n for n in os.listdir(progress) if n.startswith("epoch-")]
+        if not killed and len(done) >= 3:  # every worker committed epoch 1
+            pid_file = [n for n in os.listdir(progress) if n.startswith(f"pid-{KILLED_HOST}-")][0]
+            killed.append(int(open(os.path.join(progress, pid_file)).read()))
+            os.kill(killed[0], signal.SIGKILL)
+            _discovery(discovery, ["localhost:2"])
+            print(f"  killed the worker on {KILLED_HOST} (pid {killed[0]}) {time.time() - started:.0f}s in",
+                  flush=True)
+
+    outcome = runner.run_bounded(cmd, os.path.join(work, "log"), timeout,
+                                 while_running=kill_once_every_worker_committed)
+    status = "timeout" if outcome.status is None else outcome.status
+    with open(outcome.log_path) as f:
+        text = f.read()
     finished = text.count(f"finished {EPOCHS} epochs at size 2")
-    recovered = killed is not None and status == 0 and finished == 2
-    return recovered, time.time() - started, status, text, work
+    recovered = bool(killed) and status == 0 and finished == 2
+    return recovered, outcome.seconds, status, text, work
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.elastic_trial",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="PROGRESS_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--workarounds", choices=("state", "all"), default=None,
@@ -226,16 +220,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.workarounds)
-    sys.path.insert(0, ROOT)
     from tools import loopback_network
 
     print(f"network: {loopback_network.enter()}", flush=True)
-    python = sys.executable
-    horovodrun = os.path.join(os.path.dirname(python), "horovodrun")
     results = []
     for i in range(args.trials):
         print(f"trial {i + 1}/{args.trials}", flush=True)
-        recovered, seconds, status, text, work = trial(args.timeout, python, horovodrun, args.workarounds)
+        recovered, seconds, status, text, work = trial(args.timeout, args.workarounds)
         results.append(recovered)
         evidence = [line for line in text.splitlines()
                     if "elastic_trial" in line or "Error" in line or "error" in line or "blacklist" in line]

@@ -1,6 +1,6 @@
 """Where the time of one small grouped allreduce goes, from Horovod's timeline.
 
-``horovodrun -np 2 --mpi|--gloo python -m benchmarks.collective_timeline --out FILE``
+``horovodrun -np 2 --mpi|--gloo python -m benchmarks.studies.collective_timeline --out FILE``
 
 Each rank calls hvd_easgd's ``comm.allreduce`` of the digits CNN's gradients
 (153 KB in 8 tensors, one grouped call) in a ``tf.function``, with
@@ -94,7 +94,8 @@ def breakdown(timeline_path, calls):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.collective_timeline",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--iterations", type=int, default=300)
     args = p.parse_args(argv)

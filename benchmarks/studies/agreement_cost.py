@@ -13,19 +13,18 @@ the agreement in the same repeat: median (min-max) over the repeats. The machine
 
 Usage (root: it enters a loopback-only network namespace, as the tests do)::
 
-    python benchmarks/agreement_cost.py --repeats 5 --epochs 3
+    python -m benchmarks.studies.agreement_cost --repeats 5 --epochs 3
 """
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ..runner import local_launch, log_tail, run_local, spread, summary
+
 VARIANTS = {"off": None, "agree every 10": 10, "agree every 1": 1}
 BATCH = 32
 AGREEMENT_CALLS = 300
@@ -94,34 +93,20 @@ def worker(out_path, repeats, epochs):
 
 # --- the driver ----------------------------------------------------------------------
 def one_job(controller, repeats, epochs, timeout):
-    python = sys.executable
-    horovodrun = os.path.join(os.path.dirname(python), "horovodrun")
-    out = os.path.join(tempfile.mkdtemp(prefix="agreement-cost-"), "rows.json")
-    cmd = [horovodrun, "-np", "2", f"--{controller}", "--network-interface", "lo", python, os.path.abspath(__file__),
-           "--worker", out, "--repeats", str(repeats), "--epochs", str(epochs)]
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", OMPI_MCA_btl_tcp_if_include="lo",
-               OMPI_MCA_oob_tcp_if_include="lo")
-    # Its own session: on a timeout the launcher and every rank it started end together.
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise RuntimeError(f"{' '.join(cmd)} took over {timeout}s") from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{stdout[-2000:]}{stderr[-2000:]}")
+    work = tempfile.mkdtemp(prefix="agreement-cost-")
+    out, log_path = os.path.join(work, "rows.json"), os.path.join(work, "log")
+    cmd = local_launch(2, controller) + [sys.executable, "-m", "benchmarks.studies.agreement_cost", "--worker", out,
+                                         "--repeats", str(repeats), "--epochs", str(epochs)]
+    outcome = run_local(cmd, log_path, timeout)
+    if not outcome.ok:
+        raise RuntimeError(f"{' '.join(cmd)}: {outcome.why} (log {log_path}):\n{log_tail(log_path, 4000)}")
     with open(out) as f:
         return json.load(f)
 
 
-def summary(values):
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.agreement_cost",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--worker", metavar="OUT_JSON", help=argparse.SUPPRESS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=3, help="epochs per timed fit")
@@ -131,7 +116,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.repeats, args.epochs)
-    sys.path.insert(0, ROOT)
     from tools import loopback_network
 
     print(f"network: {loopback_network.enter()}", flush=True)
@@ -154,7 +138,7 @@ def main(argv=None):
         line = [f"off {statistics.median(base.values()):.0f} samples/s"]
         for name in list(VARIANTS)[1:]:
             ratios = [r["samples_per_sec"] / base[r["repeat"]] for r in rows if r["variant"] == name]
-            line.append(f"{name}: {summary(ratios)}")
+            line.append(f"{name}: {spread(summary(ratios), 3)}")
         print(f"  {controller}: " + "; ".join(line) + f" (load {result['load_before']} -> {result['load_after']})")
     print(f"\none agreement alone (rank 0, {AGREEMENT_CALLS} calls), against the median micro-batch of the runs "
           "without it; the cost fraction at --agree-every N is about agreement / (N x micro-batch):")

@@ -1,6 +1,6 @@
 """The direct MPI path (``--collectives mpi-direct``) against Horovod, at np = 2.
 
-    python -m benchmarks.direct_path --out results/direct_path.json [--rounds 3]
+    python -m benchmarks.studies.direct_path --out results/direct_path.json [--rounds 3]
 
 Arms, each in its own ``mpirun -np 2`` launch (Horovod reads its
 tunables once, when it starts), launched round-robin for ``--rounds`` rounds
@@ -36,20 +36,21 @@ Each launch measures, on the digits CNN's gradients (153 KB in 8 tensors):
   order, the slowest rank's time.
 
 The driver writes every launch's figures, the load average before and after
-each, and the medians (min-max) over launches with the ratios.
+each, and the medians (min-max) over launches with the ratios (each a
+``benchmarks.runner.summary``); every launch's log goes to ``<--out>.logs/``.
 """
 import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-from . import allreduce  # numpy only at import
+from .. import allreduce, runner  # numpy only at import
+from ..runner import summary
 
 ARMS = {"horovod": ("horovod", {}),
         "horovod_cycle_0.1": ("horovod", {"HOROVOD_CYCLE_TIME": "0.1"}),
@@ -215,24 +216,20 @@ def worker(arm, out, steps, repeats, batch=32):
 
 
 # --- the driver ----------------------------------------------------------------------------------
-def _summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def _launch(arm, steps, repeats, timeout):
+def _launch(arm, steps, repeats, timeout, log_path):
+    """One ``mpirun -np 2`` launch of ``arm``; its figures, with the load around it."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         path = tmp.name
-    env = {k: v for k, v in os.environ.items() if k not in ARM_VARIABLES}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.getcwd(), **ARMS[arm][1])
-    cmd = ["mpirun", "-np", "2", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
-           sys.executable, "-m", "benchmarks.direct_path", "--worker", arm, "--out", path,
-           "--steps", str(steps), "--repeats", str(repeats)]
+    # The arm's variables only: inherited values would make "defaults" mean something else.
+    env = runner.launch_env(dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **ARMS[arm][1]),
+                            drop=ARM_VARIABLES)
+    cmd = runner.mpirun_launch(2) + [sys.executable, "-m", "benchmarks.studies.direct_path", "--worker", arm,
+                                     "--out", path, "--steps", str(steps), "--repeats", str(repeats)]
     load_before = os.getloadavg()
     started = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
-    if proc.returncode:
-        raise SystemExit(f"{arm} launch failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    outcome = runner.run_bounded(cmd, log_path, timeout, env)
+    if not outcome.ok:
+        raise SystemExit(f"{arm} launch: {outcome.why} (log {log_path}):\n{runner.log_tail(log_path, 4000)}")
     with open(path) as f:
         result = json.load(f)
     os.unlink(path)
@@ -246,9 +243,11 @@ def _median_rate(launch, run):
 
 def drive(out, rounds, steps, repeats, arms, timeout=900):
     launches = []
+    logs = f"{out}.logs"
+    os.makedirs(logs, exist_ok=True)
     for r in range(rounds):
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
-            result = _launch(arm, steps, repeats, timeout)
+            result = _launch(arm, steps, repeats, timeout, os.path.join(logs, f"{arm}-round{r}.log"))
             result["round"] = r
             launches.append(result)
             lat = result["latency"]
@@ -257,18 +256,18 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
                   + ", ".join(f"{run} {_median_rate(result, run):.0f}/s "
                               f"({statistics.median(result['samples_per_cpu_sec'][run]):.0f}/cpu-s)" for run in RUNS)
                   + f"; load {result['loadavg_before'][0]:.1f} -> {result['loadavg_after'][0]:.1f}", flush=True)
-    summary = {}
+    per_arm = {}
     for arm in arms:
         mine = [x for x in launches if x["arm"] == arm]
-        s = summary[arm] = {f"{k}": _summary([x["latency"][k] for x in mine]) for k in mine[0]["latency"]}
+        s = per_arm[arm] = {f"{k}": summary([x["latency"][k] for x in mine]) for k in mine[0]["latency"]}
         for k in ("in_loop", "unrolled"):
-            s[f"{k}_over_mpi4py"] = _summary([x["latency"][f"{k}_us"] / x["latency"]["mpi4py_us"] for x in mine])
+            s[f"{k}_over_mpi4py"] = summary([x["latency"][f"{k}_us"] / x["latency"]["mpi4py_us"] for x in mine])
         for run in RUNS:
-            s[f"{run}_samples_per_sec"] = _summary([v for x in mine for v in x["samples_per_sec"][run]])
-            s[f"{run}_samples_per_cpu_sec"] = _summary([v for x in mine for v in x["samples_per_cpu_sec"][run]])
+            s[f"{run}_samples_per_sec"] = summary([v for x in mine for v in x["samples_per_sec"][run]])
+            s[f"{run}_samples_per_cpu_sec"] = summary([v for x in mine for v in x["samples_per_cpu_sec"][run]])
         for run in ("sync", "easgd_tau10"):  # within each launch: same processes, interleaved
-            s[f"{run}_over_no_comm"] = _summary([_median_rate(x, run) / _median_rate(x, "no_comm") for x in mine])
-        s["loadavg_1min"] = _summary([x["loadavg_before"][0] for x in mine] + [x["loadavg_after"][0] for x in mine])
+            s[f"{run}_over_no_comm"] = summary([_median_rate(x, run) / _median_rate(x, "no_comm") for x in mine])
+        s["loadavg_1min"] = summary([x["loadavg_before"][0] for x in mine] + [x["loadavg_after"][0] for x in mine])
         s["sync_account_per_step"] = mine[0]["sync_account_per_step"]
     ratios = {}
     for direct in (a for a in arms if a.startswith("direct")):
@@ -278,20 +277,21 @@ def drive(out, rounds, steps, repeats, arms, timeout=900):
                          for d in launches if d["round"] == r and d["arm"] == direct
                          for o in launches if o["round"] == r and o["arm"] == other]
             ratios[f"sync_{direct}_over_{other}_per_round"] = per_round
-            ratios[f"sync_{direct}_over_{other}"] = _summary(per_round)
-            ratios[f"in_loop_latency_{other}_over_{direct}"] = (summary[other]["in_loop_us"]["median"]
-                                                                / summary[direct]["in_loop_us"]["median"])
-            ratios[f"per_call_latency_{other}_over_{direct}"] = (summary[other]["comm_us"]["median"]
-                                                                 / summary[direct]["comm_us"]["median"])
+            ratios[f"sync_{direct}_over_{other}"] = summary(per_round)
+            ratios[f"in_loop_latency_{other}_over_{direct}"] = (per_arm[other]["in_loop_us"]["median"]
+                                                                / per_arm[direct]["in_loop_us"]["median"])
+            ratios[f"per_call_latency_{other}_over_{direct}"] = (per_arm[other]["comm_us"]["median"]
+                                                                 / per_arm[direct]["comm_us"]["median"])
     with open(out, "w") as f:
-        json.dump({"launches": launches, "summary": summary, "ratios": ratios, "rounds": rounds, "steps": steps,
+        json.dump({"launches": launches, "summary": per_arm, "ratios": ratios, "rounds": rounds, "steps": steps,
                    "repeats_per_launch": repeats}, f, indent=1)
-    print(json.dumps({"summary": summary, "ratios": ratios}, indent=1))
+    print(json.dumps({"summary": per_arm, "ratios": ratios}, indent=1))
     return 0
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.direct_path",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--worker", choices=sorted(ARMS), help="(internal) one launch's measurements")
     p.add_argument("--arms", default="horovod,direct,direct_spin", help="comma-separated, of: " + ", ".join(ARMS))

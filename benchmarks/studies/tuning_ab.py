@@ -1,6 +1,6 @@
 """Horovod's own settings against hvd_easgd's defaults, launch against launch.
 
-``python -m benchmarks.tuning_ab [--pairs 3] [--controllers mpi,gloo] [--models cnn]``
+``python -m benchmarks.studies.tuning_ab [--pairs 3] [--controllers mpi,gloo] [--models cnn]``
 
 Horovod reads its tunables once, in ``hvd.init()``, so the two arms are two
 kinds of launch (``horovodrun -np 2``):
@@ -32,15 +32,14 @@ import datetime
 import json
 import os
 import shlex
-import statistics
 import sys
 import time
 
 from hvd_easgd import tuning
 
-from .compare import RESULTS_ROOT, foreign_cpu_busy, local_launch, run_bounded
-from .order import balanced_order
-from .processes import log_tail
+from ..compare import RESULTS_ROOT, foreign_cpu_busy
+from ..order import balanced_order
+from ..runner import local_launch, log_tail, run_local, spread, summary, table
 
 ARMS = ("horovod", "hvd_easgd")
 YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}  # the suite's MPI launches' (compare.mpi_polling_env)
@@ -56,7 +55,7 @@ def arm_env(arm, horovod_arm_yields=False, candidate=()):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.tuning_ab", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.tuning_ab", description=__doc__.splitlines()[0])
     p.add_argument("--pairs", type=int, default=3, help="launch pairs per controller (>= 3 for a min-max)")
     p.add_argument("--controllers", default="mpi,gloo")
     p.add_argument("--np", type=int, default=2)
@@ -91,7 +90,7 @@ def worker_main(args):
     import hvd_easgd
     from hvd_easgd import atomic, runtime
 
-    from . import allreduce, machine, worker
+    from .. import allreduce, machine, worker
 
     load_before = os.getloadavg()
     comm = hvd_easgd.init(threads_per_rank=1)
@@ -122,7 +121,7 @@ def launch_once(args, out_dir, controller, arm, pair):
     out_json = os.path.join(out_dir, f"{tag}.json")
     log_path = os.path.join(out_dir, "logs", f"{tag}.log")
     cmd = local_launch(args.np, controller) + [
-        sys.executable, "-m", "benchmarks.tuning_ab", "--worker-out", out_json, "--models", args.models,
+        sys.executable, "-m", "benchmarks.studies.tuning_ab", "--worker-out", out_json, "--models", args.models,
         "--configs", args.configs, "--repeats", str(args.repeats), "--steps", str(args.steps),
         "--resnet-steps", str(args.resnet_steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
         "--latency-iterations", str(args.latency_iterations)] + (["--no-latency"] if args.no_latency else [])
@@ -130,10 +129,9 @@ def launch_once(args, out_dir, controller, arm, pair):
     busy = foreign_cpu_busy()
     print(f"[tuning_ab] {tag}: load {os.getloadavg()[0]:.1f}, other processes {busy:.0%} of the CPUs", flush=True)
     started = time.perf_counter()
-    code = run_bounded(cmd, log_path, args.launch_timeout, env)
-    if code != 0 or not os.path.exists(out_json):
-        print(f"[tuning_ab] {tag} failed ({'timed out' if code is None else code}):\n{log_tail(log_path, 1500)}",
-              flush=True)
+    outcome = run_local(cmd, log_path, args.launch_timeout, env)
+    if not outcome.ok or not os.path.exists(out_json):
+        print(f"[tuning_ab] {tag} failed ({outcome.why}):\n{log_tail(log_path, 1500)}", flush=True)
         return None
     with open(out_json) as f:
         result = json.load(f)
@@ -148,18 +146,11 @@ def mpi4py_reference(args, out_dir, pair, gradient_bytes):
     out_json = os.path.join(out_dir, f"mpi4py-pair{pair}.json")
     cmd = local_launch(args.np, "mpi") + [sys.executable, "-m", "benchmarks.allreduce", "--raw", "--quick",
                                           "--out", out_json, "--gradient-bytes", str(gradient_bytes)]
-    code = run_bounded(cmd, os.path.join(out_dir, "logs", f"mpi4py-pair{pair}.log"), 180, YIELD)
-    if code != 0 or not os.path.exists(out_json):
+    outcome = run_local(cmd, os.path.join(out_dir, "logs", f"mpi4py-pair{pair}.log"), 180, YIELD)
+    if not outcome.ok or not os.path.exists(out_json):
         return None
     with open(out_json) as f:
         return json.load(f)["gradients"]["mpi4py_allreduce_us"]["median"]
-
-
-def _median_range(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "pairs": len(values)}
 
 
 def summarise(launches, references):
@@ -183,9 +174,9 @@ def summarise(launches, references):
             if len(pair_sps) == 2:
                 ratios.append(pair_sps["hvd_easgd"] / pair_sps["horovod"])
         rows.append({"controller": controller, "model": model, "config": config,
-                     "tuned_over_default": _median_range(ratios), "per_pair": ratios,
-                     "samples_per_sec": {a: _median_range(v) for a, v in arms.items()},
-                     "loadavg_1min": _median_range(loads)})
+                     "tuned_over_default": summary(ratios), "per_pair": ratios,
+                     "samples_per_sec": {a: summary(v) for a, v in arms.items()},
+                     "loadavg_1min": summary(loads)})
     latency = []
     for controller in sorted({r["controller"] for r in launches}):
         per_arm = {a: [] for a in ARMS}
@@ -198,44 +189,39 @@ def summarise(launches, references):
             for a in ARMS:
                 per_arm[a].append(us[a])
             ratios.append(us["horovod"] / us["hvd_easgd"])
-        raw = {a: _median_range([by[(controller, p, a)]["latency"]["hvd_grouped_allreduce_us"]["median"]
+        raw = {a: summary([by[(controller, p, a)]["latency"]["hvd_grouped_allreduce_us"]["median"]
                                  for p in sorted({r["pair"] for r in launches})
                                  if by.get((controller, p, a)) and by[(controller, p, a)].get("latency")])
                for a in ARMS}
-        latency.append({"controller": controller, "comm_allreduce_us": {a: _median_range(v) for a, v in per_arm.items()},
-                        "hvd_grouped_allreduce_us": raw, "speedup_default_over_tuned": _median_range(ratios),
-                        "mpi4py_allreduce_us": _median_range(list(references.values()))})
+        latency.append({"controller": controller, "comm_allreduce_us": {a: summary(v) for a, v in per_arm.items()},
+                        "hvd_grouped_allreduce_us": raw, "speedup_default_over_tuned": summary(ratios),
+                        "mpi4py_allreduce_us": summary(list(references.values()))})
     return rows, latency
 
 
-def _fmt(r, digits=2):
-    if r is None:
-        return "n/a"
-    return f"{r['median']:.{digits}f} ({r['min']:.{digits}f}–{r['max']:.{digits}f})"
-
-
 def markdown(rows, latency, launches):
-    lines = ["| controller | model | configuration | Horovod's defaults, samples/s | hvd_easgd's, samples/s "
-             "| hvd_easgd ÷ Horovod's, median (min–max) of pairs | load (1 min) |", "|---|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        s = r["samples_per_sec"]
-        lines.append(f"| {r['controller']} | {r['model']} | {r['config']} | {_fmt(s['horovod'], 0)} | "
-                     f"{_fmt(s['hvd_easgd'], 0)} | {_fmt(r['tuned_over_default'])} | {_fmt(r['loadavg_1min'], 1)} |")
+    parts = [table(["controller", "model", "configuration", "Horovod's defaults, samples/s", "hvd_easgd's, samples/s",
+                    "hvd_easgd ÷ Horovod's, median (min–max) of pairs", "load (1 min)"],
+                   [[r["controller"], r["model"], r["config"], spread(r["samples_per_sec"]["horovod"], 0, "n/a"),
+                     spread(r["samples_per_sec"]["hvd_easgd"], 0, "n/a"), spread(r["tuned_over_default"], 2, "n/a"),
+                     spread(r["loadavg_1min"], 1, "n/a")] for r in rows],
+                   "lllrrrr")]
     if latency:
-        lines += ["", "| controller | comm.allreduce, Horovod's defaults (µs) | comm.allreduce, hvd_easgd's (µs) | "
-                      "speed-up | raw hvd.grouped_allreduce, Horovod's / hvd_easgd's (µs) | mpi4py Allreduce (µs) |",
-                  "|---|---:|---:|---:|---:|---:|"]
-        for r in latency:
-            raw = r["hvd_grouped_allreduce_us"]
-            lines.append(f"| {r['controller']} | {_fmt(r['comm_allreduce_us']['horovod'], 0)} | "
-                         f"{_fmt(r['comm_allreduce_us']['hvd_easgd'], 0)} | {_fmt(r['speedup_default_over_tuned'])} | "
-                         f"{_fmt(raw['horovod'], 0)} / {_fmt(raw['hvd_easgd'], 0)} | "
-                         f"{_fmt(r['mpi4py_allreduce_us'], 0)} |")
+        parts += ["", table(["controller", "comm.allreduce, Horovod's defaults (µs)",
+                             "comm.allreduce, hvd_easgd's (µs)", "speed-up", "raw hvd.grouped_allreduce, Horovod's / hvd_easgd's (µs)",
+                             "mpi4py Allreduce (µs)"],
+                            [[r["controller"], spread(r["comm_allreduce_us"]["horovod"], 0, "n/a"),
+                              spread(r["comm_allreduce_us"]["hvd_easgd"], 0, "n/a"),
+                              spread(r["speedup_default_over_tuned"], 2, "n/a"),
+                              f"{spread(r['hvd_grouped_allreduce_us']['horovod'], 0, 'n/a')} / "
+                              f"{spread(r['hvd_grouped_allreduce_us']['hvd_easgd'], 0, 'n/a')}",
+                              spread(r["mpi4py_allreduce_us"], 0, "n/a")] for r in latency],
+                            "lrrrrr")]
     settings = {r["arm"]: r["horovod_settings"] for r in launches}
-    lines += ["", "Settings in force per arm (from hvd_easgd.runtime.horovod_settings(), recorded by each launch):"]
+    parts += ["", "Settings in force per arm (from hvd_easgd.runtime.horovod_settings(), recorded by each launch):"]
     for arm, rec in sorted(settings.items()):
-        lines.append(f"- {arm}: " + ", ".join(f"{k}={v['value']} ({v['set_by']})" for k, v in rec["settings"].items()))
-    return "\n".join(lines) + "\n"
+        parts.append(f"- {arm}: " + ", ".join(f"{k}={v['value']} ({v['set_by']})" for k, v in rec["settings"].items()))
+    return "\n".join(parts) + "\n"
 
 
 def main(argv=None):
@@ -260,7 +246,7 @@ def main(argv=None):
         text = markdown(rows, latency, launches)
         print(text, flush=True)
         with open(os.path.join(out_dir, "results.json"), "w") as f:
-            json.dump({"command": "python -m benchmarks.tuning_ab " + shlex.join(argv or sys.argv[1:]),
+            json.dump({"command": "python -m benchmarks.studies.tuning_ab " + shlex.join(argv or sys.argv[1:]),
                        "timestamp": stamp,
                        "arms": {a: arm_env(a, args.horovod_arm_yields, args.candidate) for a in ARMS},
                        "launches": launches,
