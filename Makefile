@@ -78,10 +78,10 @@ supported-versions:
 	python3 -m tools.tf_matrix render
 
 bench: $(STAMP) $(OPS_STAMP)
-	$(PY) -m benchmarks.compare
+	$(PY) -m benchmarks compare
 
 bench-quick: $(STAMP) $(OPS_STAMP)
-	$(PY) -m benchmarks.compare --quick
+	$(PY) -m benchmarks compare --quick
 
 clean:
 	rm -rf runs .pytest_cache

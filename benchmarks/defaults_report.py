@@ -4,13 +4,15 @@
 * ``docs/defaults-at-n-ranks.md``, from ``docs/results/defaults-at-n/`` (each
   run's own config.yaml and metrics.json, and ``runs.json`` naming its command).
 
-    python -m benchmarks.defaults_report          # rewrite the pages
-    python -m benchmarks.defaults_report --check  # exit 1 if a page is stale
+    python -m benchmarks defaults-report          # rewrite the pages
+    python -m benchmarks defaults-report --check  # exit 1 if a page is stale
+
+(``python -m benchmarks.defaults_report`` is the same program.)
 
 Each ``quiet-*`` folder is one ``python -m benchmarks.compare --np 1,2
 --controllers mpi ...`` invocation; ``ranks-oversubscribed-np4`` one at
 ``--np 4`` on two cores; ``foreign-load-np2/direct_path.json`` one
-``python -m benchmarks.direct_path`` with another process spinning on a core.
+``python -m benchmarks.studies.direct_path`` with another process spinning on a core.
 The collectives page gives, per headline, the median and the range over
 invocations of each invocation's median ratio.
 """
@@ -18,10 +20,11 @@ import argparse
 import glob
 import json
 import os
-import statistics
 import sys
 
 import yaml
+
+from .runner import spread, summary, table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "docs", "results", "default-collectives")
@@ -40,7 +43,7 @@ def _load(pattern):
 
 
 def _spread(values):
-    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})" if values else "—"
+    return spread(summary(values), 2)
 
 
 def _headline_rows(runs):
@@ -79,11 +82,12 @@ def render():
         loads = ", ".join(f"{r['machine']['loadavg'][0]:.2f}" for r in quiet)
         lines += [f"Command: `{quiet[0]['command'].split(' --out ')[0]}`; 1-minute load average at the start "
                   f"of each: {loads}.", ""]
-    table, goals = _headline_rows(quiet)
-    lines += ["| ratio | np | collectives | median (min–max) over invocations | goal |", "|---|---:|---|---:|---|"]
-    for (label, np_, path), values in sorted(table.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
-        goal = goals[(label, np_, path)]
-        lines.append(f"| {label} | {np_} | {path} | {_spread(values)} | {'' if goal is None else f'≥ {goal}'} |")
+    ratios, goals = _headline_rows(quiet)
+    ordered = sorted(ratios, key=lambda key: (key[1], key[0], key[2]))  # by np, then label, then path
+    lines.append(table(["ratio", "np", "collectives", "median (min–max) over invocations", "goal"],
+                       [[*key, _spread(ratios[key]), "" if goals[key] is None else f"≥ {goals[key]}"]
+                        for key in ordered],
+                       "lrlrl"))
     over = _load("ranks-oversubscribed-*")
     lines += ["", "## More ranks than cores", ""]
     for run in over:
@@ -100,9 +104,9 @@ def render():
         sync = foreign["ratios"]["sync_direct_over_horovod"]
         easgd = s["direct"]["easgd_tau10_samples_per_sec"]["median"] / s["horovod"]["easgd_tau10_samples_per_sec"]["median"]
         lines += ["", "## Another process on the cores", "",
-                  f"`python -m benchmarks.direct_path --arms horovod,direct --rounds {foreign['rounds']} --steps "
-                  f"{foreign['steps']} --repeats {foreign['repeats_per_launch']}` at np = 2 with a third process "
-                  "spinning on one core: samples/s on the direct path ÷ on Horovod's, SyncAverage "
+                  "`python -m benchmarks.studies.direct_path --arms horovod,direct "
+                  f"--rounds {foreign['rounds']} --steps {foreign['steps']} --repeats {foreign['repeats_per_launch']}` "
+                  "at np = 2 with a third process spinning on one core: samples/s on the direct path ÷ on Horovod's, SyncAverage "
                   f"{sync['median']:.2f} ({sync['min']:.2f}–{sync['max']:.2f}) per round, EASGD τ=10 {easgd:.2f} "
                   "(medians over launches)."]
     lines += ["", "## Decision", "",
@@ -124,9 +128,8 @@ def render_training():
              "Without `--lr`, the rate is 0.02 times the strategy's `--scale-lr` rule (`--scale-lr auto`); without "
              "`--epochs`, 10 epochs or enough for 100 optimizer updates (`hvd_easgd.app.lr_scaling`). Digits, on this "
              "repository's 2-core machine (8 ranks oversubscribe it). " + index["note"],
-             "",
-             "| command | ranks | collectives | lr trained at | epochs | final test accuracy |",
-             "|---|---:|---|---:|---:|---:|"]
+             ""]
+    rows = []
     for entry in index["runs"]:
         directory = os.path.join(TRAINING_RESULTS, entry["run"])
         with open(os.path.join(directory, "config.yaml")) as f:
@@ -135,17 +138,18 @@ def render_training():
             metrics = json.load(f)
         rate = (config.get("learning_rate") or {}).get("rate")
         path = (config.get("collectives_in_use") or {}).get("path") or "horovod"
-        lines.append(f"| `{entry['command']}` | {config['num_ranks']} | {path} | "
-                     f"{'—' if rate is None else f'{rate:.3g}'} | {config['config']['epochs']} | "
-                     f"{metrics['final']['test_accuracy']:.4f} |")
+        rows.append([f"`{entry['command']}`", config["num_ranks"], path, "—" if rate is None else f"{rate:.3g}",
+                     config["config"]["epochs"], f"{metrics['final']['test_accuracy']:.4f}"])
+    lines.append(table(["command", "ranks", "collectives", "lr trained at", "epochs", "final test accuracy"], rows,
+                       "lrlrrr"))
     return "\n".join(lines) + "\n"
 
 
 PAGES = ((PAGE, render), (TRAINING_PAGE, render_training))
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, prog="python -m benchmarks.defaults_report"):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="exit 1 if a committed page differs from its render")
     args = p.parse_args(argv)
     for path, make in PAGES:
