@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Union
 
 from .. import preemption, runtime
 from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
+from .data import SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
 
 # The per-rank batch when --batch-size is not given, and for images of different sizes (they cannot be stacked).
 DEFAULT_BATCH_SIZE = 32
@@ -55,8 +56,8 @@ class TrainConfig:
     accumulate_reduction: str = "mean"
     model: Optional[str] = None
     data: str = "digits"
-    image_shape: str = "32,32,3"
-    num_classes: int = 10
+    image_shape: str = ",".join(map(str, SYNTHETIC_IMAGE_SHAPE))  # H,W,C as the flag takes it
+    num_classes: int = SYNTHETIC_NUM_CLASSES
     optimizer: str = "momentum"
     momentum: float = 0.9
     lr: Optional[float] = None

@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 from hvd_easgd import preemption, runtime
-from hvd_easgd.app import cli, trainer
+from hvd_easgd.app import cli, data, trainer
 from hvd_easgd.app.config import TrainConfig
 from hvd_easgd.callbacks import AbortOnNonFinite, PeriodicCheckpoint
 
@@ -98,6 +98,8 @@ def test_the_options_of_library_classes_take_the_library_default():
     assert config.keep_checkpoints == default_of(PeriodicCheckpoint, "keep")
     assert config.stop_grace_seconds == default_of(preemption.StopRequests, "grace_seconds")
     assert config.collectives == runtime.DEFAULT_COLLECTIVES == default_of(runtime.init, "collectives")
+    assert (config.image_shape, config.num_classes) == ("32,32,3", 10)
+    assert (default_of(data.load, "image_shape"), default_of(data.load, "num_classes")) == ((32, 32, 3), 10)
 
 
 def test_strategy_kwargs_and_make_strategy_read_the_config():
