@@ -14,6 +14,12 @@ _STATE = {"comm": None, "horovod_settings": None, "collectives": None, "collecti
 # over MPI through hvd_easgd's own TF ops (comm/mpi_direct.py; MPI launches
 # only). "auto", the default, picks one per job (choose_collectives).
 COLLECTIVES = ("auto", "horovod", "mpi-direct")
+DEFAULT_COLLECTIVES = "auto"
+# init() also takes "local": one process that talks to no other (LocalCommunicator),
+# starting neither Horovod nor MPI. A launched job never wants it, so train.py does
+# not offer it; "auto" already falls back to it for one process without Horovod.
+LOCAL = "local"
+INIT_COLLECTIVES = COLLECTIVES + (LOCAL,)
 # Settings that ask for Horovod's own tools, which only its path has.
 HOROVOD_TOOLS = ("HOROVOD_TIMELINE", "HOROVOD_AUTOTUNE", "HOROVOD_ELASTIC")
 
@@ -182,36 +188,53 @@ def collectives_in_use():
     return _STATE["collectives"], _STATE["collectives_reason"]
 
 
-def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives=None):
-    """Initialises Horovod once and returns the process's communicator.
+def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives=DEFAULT_COLLECTIVES):
+    """Initialises the process's collectives once and returns its communicator.
 
     Exposes ``rank``, ``size``, ``local_rank`` and ``local_size`` on the
     returned communicator (and as ``hvd_easgd.rank()`` etc.). Sizes each
     rank's TF thread pools to its share of the cores and pins one GPU per
     local rank where GPUs exist.
 
-    ``use_horovod=False`` gives a one-process ``LocalCommunicator`` without
-    touching Horovod (for tests and machines without it).
+    Args:
+      threads_per_rank: TF intra-op threads of this rank (default: see
+        ``threads_per_rank()``).
+      use_horovod: deprecated, goes in the next release: ``False`` is
+        ``collectives="local"``, ``True`` is ``collectives="horovod"``
+        (a ``DeprecationWarning``; a ``collectives`` that says otherwise is an error).
+      process_sets: ``"dynamic"`` starts Horovod with dynamic process sets,
+        so that ``comm.split(groups)`` can create sub-communicators
+        (Hierarchical's groups) once the ranks know their hosts. Off by
+        default (``None``): Horovod's process sets are otherwise fixed at its start.
+      collectives: how the job's collectives travel, one of ``INIT_COLLECTIVES``:
 
-    ``process_sets="dynamic"`` starts Horovod with dynamic process sets, so
-    that ``comm.split(groups)`` can create sub-communicators (Hierarchical's
-    groups) once the ranks know their hosts. Off by default: Horovod's
-    process sets are otherwise fixed at its start.
+        - ``"horovod"``: Horovod's collectives.
+        - ``"mpi-direct"``: every collective straight over MPI through
+          hvd_easgd's own TF ops (``DirectMPICommunicator``), without
+          starting Horovod; MPI launches only. Its ``split`` needs no
+          process sets (MPI splits communicators at any time).
+        - ``"local"``: one process alone (``LocalCommunicator``), touching
+          neither Horovod nor MPI (for tests and machines without them).
+        - ``"auto"`` (default): one of the first two (``choose_collectives``),
+          and rank 0 prints which, and why, in one line.
 
-    ``collectives="mpi-direct"`` sends every collective of the job straight
-    over MPI through hvd_easgd's own TF ops (``DirectMPICommunicator``) and
-    does not start Horovod at all; MPI launches only. Its ``split`` needs no
-    process sets (MPI splits communicators at any time). ``"horovod"`` uses
-    Horovod's collectives. ``"auto"`` picks one (``choose_collectives``) and
-    rank 0 prints which, and why, in one line. ``None`` (default) is
-    ``"auto"`` on the first call, and whatever the first call chose on later
-    ones.
+        With ``"horovod"`` or ``"auto"``, a process without a usable Horovod
+        trains alone when no launcher started it, and stops with
+        ``StackMismatchError`` under a launcher (each rank would train on
+        its own). After the first call, ``"auto"`` returns the communicator
+        made then, whatever it chose; another choice is an error.
+
+    Returns:
+      The communicator (``Communicator``).
     """
+    collectives = _collectives_from_use_horovod(use_horovod, collectives)
     if process_sets not in PROCESS_SETS:
         raise ValueError(f"`process_sets` must be one of {PROCESS_SETS}. Received: process_sets={process_sets!r}")
+    if collectives not in INIT_COLLECTIVES:
+        raise ValueError(f"`collectives` must be one of {INIT_COLLECTIVES}. Received: collectives={collectives!r}")
     if _STATE["comm"] is not None:
         comm = _STATE["comm"]
-        if collectives not in (None, "auto") and collectives != _STATE["collectives"]:
+        if collectives != DEFAULT_COLLECTIVES and collectives != _STATE["collectives"]:
             raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
                              f"one process has one kind of collectives. Received: collectives={collectives!r}")
         if process_sets == "dynamic" and not getattr(comm, "dynamic_process_sets", True):
@@ -221,27 +244,15 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
     _compat.quiet_tensorflow()
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(STALL_CHECK_SECONDS))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(STALL_SHUTDOWN_SECONDS))
-    collectives = collectives or "auto"
-    check_collectives(collectives)
-    if collectives == "auto" and use_horovod is not False:
-        collectives, reason = choose_collectives()
-        if _compat.launcher_rank() == 0:
-            print(f"hvd_easgd: collectives {collectives}, because {reason} (train.py --collectives or "
-                  "hvd_easgd.init(collectives=...) forces one)", flush=True)
-    else:
-        collectives, reason = ("horovod" if collectives == "auto" else collectives), "chosen by the caller"
+    if collectives != LOCAL:
+        check_collectives(collectives)
+    collectives, reason = _resolve_collectives(collectives)
     _STATE["collectives_reason"] = reason
     if collectives == "mpi-direct":
         comm = _init_mpi_direct(threads_per_rank)
         _STATE.update(comm=comm, collectives=collectives)
         return comm
-    if use_horovod is None:
-        problem = _compat.horovod_problem()
-        # Alone, a process without Horovod trains as one rank; under a launcher
-        # that would silently train each rank on its own.
-        if problem is not None and _compat.under_launcher():
-            raise _compat.StackMismatchError(problem)
-        use_horovod = problem is None
+    use_horovod = collectives == "horovod"
     if use_horovod:
         import horovod.tensorflow as hvd
 
@@ -263,6 +274,42 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
         comm = LocalCommunicator()
     _STATE.update(comm=comm, collectives=collectives)
     return comm
+
+
+def _collectives_from_use_horovod(use_horovod, collectives):
+    """``collectives`` as the deprecated ``use_horovod`` asks for it (``None``: as given)."""
+    if collectives is None:  # the default of releases before "local" joined the choices
+        collectives = DEFAULT_COLLECTIVES
+    if use_horovod is None:
+        return collectives
+    if not isinstance(use_horovod, bool):
+        raise ValueError(f"`use_horovod` must be True, False or None. Received: use_horovod={use_horovod!r}")
+    implied = "horovod" if use_horovod else LOCAL
+    warnings.warn(f"`use_horovod` is deprecated and goes in the next release: pass collectives={implied!r} "
+                  f"instead of use_horovod={use_horovod}", DeprecationWarning, stacklevel=3)
+    if collectives not in (DEFAULT_COLLECTIVES, implied):
+        raise ValueError(f"`use_horovod={use_horovod}` means collectives={implied!r}, and `collectives` asks for "
+                         f"another; pass `collectives` alone. Received: use_horovod={use_horovod!r}, "
+                         f"collectives={collectives!r}")
+    return implied
+
+
+def _resolve_collectives(collectives):
+    """``(path, why)``: the collectives ``init(collectives=...)`` takes, ``"auto"`` decided."""
+    chosen = collectives == "auto"
+    path, why = choose_collectives() if chosen else (collectives, "chosen by the caller")
+    if path == "horovod":
+        problem = _compat.horovod_problem()
+        if problem is not None:
+            # Alone, a process without Horovod trains as one rank; under a launcher
+            # that would silently train each rank on its own.
+            if _compat.under_launcher():
+                raise _compat.StackMismatchError(problem)
+            path, why = LOCAL, f"one process without a launcher, and Horovod cannot serve it ({problem})"
+    if chosen and _compat.launcher_rank() == 0:
+        print(f"hvd_easgd: collectives {path}, because {why} (train.py --collectives or "
+              "hvd_easgd.init(collectives=...) forces one)", flush=True)
+    return path, why
 
 
 def _init_mpi_direct(threads_per_rank):

@@ -12,6 +12,7 @@ import yaml
 
 from .. import _compat, checkpoint
 from . import data
+from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
@@ -50,7 +51,7 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file; flags override it")
-    parser.add_argument("--strategy", default="sync", choices=sorted(strategies),
+    parser.add_argument("--strategy", choices=sorted(strategies),
                         help="; ".join(f"{n}: {d}" for n, d in sorted(strategies.items())))
     group = parser.add_argument_group(
         "strategy options", "each applies to the strategies named in brackets; --strategy hierarchical also "
@@ -62,71 +63,75 @@ def build_parser():
         text = f"{text} [--strategy {', '.join(owners)}]"
         if opt.switch:
             group.add_argument(flag, dest=_flag_dest(flag), action="store_const", const=opt.switch_value,
-                               default=None, help=text)
-        else:
-            group.add_argument(flag, dest=_flag_dest(flag), type=opt.type, choices=opt.choices, default=None,
+                               help=text)
+        else:  # not given: None (argparse's default), and the strategy's own default applies
+            group.add_argument(flag, dest=_flag_dest(flag), type=opt.type, choices=opt.choices,
                                metavar=None if opt.choices else flag[2:].upper().replace("-", "_"), help=text)
     acc = parser.add_argument_group("gradient accumulation (composes with any --strategy)")
-    acc.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per optimizer update")
-    acc.add_argument("--accumulate-reduction", choices=("mean", "sum"), default="mean",
+    acc.add_argument("--accumulate", type=int, metavar="K", help="micro-batches per optimizer update")
+    acc.add_argument("--accumulate-reduction", choices=("mean", "sum"),
                      help="apply the mean (as Keras and optax do) or the sum of the accumulated gradients")
 
     train = parser.add_argument_group("model, data and optimizer")
-    train.add_argument("--model", default=None, help="cnn (default; fcn for images:DIR) | fcn | resnet")
-    train.add_argument("--data", default="digits", help="digits | synthetic | npz:PATH | images:DIR")
-    train.add_argument("--image-shape", default="32,32,3", help="H,W,C of --data synthetic")
-    train.add_argument("--num-classes", type=int, default=10, help="classes of --data synthetic")
-    train.add_argument("--optimizer", default="momentum", choices=OPTIMIZERS)
-    train.add_argument("--momentum", type=float, default=0.9, help="for momentum and nesterov")
-    train.add_argument("--lr", type=float, default=None,
+    train.add_argument("--model", help=f"{' | '.join(MODELS)}; not given: {DEFAULT_MODEL}, or "
+                                       f"{VARIABLE_SIZE_MODEL} for images:DIR")
+    train.add_argument("--data", help="digits | synthetic | npz:PATH | images:DIR")
+    train.add_argument("--image-shape", help="H,W,C of --data synthetic")
+    train.add_argument("--num-classes", type=int, help="classes of --data synthetic")
+    train.add_argument("--optimizer", choices=OPTIMIZERS)
+    train.add_argument("--momentum", type=float, help="for momentum and nesterov")
+    train.add_argument("--lr", type=float,
                        help=f"learning rate of the inner optimizer (default {DEFAULT_LR}, scaled by --scale-lr auto)")
-    train.add_argument("--batch-size", type=int, default=None,
-                       help="per rank, per micro-batch with --accumulate (default 32; images:DIR takes 1)")
-    train.add_argument("--epochs", type=int, default=None,
+    train.add_argument("--batch-size", type=int,
+                       help=f"per rank, per micro-batch with --accumulate (default {DEFAULT_BATCH_SIZE}; "
+                            f"images:DIR takes {VARIABLE_SIZE_BATCH_SIZE})")
+    train.add_argument("--epochs", type=int,
                        help=f"default {DEFAULT_EPOCHS}, or more to make at least {MIN_UPDATES} optimizer updates "
                             "when the ranks (and --accumulate) leave few in an epoch")
-    train.add_argument("--seed", type=int, default=0, help="weights and data order (not the train/test split)")
-    train.add_argument("--scale-lr", action=argparse.BooleanOptionalAction, default="auto",
+    train.add_argument("--seed", type=int, help="weights and data order (not the train/test split)")
+    train.add_argument("--scale-lr", action=argparse.BooleanOptionalAction,
                        help="multiply --lr by a factor that grows with the ranks and --accumulate K; auto: when "
                             "--lr is not given, for strategies with a rule and SGD-type optimizers (--no-scale-lr: "
                             f"never). {RULE_HELP}")
-    train.add_argument("--lr-warmup-epochs", type=float, default=0.0,
+    train.add_argument("--lr-warmup-epochs", type=float,
                        help="with the scaled rate: ramp linearly from --lr to it over these epochs")
-    train.add_argument("--threads-per-rank", type=int, default=None,
+    train.add_argument("--threads-per-rank", type=int,
                        help="TF threads per rank (default: SLURM_CPUS_PER_TASK, else cores / local ranks)")
-    train.add_argument("--collectives", default="auto", choices=COLLECTIVES,
+    train.add_argument("--collectives", choices=COLLECTIVES,
                        help="how every collective travels: through Horovod, or straight over MPI through "
                             "hvd_easgd's own ops (mpi-direct: MPI launches on CPU only, not horovodrun --gloo). "
                             "auto: mpi-direct under an MPI launch on CPU with its ops built, else horovod; "
                             "rank 0 says which and why at start-up")
-    train.add_argument("--max-bad-steps", type=int, default=25,
+    train.add_argument("--max-bad-steps", type=int,
                        help="abort after this many consecutive steps with NaN/Inf updates")
 
     run = parser.add_argument_group("run directory")
-    run.add_argument("--run-dir", default=None, help="default runs/<timestamp>-<strategy>")
-    run.add_argument("--resume", metavar="RUN_DIR", default=None, help="continue from the last checkpoint there")
-    run.add_argument("--checkpoint-every", type=int, default=1, metavar="N", help="epochs between checkpoints")
-    run.add_argument("--checkpoint-every-steps", type=int, default=0, metavar="N",
+    run.add_argument("--run-dir", help="default runs/<timestamp>-<strategy>")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue from the last checkpoint there")
+    run.add_argument("--checkpoint-every", type=int, metavar="N", help="epochs between checkpoints")
+    run.add_argument("--checkpoint-every-steps", type=int, metavar="N",
                      help="also checkpoint every N micro-batches (0: off); resumes at that exact micro-batch")
-    run.add_argument("--checkpoint-every-minutes", type=float, default=0.0, metavar="M",
+    run.add_argument("--checkpoint-every-minutes", type=float, metavar="M",
                      help="also checkpoint every M minutes by rank 0's clock, agreed every --agree-every "
                           "micro-batches (0: off)")
-    run.add_argument("--checkpoint-on-signal", default="none", metavar="SIGNALS",
+    run.add_argument("--checkpoint-on-signal", metavar="SIGNALS",
                      help="TERM, USR1, ... (comma-separated) or none: on any rank, every rank checkpoints at "
                           f"one agreed micro-batch and exits with status {EXIT_PREEMPTED}; a second signal, or "
                           f"--stop-grace-seconds without a finished checkpoint, exits at once with {EXIT_FORCED}")
-    run.add_argument("--agree-every", type=int, default=10, metavar="N",
+    run.add_argument("--agree-every", type=int, metavar="N",
                      help="micro-batches between the ranks' agreements on signals and the minutes trigger")
-    run.add_argument("--stop-grace-seconds", type=float, default=120.0, metavar="S",
+    run.add_argument("--stop-grace-seconds", type=float, metavar="S",
                      help="after a signal, exit at once if still running S seconds later")
     run.add_argument("--auto-resume", action="store_true",
                      help="with --run-dir: resume if it holds a complete checkpoint, else start fresh")
-    run.add_argument("--keep-checkpoints", type=int, default=3, metavar="K")
-    run.add_argument("--eval-every", type=int, default=1, metavar="N", help="epochs between test evaluations")
+    run.add_argument("--keep-checkpoints", type=int, metavar="K")
+    run.add_argument("--eval-every", type=int, metavar="N", help="epochs between test evaluations")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                      help="do not write tensorboard/ logs")
-    run.add_argument("--verbose", type=int, default=None, choices=(0, 1, 2),
+    run.add_argument("--verbose", type=int, choices=(0, 1, 2),
                      help="Keras verbosity on rank 0 (default: progress bar on a terminal, a line per epoch otherwise)")
+    # Every default is TrainConfig's (one copy): argparse shows it in --help and parses to it.
+    parser.set_defaults(**TrainConfig.option_defaults())
     return parser
 
 
@@ -146,31 +151,43 @@ def _strategy_flags():
     return table
 
 
+def _option_key(flag):
+    """A strategy option's name in a config (config.yaml, ``TrainConfig.strategy_options``): ``--tau`` is ``tau``."""
+    return flag[2:].replace("-", "_")
+
+
 def _flag_dest(flag):
-    # "__" marks a strategy option (see _config_to_defaults and effective_config).
-    return "strategy__" + flag[2:].replace("-", "_")
+    # "__" marks a strategy option's parser dest (see _config_to_defaults and _given_strategy_options).
+    return "strategy__" + _option_key(flag)
 
 
-def _delegate(cls, args):
+def _given_strategy_options(args):
+    """``{option key: value}`` of the strategy options the parsed command line gives (not None)."""
+    given = {_option_key(flag): getattr(args, _flag_dest(flag)) for flag in _strategy_flags()}
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def _delegate(cls, options):
     """For a strategy that contains another one chosen by name (Hierarchical's
     ``--inter``): ``(its kwarg, the chosen strategy's name)``, else None."""
     if not getattr(cls, "cli_delegate", None):
         return None
     kwarg, default = cls.cli_delegate
     flag = next(opt.flag for opt in cls.cli_options if opt.kwarg == kwarg)
-    return kwarg, getattr(args, _flag_dest(flag)) or default
+    return kwarg, options.get(_option_key(flag)) or default
 
 
-def _accepted_flags(args):
-    """``{flag: (strategy name, CliOption)}``: the strategy options this command
-    line may give, and to whom each goes. The chosen strategy's own come first;
-    a contained strategy's (``--inter easgd``'s ``--tau``) fill in the rest."""
-    cls = registry.get(args.strategy)
+def _accepted_flags(strategy, options):
+    """``{flag: (strategy name, CliOption)}``: the strategy options a command line
+    with ``--strategy strategy`` and the strategy ``options`` may give, and to whom
+    each goes. The chosen strategy's own come first; a contained strategy's
+    (``--inter easgd``'s ``--tau``) fill in the rest."""
+    cls = registry.get(strategy)
     accepted = {}
-    delegate = _delegate(cls, args)
+    delegate = _delegate(cls, options)
     if delegate is not None:
         accepted.update({opt.flag: (delegate[1], opt) for opt in registry.get(delegate[1]).cli_options})
-    accepted.update({opt.flag: (args.strategy, opt) for opt in cls.cli_options})
+    accepted.update({opt.flag: (strategy, opt) for opt in cls.cli_options})
     return accepted
 
 
@@ -216,6 +233,21 @@ def _saved_config(run_dir):
 
 
 def parse_args(argv=None):
+    """The job ``argv`` describes, validated and resolved as far as it can be before the ranks start.
+
+    Options come from, last winning: their defaults (``TrainConfig``'s), a
+    resumed run's saved options (``--resume``, or ``--auto-resume`` finding a
+    checkpoint), the YAML ``--config`` file, and the flags.
+
+    Args:
+      argv: the arguments after ``train.py`` (default ``sys.argv[1:]``).
+
+    Returns:
+      A frozen ``TrainConfig``.
+
+    Raises:
+      UsageError: bad input, in one line.
+    """
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     first, _ = parser.parse_known_args(argv)
@@ -234,15 +266,19 @@ def parse_args(argv=None):
             return parse_args(argv + ["--resume", args.run_dir])  # its saved config becomes the defaults
     if args.resume:
         args.run_dir = args.resume
-    _validate(args)
-    return args
+    options = _given_strategy_options(args)
+    _validate(args, options)
+    return TrainConfig(**{name: getattr(args, name) for name in TrainConfig.option_defaults()},
+                       strategy_options=options)
 
 
-def _validate(args):
+def _validate(args, options):
+    """Checks argparse's namespace and resolves what takes effect in place (the
+    namespace is this module's own, before the frozen config is made)."""
     variable_size = args.data.startswith("images:")
     if args.batch_size is None:
-        args.batch_size = 1 if variable_size else 32
-    elif variable_size and args.batch_size != 1:
+        args.batch_size = VARIABLE_SIZE_BATCH_SIZE if variable_size else DEFAULT_BATCH_SIZE
+    elif variable_size and args.batch_size != VARIABLE_SIZE_BATCH_SIZE:
         raise UsageError("images of different sizes cannot be stacked into a batch: use --batch-size 1 "
                          "with --accumulate K (one image per micro-batch)")
     _resolve_lr(args)
@@ -291,14 +327,14 @@ def _validate(args):
         raise UsageError(f"--image-shape must be H,W,C of positive integers. Received: {args.image_shape!r}") from None
     args.image_shape = ",".join(map(str, shape))
     # A strategy option given to a strategy that does not take it.
-    accepted = _accepted_flags(args)
-    delegate = _delegate(registry.get(args.strategy), args)
+    accepted = _accepted_flags(args.strategy, options)
+    delegate = _delegate(registry.get(args.strategy), options)
     chosen = f"--strategy {args.strategy}" + (f" --{delegate[0]} {delegate[1]}" if delegate else "")
     for flag, owners in _strategy_flags().items():
-        if getattr(args, _flag_dest(flag)) is not None and flag not in accepted:
+        if _option_key(flag) in options and flag not in accepted:
             raise UsageError(f"{flag} is an option of --strategy {' or '.join(owners)}, not {chosen}")
     if args.model is None:
-        args.model = "fcn" if args.data.startswith("images:") else "cnn"
+        args.model = VARIABLE_SIZE_MODEL if variable_size else DEFAULT_MODEL
     if args.model not in MODELS:
         raise UsageError(f"--model must be one of {sorted(MODELS)}. Received: {args.model!r}")
 
@@ -318,50 +354,48 @@ def _resolve_lr(args):
         args.scale_lr = auto_scales(args.strategy, args.optimizer, lr_given)
 
 
-def strategy_kwargs(args, name=None):
-    """The keyword arguments the command line gives strategy ``name`` (default: ``--strategy``'s)."""
-    name = name or args.strategy
-    return {opt.kwarg: getattr(args, _flag_dest(flag)) for flag, (owner, opt) in _accepted_flags(args).items()
-            if owner == name and getattr(args, _flag_dest(flag)) is not None}
+def strategy_kwargs(config, name=None):
+    """The keyword arguments ``config`` (a ``TrainConfig``) gives strategy ``name`` (default: its ``strategy``)."""
+    name = name or config.strategy
+    options = config.strategy_options
+    return {opt.kwarg: options[_option_key(flag)]
+            for flag, (owner, opt) in _accepted_flags(config.strategy, options).items()
+            if owner == name and _option_key(flag) in options}
 
 
-def make_strategy(args):
+def make_strategy(config):
+    """The sync strategy ``config`` (a ``TrainConfig``) describes, not yet bound to the ranks."""
     try:
-        kwargs = strategy_kwargs(args)
-        delegate = _delegate(registry.get(args.strategy), args)
+        kwargs = strategy_kwargs(config)
+        delegate = _delegate(registry.get(config.strategy), config.strategy_options)
         if delegate is not None:  # the contained strategy is built first, from its own options
             kwarg, name = delegate
-            kwargs[kwarg] = registry.create(name, **strategy_kwargs(args, name))
-        strategy = registry.create(args.strategy, **kwargs)
-        if args.accumulate > 1:
-            strategy = GradientAccumulation(args.accumulate, average=args.accumulate_reduction == "mean",
+            kwargs[kwarg] = registry.create(name, **strategy_kwargs(config, name))
+        strategy = registry.create(config.strategy, **kwargs)
+        if config.accumulate > 1:
+            strategy = GradientAccumulation(config.accumulate, average=config.accumulate_reduction == "mean",
                                             strategy=strategy)
     except ValueError as err:
         raise UsageError(str(err)) from None
     return strategy
 
 
-def effective_config(args):
-    """Every option as it takes effect, strategy options under their flag names."""
-    config = {k: v for k, v in vars(args).items() if not k.startswith("_") and "__" not in k}
-    for flag in _accepted_flags(args):
-        value = getattr(args, _flag_dest(flag))
-        if value is not None:
-            config[flag[2:].replace("-", "_")] = value
-    return config
+def effective_config(config):
+    """Every option as it takes effect, strategy options under their flag names: ``config.as_dict()``."""
+    return config.as_dict()
 
 
 # --- entry point -------------------------------------------------------------------------
 def main(argv=None):
     try:
-        args = parse_args(argv)
-        strategy = make_strategy(args)  # bad hyperparameters fail before Horovod starts
+        config = parse_args(argv)
+        strategy = make_strategy(config)  # bad hyperparameters fail before Horovod starts
         try:
-            dataset = data.load(args.data, tuple(int(s) for s in args.image_shape.split(",")),
-                                args.num_classes, seed=args.seed)
+            dataset = data.load(config.data, tuple(int(s) for s in config.image_shape.split(",")),
+                                config.num_classes, seed=config.seed)
         except data.DataError as err:
             raise UsageError(str(err)) from None
-        train(args, effective_config(args), dataset, strategy)
+        train(config, dataset, strategy)
     except (UsageError, RanksDisagreeError, checkpoint.CheckpointError, _compat.StackMismatchError) as err:
         exit_with_usage_error(err)
     except TrainingPreempted as err:

@@ -105,7 +105,14 @@ def digits():
     return Dataset("digits", *_stratified_split(x, y), num_classes=10)
 
 
-def synthetic(image_shape=(32, 32, 3), num_classes=10, train_size=2048, test_size=512, seed=0):
+# The shape and classes of synthetic images when none are asked for (train.py's
+# --image-shape and --num-classes defaults are these).
+SYNTHETIC_IMAGE_SHAPE = (32, 32, 3)
+SYNTHETIC_NUM_CLASSES = 10
+
+
+def synthetic(image_shape=SYNTHETIC_IMAGE_SHAPE, num_classes=SYNTHETIC_NUM_CLASSES, train_size=2048, test_size=512,
+              seed=0):
     """Random images with random labels: for throughput, not accuracy."""
     rng = np.random.default_rng(seed)
     make = lambda n: (rng.standard_normal((n, *image_shape), dtype=np.float32),  # noqa: E731
@@ -188,7 +195,7 @@ def image_folder(path):
     return Dataset("images", x_train, y_train, x_test, y_test, len(classes))
 
 
-def load(spec, image_shape=(32, 32, 3), num_classes=10, seed=0):
+def load(spec, image_shape=SYNTHETIC_IMAGE_SHAPE, num_classes=SYNTHETIC_NUM_CLASSES, seed=0):
     """``digits`` | ``synthetic`` | ``npz:PATH`` | ``images:DIR``."""
     if spec == "digits":
         return digits()

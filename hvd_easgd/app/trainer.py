@@ -7,6 +7,7 @@ writes its own checkpoint shard.
 ``train`` reads top to bottom as the job's steps; each step is one function
 below it.
 """
+import dataclasses
 import datetime
 import json
 import os
@@ -29,57 +30,64 @@ from ..optimizer import DistributedOptimizer
 from ..strategies import walk
 
 
-def train(args, config, dataset, strategy):
-    """Trains ``strategy`` on ``dataset`` as ``args`` say; returns the final figures.
+def train(config, dataset, strategy):
+    """Trains ``strategy`` on ``dataset`` as ``config`` says; returns the final figures.
 
     Args:
-      args: ``cli.parse_args``'s namespace.
-      config: ``cli.effective_config(args)``, saved with the run and compared on resume.
+      config: the job's ``TrainConfig`` (``cli.parse_args``). What only the
+        ranks can resolve (``epochs``, ``run_dir``) comes back as a new config;
+        its ``as_dict()`` is saved with the run and compared on resume.
       dataset: a ``data.Dataset``.
-      strategy: the sync strategy (``cli.make_strategy(args)``), not yet bound.
-    """
-    comm = _start_ranks(args, strategy)
-    steps = _steps_per_epoch(args, dataset, comm)
-    _resolve_epochs(args, steps)
-    run_dir = _resolve_run_dir(args, comm)
-    _check_run_dir_is_shared(run_dir, comm, create=not args.resume)
-    config = dict(config, run_dir=run_dir, epochs=args.epochs)
-    resume_from = _checkpoint_to_resume(args, run_dir, config, comm)
+      strategy: the sync strategy (``cli.make_strategy(config)``), not yet bound.
 
-    model = models.build(args.model, dataset.input_shape, dataset.num_classes)
-    _check_ranks_agree(comm, config, model)
-    optimizer = _compile(model, args, strategy, comm, updates_per_epoch=steps // args.accumulate)
+    Returns:
+      ``{"test_accuracy", "test_loss", "samples_per_sec", "seconds"}``.
+    """
+    comm = _start_ranks(config, strategy)
+    steps = _steps_per_epoch(config, dataset, comm)
+    config = _resolve_epochs(config, steps)
+    run_dir = _resolve_run_dir(config, comm)
+    _check_run_dir_is_shared(run_dir, comm, create=not config.resume)
+    config = dataclasses.replace(config, run_dir=run_dir)
+    effective = config.as_dict()
+    resume_from = _checkpoint_to_resume(config, run_dir, effective, comm)
+
+    model = models.build(config.model, dataset.input_shape, dataset.num_classes)
+    _check_ranks_agree(comm, effective, model)
+    optimizer = _compile(model, config, strategy, comm, updates_per_epoch=steps // config.accumulate)
     placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if comm.rank == 0:
-        _write_run_config(run_dir, config, comm.size, placement, _rank_groups(strategy),
-                          learning_rate=_learning_rate_record(args, comm.size, steps // args.accumulate, resume_from))
+        _write_run_config(run_dir, effective, comm.size, placement, _rank_groups(strategy),
+                          learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
+                                                              resume_from))
     start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
 
-    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, args.batch_size * comm.size,
+    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
                                      steps, previous_epochs=previous_epochs, write=comm.rank == 0)
-    stop_requests = preemption.StopRequests(_signal_names(args), args.stop_grace_seconds,
+    stop_requests = preemption.StopRequests(_signal_names(config), config.stop_grace_seconds,
                                             stop_file=os.path.join(run_dir, preemption.STOP_FILE)).install()
     checkpointer = callbacks.PeriodicCheckpoint(
-        run_dir, comm, config, args.checkpoint_every, args.keep_checkpoints, every_steps=args.checkpoint_every_steps,
-        every_minutes=args.checkpoint_every_minutes, steps_per_epoch=steps, initial_step=start_epoch * steps + start_step,
-        stop_requests=stop_requests, check_every=args.agree_every)
+        run_dir, comm, effective, config.checkpoint_every, config.keep_checkpoints,
+        every_steps=config.checkpoint_every_steps, every_minutes=config.checkpoint_every_minutes,
+        steps_per_epoch=steps, initial_step=start_epoch * steps + start_step, stop_requests=stop_requests,
+        check_every=config.agree_every)
     test_ds = _test_dataset(dataset, comm)
     exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
-    chosen = _callbacks(args, run_dir, comm, recorder, exact_evaluation, checkpointer,
+    chosen = _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer,
                         resumed=resume_from is not None)
     started = time.perf_counter()
     # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
     # the rest of that epoch alone, then the epochs after it.
-    for first_epoch, first_step in _fit_parts(start_epoch, start_step, args.epochs):
-        train_ds = _training_dataset(args, dataset, comm, first_epoch, steps, first_step)
-        model.fit(train_ds, epochs=first_epoch + 1 if first_step else args.epochs, initial_epoch=first_epoch,
-                  steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=args.eval_every,
-                  shuffle=False, callbacks=chosen, verbose=_verbosity(args, comm))
+    for first_epoch, first_step in _fit_parts(start_epoch, start_step, config.epochs):
+        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step)
+        model.fit(train_ds, epochs=first_epoch + 1 if first_step else config.epochs, initial_epoch=first_epoch,
+                  steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=config.eval_every,
+                  shuffle=False, callbacks=chosen, verbose=_verbosity(config, comm))
         checkpointer.raise_if_stopped()  # the checkpoint a signal asked for is written: exit EXIT_PREEMPTED
     wall = time.perf_counter() - started
 
     final = _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, steps,
-                           args.batch_size * comm.size, wall)
+                           config.batch_size * comm.size, wall)
     if comm.rank == 0:
         recorder.save(final=final)
         _save_model(model, os.path.join(run_dir, "model.keras"))
@@ -88,16 +96,16 @@ def train(args, config, dataset, strategy):
 
 
 # --- the job's steps, in order ---------------------------------------------------------
-def _start_ranks(args, strategy):
+def _start_ranks(config, strategy):
     """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
     random source, and binds the strategy to the ranks."""
     # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
     splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
-    comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None,
-                        collectives=args.collectives)
+    comm = runtime.init(threads_per_rank=config.threads_per_rank, process_sets="dynamic" if splits else None,
+                        collectives=config.collectives)
     # Same seed and data order give the same weights, run after run: the
     # precondition of exact resume.
-    keras.utils.set_random_seed(args.seed)
+    keras.utils.set_random_seed(config.seed)
     tf.config.experimental.enable_op_determinism()
     try:
         strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
@@ -106,24 +114,25 @@ def _start_ranks(args, strategy):
     return comm
 
 
-def _steps_per_epoch(args, dataset, comm):
+def _steps_per_epoch(config, dataset, comm):
     """Micro-batches per epoch: the same on every rank, and a multiple of k, so
     accumulation windows never span an epoch boundary."""
-    batch = args.batch_size
+    batch = config.batch_size
     steps = steps_per_epoch(len(dataset.y_train), batch, comm.size)
-    steps -= steps % args.accumulate
+    steps -= steps % config.accumulate
     if steps < 1:
         raise UsageError(f"each of the {comm.size} ranks holds {len(dataset.y_train) // comm.size} training "
-                         f"samples: fewer than one update of {batch} x {args.accumulate}")
+                         f"samples: fewer than one update of {batch} x {config.accumulate}")
     return steps
 
 
-def _resolve_epochs(args, steps):
-    """``--epochs`` not given (None): ``lr_scaling.default_epochs`` of this run's
-    updates per epoch. The value is saved in config.yaml and the checkpoints, so
-    a resume continues to the same epoch."""
-    if args.epochs is None:
-        args.epochs = default_epochs(steps // args.accumulate)
+def _resolve_epochs(config, steps):
+    """``config`` with its epochs: ``--epochs`` not given (None) is
+    ``lr_scaling.default_epochs`` of this run's updates per epoch. The value is
+    saved in config.yaml and the checkpoints, so a resume continues to the same epoch."""
+    if config.epochs is not None:
+        return config
+    return dataclasses.replace(config, epochs=default_epochs(steps // config.accumulate))
 
 
 def default_run_dir(strategy_name):
@@ -131,9 +140,9 @@ def default_run_dir(strategy_name):
     return os.path.join("runs", f"{stamp}-{strategy_name}")
 
 
-def _resolve_run_dir(args, comm):
+def _resolve_run_dir(config, comm):
     """Rank 0 names the run directory; the other ranks take its name."""
-    name = args.run_dir or default_run_dir(args.strategy)
+    name = config.run_dir or default_run_dir(config.strategy)
     return comm.allgather_json(name)[0] if comm.size > 1 else name
 
 
@@ -179,18 +188,18 @@ def _placement(comm):
             "local_size": comm.local_size, "cross_rank": comm.cross_rank, "cross_size": comm.cross_size}
 
 
-def _checkpoint_to_resume(args, run_dir, config, comm):
+def _checkpoint_to_resume(config, run_dir, effective, comm):
     """``(manifest, directory)`` of the checkpoint ``--resume`` continues, or None
     for a fresh run; refuses a fresh run over a run's checkpoints, and a
     checkpoint that does not fit this run."""
-    if not args.resume:
+    if not config.resume:
         if checkpoint.complete_checkpoints(run_dir):
             # Never train over a run's checkpoints: they would be pruned as "older".
             raise UsageError(f"--run-dir {run_dir} already holds checkpoints; continue it with --resume {run_dir} "
                              "or choose another --run-dir")
         return None
     manifest, directory = checkpoint.latest(run_dir)
-    differs = resume_mismatches(manifest, config, comm.size)
+    differs = resume_mismatches(manifest, effective, comm.size)
     if differs:
         raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: " + ", ".join(differs))
     return manifest, directory
@@ -200,58 +209,58 @@ def _variable_signature(model):
     return [[v.path, list(v.shape), str(v.dtype)] for v in model.variables]
 
 
-def _check_ranks_agree(comm, config, model):
-    """Stops every rank before training when their configs or models differ
+def _check_ranks_agree(comm, effective, model):
+    """Stops every rank before training when their effective configs or models differ
     (another config file on one node, a stale copy of the job script)."""
     comm.assert_same_across_ranks("the effective config", {
-        **{k: v for k, v in config.items() if k not in ("run_dir", "threads_per_rank")},
+        **{k: v for k, v in effective.items() if k not in ("run_dir", "threads_per_rank")},
         "model_signature": _variable_signature(model),
     })
 
 
-def _learning_rate(args, size, updates_per_epoch):
+def _learning_rate(config, size, updates_per_epoch):
     """``(rate trained at after any warm-up, lr_scale's factor, warm-up updates)``:
     ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * lr_scale(...)``."""
-    if not args.scale_lr:
-        return args.lr, 1.0, 0
-    factor = lr_scale(size, args.accumulate, args.strategy)
-    return args.lr * factor, factor, int(round(args.lr_warmup_epochs * updates_per_epoch))
+    if not config.scale_lr:
+        return config.lr, 1.0, 0
+    factor = lr_scale(size, config.accumulate, config.strategy)
+    return config.lr * factor, factor, int(round(config.lr_warmup_epochs * updates_per_epoch))
 
 
-def _learning_rate_record(args, size, updates_per_epoch, resume_from=None):
+def _learning_rate_record(config, size, updates_per_epoch, resume_from=None):
     """config.yaml's ``learning_rate``: the rate the run trains at (after any
     warm-up), and how it follows from ``--lr``."""
-    rate, factor, warmup = _learning_rate(args, size, updates_per_epoch)
+    rate, factor, warmup = _learning_rate(config, size, updates_per_epoch)
     saved_size = resume_from[0]["num_ranks"] if resume_from is not None else size
     if saved_size != size and not warmup:
         # A constant rate is a variable of the optimizer: the checkpoint's comes back with it.
-        rate, factor, warmup = _learning_rate(args, saved_size, updates_per_epoch)
+        rate, factor, warmup = _learning_rate(config, saved_size, updates_per_epoch)
     return {"rate": rate, "factor": factor, "warmup_updates": warmup}
 
 
-def _inner_optimizer(args, size, updates_per_epoch):
+def _inner_optimizer(config, size, updates_per_epoch):
     """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
     at ``--lr * lr_scale(...)`` (reached by linear warm-up if asked)."""
-    lr = args.lr
-    if args.scale_lr:
-        target, _, warmup = _learning_rate(args, size, updates_per_epoch)
+    lr = config.lr
+    if config.scale_lr:
+        target, _, warmup = _learning_rate(config, size, updates_per_epoch)
         if warmup > 0:
             # A built-in schedule keeps model.keras loadable by plain Keras:
             # linear warm-up from lr to the target, then constant (alpha=1).
-            lr = keras.optimizers.schedules.CosineDecay(args.lr, decay_steps=1, alpha=1.0,
+            lr = keras.optimizers.schedules.CosineDecay(config.lr, decay_steps=1, alpha=1.0,
                                                         warmup_target=target, warmup_steps=warmup)
         else:
             lr = target
-    if args.optimizer == "adam":
+    if config.optimizer == "adam":
         return keras.optimizers.Adam(lr)
-    if args.optimizer == "sgd":
+    if config.optimizer == "sgd":
         return keras.optimizers.SGD(lr)
-    return keras.optimizers.SGD(lr, momentum=args.momentum, nesterov=args.optimizer == "nesterov")
+    return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.optimizer == "nesterov")
 
 
-def _compile(model, args, strategy, comm, updates_per_epoch):
+def _compile(model, config, strategy, comm, updates_per_epoch):
     """Compiles ``model`` with the strategy's optimizer; returns that optimizer."""
-    optimizer = DistributedOptimizer(_inner_optimizer(args, comm.size, updates_per_epoch), strategy=strategy,
+    optimizer = DistributedOptimizer(_inner_optimizer(config, comm.size, updates_per_epoch), strategy=strategy,
                                      comm=comm)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
@@ -264,11 +273,11 @@ def _rank_groups(strategy):
     return next((s.groups for s in walk(strategy) if getattr(s, "groups", None)), None)
 
 
-def _write_run_config(run_dir, config, num_ranks, placement, groups=None, learning_rate=None):
+def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, learning_rate=None):
     """config.yaml: what this run is (effective config, where each rank runs, versions;
     the strategy's groups of ranks if it has some; the learning rate it trains at)."""
     os.makedirs(run_dir, exist_ok=True)
-    run = {"config": config, "num_ranks": num_ranks, "ranks": placement, "versions": _compat.versions()}
+    run = {"config": effective, "num_ranks": num_ranks, "ranks": placement, "versions": _compat.versions()}
     if learning_rate is not None:
         run["learning_rate"] = learning_rate
     if groups is not None:
@@ -326,11 +335,11 @@ def _fit_parts(start_epoch, start_step, epochs):
     return [(start_epoch, start_step)] + ([(start_epoch + 1, 0)] if start_epoch + 1 < epochs else [])
 
 
-def _training_dataset(args, dataset, comm, start_epoch, steps, start_step):
+def _training_dataset(config, dataset, comm, start_epoch, steps, start_step):
     """This rank's training pipeline from micro-batch ``start_step`` of ``start_epoch`` on
     (to the end of that epoch only, when it starts mid-epoch)."""
-    last = start_epoch + 1 if start_step else args.epochs
-    train_ds, _ = training_dataset(dataset, args.batch_size, args.seed, comm.rank, comm.size, start_epoch,
+    last = start_epoch + 1 if start_step else config.epochs
+    train_ds, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
                                    last, steps, start_step=start_step)
     return train_ds
 
@@ -343,11 +352,11 @@ def _test_dataset(dataset, comm):
         raise UsageError(str(err)) from None
 
 
-def _signal_names(args):
-    return () if args.checkpoint_on_signal == "none" else tuple(args.checkpoint_on_signal.split(","))
+def _signal_names(config):
+    return () if config.checkpoint_on_signal == "none" else tuple(config.checkpoint_on_signal.split(","))
 
 
-def _callbacks(args, run_dir, comm, recorder, exact_evaluation, checkpointer, resumed):
+def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, resumed):
     broadcast = callbacks.BroadcastInitialState()
     # A resumed rank has its own state back (EASGD's local weights differ per
     # rank); a broadcast from rank 0 would erase it.
@@ -355,22 +364,22 @@ def _callbacks(args, run_dir, comm, recorder, exact_evaluation, checkpointer, re
     # Order matters: state first, statistics and metrics averaged before anything reads them,
     # per-rank checkpoints (local weights) before any swap of the kept weights.
     chosen = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
-              callbacks.AbortOnNonFinite(args.max_bad_steps),
+              callbacks.AbortOnNonFinite(config.max_bad_steps),
               checkpointer,
               callbacks.SwapKeptWeights()]
-    if comm.rank == 0 and args.tensorboard:
+    if comm.rank == 0 and config.tensorboard:
         chosen.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
                                                   profile_batch=0))
     return chosen
 
 
-def _verbosity(args, comm):
+def _verbosity(config, comm):
     """Keras's verbosity: rank 0 alone reports; a progress bar only on a real
     terminal, because launchers prefix every line."""
     if comm.rank != 0:
         return 0
-    if args.verbose is not None:
-        return args.verbose
+    if config.verbose is not None:
+        return config.verbose
     return 1 if sys.stdout.isatty() and not _compat.under_launcher() else 2
 
 

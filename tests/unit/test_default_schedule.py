@@ -20,10 +20,10 @@ def digits():
 
 
 def resolved(argv, size, digits):
-    """``(rate trained at, epochs, updates per epoch, args)`` as train.py resolves ``argv`` at ``size`` ranks."""
+    """``(rate trained at, epochs, updates per epoch, config)`` as train.py resolves ``argv`` at ``size`` ranks."""
     args = cli.parse_args(argv)
     steps = trainer._steps_per_epoch(args, digits, types.SimpleNamespace(size=size))
-    trainer._resolve_epochs(args, steps)
+    args = trainer._resolve_epochs(args, steps)  # a new config: a TrainConfig is frozen
     rate, _, _ = trainer._learning_rate(args, size, steps // args.accumulate)
     return rate, args.epochs, steps // args.accumulate, args
 

@@ -1,10 +1,10 @@
 """--scale-lr's rule (hvd_easgd.lr_scaling) and the optimizer the trainer builds with it."""
-import argparse
 import math
 
 import keras
 import pytest
 
+from hvd_easgd.app.config import TrainConfig
 from hvd_easgd.app.lr_scaling import lr_scale
 from hvd_easgd.app.trainer import _inner_optimizer
 
@@ -45,7 +45,7 @@ def test_bad_arguments_are_refused_in_keras_form(args, message):
 def namespace(**overrides):
     values = dict(lr=0.1, scale_lr=True, lr_warmup_epochs=0.0, optimizer="sgd", momentum=0.0, accumulate=1,
                   strategy="sync")
-    return argparse.Namespace(**{**values, **overrides})
+    return TrainConfig(**{**values, **overrides})
 
 
 def test_scale_lr_with_warmup_ramps_linearly_to_the_scaled_rate():

@@ -1,0 +1,106 @@
+"""One training job's options: the frozen ``TrainConfig`` that ``cli`` builds and ``trainer`` runs.
+
+Each option has one default, written once: here, as the field's default.
+``cli.build_parser`` gives argparse these defaults (``option_defaults``);
+where a library class already has a default for the same thing (the
+callbacks' checkpoint period, the stop grace period, ...), the field takes
+that class's, so no value exists twice. A default of ``None`` means "not
+given": the value is resolved later, once, by the code that knows it (``--lr``
+by ``cli``, ``--epochs`` by ``trainer`` once the number of ranks is known,
+``--threads-per-rank`` by ``runtime``).
+
+Values resolved after the config is built come back as a new config
+(``dataclasses.replace``); nothing mutates one.
+"""
+import dataclasses
+import inspect
+import types
+from typing import Mapping, Optional, Union
+
+from .. import preemption, runtime
+from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
+from .data import SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
+
+# The per-rank batch when --batch-size is not given, and for images of different sizes (they cannot be stacked).
+DEFAULT_BATCH_SIZE = 32
+VARIABLE_SIZE_BATCH_SIZE = 1
+# The model when --model is not given: cnn, or fcn for images:DIR (any image size).
+DEFAULT_MODEL = "cnn"
+VARIABLE_SIZE_MODEL = "fcn"
+
+
+def _default_of(function, parameter):
+    """The default that ``function`` gives ``parameter``: the option takes the library's."""
+    return inspect.signature(function).parameters[parameter].default
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Every option of a training job, one field per ``train.py`` flag (its dest).
+
+    Built by ``cli.parse_args`` from the validated command line, YAML
+    ``--config`` and a resumed run's saved options. Fields that ``cli``
+    resolves (``lr``, ``scale_lr``, ``batch_size``, ``model``) hold the value
+    that takes effect; ``epochs`` is ``None`` until ``trainer`` resolves it.
+
+    ``strategy_options`` maps the strategy options given (``--tau 4`` as
+    ``{"tau": 4}``: the flag without dashes) to their values; each belongs to
+    ``strategy`` or to the strategy it contains (Hierarchical's ``--inter``).
+    ``as_dict()`` is the effective config saved with the run.
+    """
+
+    config: Optional[str] = None
+    strategy: str = "sync"
+    strategy_options: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    accumulate: int = 1
+    accumulate_reduction: str = "mean"
+    model: Optional[str] = None
+    data: str = "digits"
+    image_shape: str = ",".join(map(str, SYNTHETIC_IMAGE_SHAPE))  # H,W,C as the flag takes it
+    num_classes: int = SYNTHETIC_NUM_CLASSES
+    optimizer: str = "momentum"
+    momentum: float = 0.9
+    lr: Optional[float] = None
+    batch_size: Optional[int] = None
+    epochs: Optional[int] = None
+    seed: int = 0
+    # "auto" until cli resolves it to True or False (lr_scaling.auto_scales).
+    scale_lr: Union[bool, str] = "auto"
+    lr_warmup_epochs: float = 0.0
+    threads_per_rank: Optional[int] = None
+    collectives: str = runtime.DEFAULT_COLLECTIVES
+    max_bad_steps: int = _default_of(AbortOnNonFinite, "max_consecutive")
+    run_dir: Optional[str] = None
+    resume: Optional[str] = None
+    checkpoint_every: int = _default_of(PeriodicCheckpoint, "every")
+    checkpoint_every_steps: int = _default_of(PeriodicCheckpoint, "every_steps")
+    checkpoint_every_minutes: float = _default_of(PeriodicCheckpoint, "every_minutes")
+    checkpoint_on_signal: str = "none"
+    agree_every: int = _default_of(PeriodicCheckpoint, "check_every")
+    stop_grace_seconds: float = _default_of(preemption.StopRequests, "grace_seconds")
+    auto_resume: bool = False
+    keep_checkpoints: int = _default_of(PeriodicCheckpoint, "keep")
+    eval_every: int = 1
+    tensorboard: bool = True
+    verbose: Optional[int] = None
+
+    def __post_init__(self):
+        # Frozen all the way down: a copy the caller cannot change under us.
+        object.__setattr__(self, "strategy_options", types.MappingProxyType(dict(self.strategy_options)))
+
+    def as_dict(self):
+        """The effective config: every option as it takes effect, strategy options
+        under their flag names (``tau``), as config.yaml and the checkpoint
+        manifests save it and a resume compares it (``config_compare``).
+
+        Returns:
+          A new plain ``dict``.
+        """
+        plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "strategy_options"}
+        return {**plain, **self.strategy_options}
+
+    @classmethod
+    def option_defaults(cls):
+        """``{field: default}`` for the options argparse parses into plain dests
+        (every field except ``strategy_options``): the one copy of each default."""
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.name != "strategy_options"}
