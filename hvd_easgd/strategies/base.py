@@ -68,7 +68,10 @@ from ..comm import LocalCommunicator
 class CliOption:
     """A command-line flag of a strategy; the CLI builds its parser from these.
 
-    ``switch`` flags take no value and pass ``switch_value`` to ``kwarg``.
+    ``switch`` flags take no value and pass ``switch_value`` to ``kwarg``. A
+    flag that names another strategy sets ``strategies_where``, a predicate on
+    strategy classes: its choices are the registered strategies it holds for
+    (``registry.choices``), so a plugin's strategy can be chosen too.
     """
 
     flag: str
@@ -78,6 +81,7 @@ class CliOption:
     choices: tuple = None
     switch: bool = False
     switch_value: object = True
+    strategies_where: object = None
 
 
 class NoScaleRule(ValueError):
