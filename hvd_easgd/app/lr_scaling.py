@@ -35,6 +35,7 @@ Example::
     EASGD.lr_scale_factor(2, 4)              # 4.0
     auto_scales(DiLoCo, "momentum", False)   # False: DiLoCo has no rule
 """
+import inspect
 import numbers
 
 # train.py's --lr and --epochs when not given (see "The defaults" above).
@@ -56,16 +57,16 @@ def _has_rule(strategy):
 
 
 def rule_help(strategies):
-    """``--scale-lr``'s help: each strategy's factor at a few sizes, computed by
-    its own rule. ``strategies``: ``{name: class}``."""
+    """``--scale-lr``'s help: each strategy's rule in one line, the first line of
+    its ``lr_scale_factor`` docstring. ``strategies``: ``{name: class}``."""
     parts = []
     for name, cls in sorted(strategies.items()):
         if _has_rule(cls):
-            at = ", ".join(f"x{cls.lr_scale_factor(n, k):.3g} at {n}x{k}" for n, k in ((2, 1), (8, 1), (2, 4)))
-            parts.append(f"{name}: {at}")
+            summary = (inspect.getdoc(cls.lr_scale_factor) or "").strip().splitlines()
+            parts.append(f"{name}: {summary[0].rstrip('.') if summary else 'a rule of its own'}")
         else:
             parts.append(f"{name}: none (tune --lr; see the error)")
-    return "Factors at ranks x K: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
 def auto_scales(strategy, optimizer, lr_given):

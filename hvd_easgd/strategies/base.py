@@ -315,6 +315,9 @@ class SyncStrategy:
     def lr_scale_factor(cls, size, accumulate=1):
         """The factor ``--scale-lr`` multiplies ``--lr`` by for this strategy.
 
+        An override's first docstring line is its rule in one line (train.py's
+        ``--help`` lists it); the lines after it give the measurements.
+
         Args:
           size: the number of ranks.
           accumulate: k, micro-batches per update (1 without accumulation).

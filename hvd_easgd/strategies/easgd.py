@@ -299,7 +299,9 @@ class EASGD(SyncStrategy):
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
     def lr_scale_factor(cls, size, accumulate=1):
-        """``size * sqrt(k)`` (``local_updates.local_lr_factor``): a rank's
+        """factor ranks*sqrt(K): a local update averages K micro-batches of one rank.
+
+        ``size * sqrt(k)`` (``local_updates.local_lr_factor``): a rank's
         local update averages its own k micro-batches, and the ranks meet
         through the elastic pull on the center, which averages ``size``
         workers (linear in the ranks: the rule before accumulation counted,

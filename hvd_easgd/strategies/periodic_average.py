@@ -149,7 +149,9 @@ class PeriodicAverage(SyncStrategy):
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
     def lr_scale_factor(cls, size, accumulate=1):
-        """``size * sqrt(k)``, EASGD's rule and for the same reason: a local
+        """factor ranks*sqrt(K): a local update averages K micro-batches of one rank.
+
+        ``size * sqrt(k)``, EASGD's rule and for the same reason: a local
         step averages one rank's k micro-batches, and the ranks meet by
         averaging weights every τ steps. Between averages the mean of the
         ranks' weights moves as one SyncAverage step over ``size`` batches

@@ -99,7 +99,9 @@ class SyncAverage(SyncStrategy):
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
     def lr_scale_factor(cls, size, accumulate=1):
-        """An update averages the gradients of m = size · k batches. The rate
+        """m = ranks*K batches per update: factor m up to 4, then 4*sqrt(m/4).
+
+        An update averages the gradients of m = size · k batches. The rate
         scales linearly with m up to m = 4 (Goyal et al. 2017,
         arXiv:1706.02677) and by the square root beyond (Krizhevsky 2014,
         arXiv:1404.5997; Hoffer et al. 2017, arXiv:1705.08741), continuous at
