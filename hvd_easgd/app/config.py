@@ -50,6 +50,8 @@ class TrainConfig:
     """
 
     config: Optional[str] = None
+    # The modules --plugin imported (saved, so a resume imports them again).
+    plugin: tuple = ()
     strategy: str = "sync"
     strategy_options: Mapping[str, object] = dataclasses.field(default_factory=dict)
     accumulate: int = 1
@@ -97,6 +99,7 @@ class TrainConfig:
           A new plain ``dict``.
         """
         plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "strategy_options"}
+        plain["plugin"] = list(self.plugin)  # YAML (safe_dump) writes lists, not tuples
         return {**plain, **self.strategy_options}
 
     @classmethod

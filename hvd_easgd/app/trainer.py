@@ -25,9 +25,9 @@ from .config_compare import resume_mismatches
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from ..kept_model import save_kept_model
-from .lr_scaling import default_epochs, lr_scale
+from .lr_scaling import default_epochs
 from ..optimizer import DistributedOptimizer
-from ..strategies import walk
+from ..strategies import registry
 
 
 def train(config, dataset, strategy):
@@ -50,7 +50,7 @@ def train(config, dataset, strategy):
     _check_run_dir_is_shared(run_dir, comm, create=not config.resume)
     config = dataclasses.replace(config, run_dir=run_dir)
     effective = config.as_dict()
-    resume_from = _checkpoint_to_resume(config, run_dir, effective, comm)
+    resume_from = _checkpoint_to_resume(config, run_dir, effective, comm, strategy)
 
     model = models.build(config.model, dataset.input_shape, dataset.num_classes)
     _check_ranks_agree(comm, effective, model)
@@ -100,7 +100,7 @@ def _start_ranks(config, strategy):
     """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
     random source, and binds the strategy to the ranks."""
     # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
-    splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
+    splits = strategy.needs_process_groups()
     comm = runtime.init(threads_per_rank=config.threads_per_rank, process_sets="dynamic" if splits else None,
                         collectives=config.collectives)
     # Same seed and data order give the same weights, run after run: the
@@ -188,7 +188,7 @@ def _placement(comm):
             "local_size": comm.local_size, "cross_rank": comm.cross_rank, "cross_size": comm.cross_size}
 
 
-def _checkpoint_to_resume(config, run_dir, effective, comm):
+def _checkpoint_to_resume(config, run_dir, effective, comm, strategy):
     """``(manifest, directory)`` of the checkpoint ``--resume`` continues, or None
     for a fresh run; refuses a fresh run over a run's checkpoints, and a
     checkpoint that does not fit this run."""
@@ -199,7 +199,7 @@ def _checkpoint_to_resume(config, run_dir, effective, comm):
                              "or choose another --run-dir")
         return None
     manifest, directory = checkpoint.latest(run_dir)
-    differs = resume_mismatches(manifest, effective, comm.size)
+    differs = resume_mismatches(manifest, effective, comm.size, strategy)
     if differs:
         raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: " + ", ".join(differs))
     return manifest, directory
@@ -219,11 +219,11 @@ def _check_ranks_agree(comm, effective, model):
 
 
 def _learning_rate(config, size, updates_per_epoch):
-    """``(rate trained at after any warm-up, lr_scale's factor, warm-up updates)``:
-    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * lr_scale(...)``."""
+    """``(rate trained at after any warm-up, the strategy's lr_scale_factor, warm-up updates)``:
+    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * factor``."""
     if not config.scale_lr:
         return config.lr, 1.0, 0
-    factor = lr_scale(size, config.accumulate, config.strategy)
+    factor = registry.get(config.strategy).lr_scale_factor(size, config.accumulate)
     return config.lr * factor, factor, int(round(config.lr_warmup_epochs * updates_per_epoch))
 
 
@@ -240,7 +240,7 @@ def _learning_rate_record(config, size, updates_per_epoch, resume_from=None):
 
 def _inner_optimizer(config, size, updates_per_epoch):
     """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
-    at ``--lr * lr_scale(...)`` (reached by linear warm-up if asked)."""
+    at ``--lr`` times the strategy's ``lr_scale_factor`` (reached by linear warm-up if asked)."""
     lr = config.lr
     if config.scale_lr:
         target, _, warmup = _learning_rate(config, size, updates_per_epoch)
@@ -270,7 +270,7 @@ def _compile(model, config, strategy, comm, updates_per_epoch):
 
 def _rank_groups(strategy):
     """The groups of ranks a strategy combines in (Hierarchical's), or None."""
-    return next((s.groups for s in walk(strategy) if getattr(s, "groups", None)), None)
+    return strategy.process_groups()
 
 
 def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, learning_rate=None):
@@ -318,10 +318,9 @@ def _resize_notice(manifest, strategy, size):
     """One line saying what a resume at another number of ranks kept and what it changed."""
     line = (f"train.py: resuming at {size} ranks from a checkpoint of {manifest['num_ranks']} "
             f"(epoch {manifest['epoch']}): the update count continues, the data are resharded for {size} ranks")
-    elastic = [s for s in walk(strategy) if getattr(s, "moving_rate", None) is not None]
-    if elastic:
-        line += (f"; every rank's local weights restart from the center, optimizer slots are the mean of the "
-                 f"{manifest['num_ranks']} saved ranks', moving rate alpha = {elastic[0].moving_rate:.6g}")
+    notice = strategy.resize_notice(manifest["num_ranks"], size)
+    if notice:
+        line += f"; {notice}"
     return line
 
 
