@@ -69,13 +69,13 @@ def make_strategy(name):
         return hvd_easgd.SyncAverage()
     if name.startswith("easgd_tau"):
         tau, overlap = easgd_settings(name)
-        return hvd_easgd.EASGD(communication_period=tau, overlap=overlap)
+        return hvd_easgd.EASGD(period=tau, overlap=overlap)
     if name == "accum4_sync":
         return hvd_easgd.GradientAccumulation(4, strategy=hvd_easgd.SyncAverage())
     if name == "sync_two_level":
         return hvd_easgd.Hierarchical(intra=hvd_easgd.SyncAverage(), inter=hvd_easgd.SyncAverage())
     if name == "hier_easgd_tau10":
-        return hvd_easgd.Hierarchical(intra=hvd_easgd.SyncAverage(), inter=hvd_easgd.EASGD(communication_period=10))
+        return hvd_easgd.Hierarchical(intra=hvd_easgd.SyncAverage(), inter=hvd_easgd.EASGD(period=10))
     if name == "periodic_tau10":
         return hvd_easgd.PeriodicAverage(period=10)
     if name == "diloco_tau10":

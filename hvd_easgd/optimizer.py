@@ -74,7 +74,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         hvd_easgd.init()
         opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05),
-                                             strategy=hvd_easgd.EASGD(communication_period=10))
+                                             strategy=hvd_easgd.EASGD(period=10))
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         model.fit(x, y, callbacks=hvd_easgd.callbacks.defaults(), verbose=hvd_easgd.rank() == 0)
     """

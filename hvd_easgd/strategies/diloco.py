@@ -40,20 +40,15 @@ the outer step (it is no gradient's weight): it follows the one rule of every
 strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
 account.
 """
-import numbers
-
 import keras
 import tensorflow as tf
 
+from .. import validation
 from .base import CliOption, SyncStrategy, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_step
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
-
-
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -104,16 +99,11 @@ class DiLoCo(SyncStrategy):
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None):
         super().__init__()
         self.period = check_period(period)
-        if not (_is_number(outer_learning_rate) and outer_learning_rate > 0):
-            raise ValueError("`outer_learning_rate` must be a number > 0. "
-                             f"Received: outer_learning_rate={outer_learning_rate!r}")
-        if not (_is_number(outer_momentum) and 0 <= outer_momentum < 1):
-            raise ValueError("`outer_momentum` must be a number with 0 <= outer_momentum < 1. "
-                             f"Received: outer_momentum={outer_momentum!r}")
+        validation.number("outer_learning_rate", outer_learning_rate, minimum=0, min_inclusive=False)
+        validation.number("outer_momentum", outer_momentum, minimum=0, maximum=1, max_inclusive=False)
         if outer_optimizer is not None:
             if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
-                raise ValueError("`outer_optimizer` must be a Keras optimizer or None. "
-                                 f"Received: outer_optimizer={outer_optimizer!r}")
+                raise validation.refusal("outer_optimizer", "a Keras optimizer or None", outer_optimizer)
             if (outer_learning_rate, outer_momentum) != (DEFAULT_OUTER_LEARNING_RATE, DEFAULT_OUTER_MOMENTUM):
                 raise ValueError("`outer_learning_rate` and `outer_momentum` configure the default outer optimizer: "
                                  "set them on `outer_optimizer` instead. Received: "

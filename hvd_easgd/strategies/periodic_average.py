@@ -41,9 +41,10 @@ import warnings
 import keras
 import tensorflow as tf
 
+from .. import validation
 from ..statistics import floating
 from .base import CliOption, SyncStrategy
-from .local_updates import allreduce_unless_non_finite, check_period, is_integer, local_step
+from .local_updates import allreduce_unless_non_finite, check_period, local_step
 from .sync_average import SyncAverage
 
 
@@ -90,9 +91,7 @@ class PeriodicAverage(SyncStrategy):
         if period == 1:
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
                           "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
-        if not is_integer(warmup_steps) or warmup_steps < 0:
-            raise ValueError(f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
-        self.warmup_steps = int(warmup_steps)
+        self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         self.warmup_strategy = SyncAverage()
 
     def children(self):
