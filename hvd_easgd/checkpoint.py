@@ -179,6 +179,7 @@ def restore(directory, manifest, model, optimizer, comm):
         with np.load(path) as shard:
             _check_fits(path, shard.files, groups)
             _assign(path, groups, shard)
+        _strategy_state_restored(optimizer)
         return
     paths = [os.path.join(directory, f"rank-{r:05d}.npz") for r in range(manifest["num_ranks"])]
     shards = [np.load(path) for path in paths]
@@ -189,7 +190,15 @@ def restore(directory, manifest, model, optimizer, comm):
     finally:
         for shard in shards:
             shard.close()
+    _strategy_state_restored(optimizer)
     _restart_local_weights_from_kept_model(model, optimizer)
+
+
+def _strategy_state_restored(optimizer):
+    # A strategy whose saved state changed meaning reads an older checkpoint's here.
+    strategy = getattr(optimizer, "strategy", None)
+    if strategy is not None:
+        strategy.on_state_restored()
 
 
 def _keys(groups):
