@@ -97,7 +97,8 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
     mid-epoch checkpoint needs ``steps_per_epoch`` (micro-batches per epoch).
     """
     if step_in_epoch and not steps_per_epoch:
-        raise ValueError(f"a mid-epoch checkpoint needs `steps_per_epoch`. Received: steps_per_epoch={steps_per_epoch}")
+        raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for a mid-epoch checkpoint. "
+                         f"Received: steps_per_epoch={steps_per_epoch!r}")
     directory = checkpoint_dir(run_dir, epoch, step_in_epoch)
     os.makedirs(directory, exist_ok=True)
     arrays = _shard_arrays(state_groups(model, optimizer))

@@ -105,8 +105,9 @@ class DiLoCo(SyncStrategy):
             if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
                 raise validation.refusal("outer_optimizer", "a Keras optimizer or None", outer_optimizer)
             if (outer_learning_rate, outer_momentum) != (DEFAULT_OUTER_LEARNING_RATE, DEFAULT_OUTER_MOMENTUM):
-                raise ValueError("`outer_learning_rate` and `outer_momentum` configure the default outer optimizer: "
-                                 "set them on `outer_optimizer` instead. Received: "
+                raise ValueError("`outer_learning_rate` and `outer_momentum` must keep their defaults when "
+                                 "`outer_optimizer` is given: they configure the default outer optimizer, so set "
+                                 "them on `outer_optimizer` instead. Received: "
                                  f"outer_learning_rate={outer_learning_rate!r}, outer_momentum={outer_momentum!r}, "
                                  f"outer_optimizer={outer_optimizer!r}")
         self.outer_learning_rate = float(outer_learning_rate)
@@ -122,7 +123,7 @@ class DiLoCo(SyncStrategy):
             self.outer_optimizer = keras.optimizers.SGD(self.outer_learning_rate, momentum=self.outer_momentum,
                                                         nesterov=True, name="diloco_outer_sgd")
         elif self.outer_optimizer.built:
-            raise ValueError("`outer_optimizer` is already built (used elsewhere?): each DiLoCo needs its own. "
+            raise ValueError("`outer_optimizer` must not be built yet (used elsewhere?): each DiLoCo needs its own. "
                              f"Received: outer_optimizer={self.outer_optimizer!r}")
         self.variables = trainable_variables
         # θ starts equal to x, identical on all ranks after the initial broadcast.

@@ -180,9 +180,10 @@ class Hierarchical(SyncStrategy):
         hosts = comm.host_groups()
         sizes = [len(host) for host in hosts]
         if not comm.homogeneous or len(set(sizes)) > 1:
-            raise ValueError("`ranks_per_group=None` makes one group per host, which needs the same number of "
-                             f"ranks on every host; the hosts run {sizes} ranks. Pass ranks_per_group "
-                             "(--ranks-per-group N) to form the groups explicitly. Received: ranks_per_group=None")
+            raise ValueError("`ranks_per_group` must be an integer >= 1 here: None makes one group per host, which "
+                             f"needs the same number of ranks on every host; the hosts run {sizes} ranks. Pass "
+                             "ranks_per_group (--ranks-per-group N) to form the groups explicitly. "
+                             "Received: ranks_per_group=None")
         return hosts
 
     @property

@@ -17,7 +17,9 @@ _REGISTRY = {}
 def register(cls, name=None, description=None):
     name = name or cls.name
     if name in _REGISTRY:
-        raise ValueError(f"a strategy named {name!r} is already registered")
+        raise ValueError(f"`name` must be one no registered strategy has ({name!r} is already registered, by "
+                         f"{_REGISTRY[name]['cls'].__module__}.{_REGISTRY[name]['cls'].__qualname__}). "
+                         f"Received: name={name!r}")
     _REGISTRY[name] = {"cls": cls, "description": description or cls.description}
     return cls
 
@@ -29,7 +31,8 @@ def available():
 
 def get(name):
     if name not in _REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(f"`name` must be a registered strategy, one of {sorted(_REGISTRY)} (unknown strategy "
+                         f"{name!r}). Received: name={name!r}")
     return _REGISTRY[name]["cls"]
 
 
