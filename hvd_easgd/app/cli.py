@@ -15,7 +15,7 @@ from . import data
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
-from .lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, RULE_HELP, auto_scales, lr_scale
+from .lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, auto_scales, rule_help
 from .models import MODELS
 from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from ..runtime import COLLECTIVES, check_collectives
@@ -50,6 +50,10 @@ def build_parser():
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file; flags override it")
+    parser.add_argument("--plugin", metavar="MODULE", action="append", default=None,
+                        help="import MODULE (found on PYTHONPATH) first, on every rank; importing it registers its "
+                             "strategies (hvd_easgd.registry.register). Repeatable or comma-separated; saved in the "
+                             "run's config, so --resume imports it again")
     parser.add_argument("--strategy", default="sync", choices=sorted(strategies),
                         help="; ".join(f"{n}: {d}" for n, d in sorted(strategies.items())))
     group = parser.add_argument_group(
@@ -64,8 +68,9 @@ def build_parser():
             group.add_argument(flag, dest=_flag_dest(flag), action="store_const", const=opt.switch_value,
                                default=None, help=text)
         else:
-            group.add_argument(flag, dest=_flag_dest(flag), type=opt.type, choices=opt.choices, default=None,
-                               metavar=None if opt.choices else flag[2:].upper().replace("-", "_"), help=text)
+            choices = registry.choices(opt)
+            group.add_argument(flag, dest=_flag_dest(flag), type=opt.type, choices=choices, default=None,
+                               metavar=None if choices else flag[2:].upper().replace("-", "_"), help=text)
     acc = parser.add_argument_group("gradient accumulation (composes with any --strategy)")
     acc.add_argument("--accumulate", type=int, default=1, metavar="K", help="micro-batches per optimizer update")
     acc.add_argument("--accumulate-reduction", choices=("mean", "sum"), default="mean",
@@ -89,7 +94,7 @@ def build_parser():
     train.add_argument("--scale-lr", action=argparse.BooleanOptionalAction, default="auto",
                        help="multiply --lr by a factor that grows with the ranks and --accumulate K; auto: when "
                             "--lr is not given, for strategies with a rule and SGD-type optimizers (--no-scale-lr: "
-                            f"never). {RULE_HELP}")
+                            f"never). {rule_help(_strategy_classes())}")
     train.add_argument("--lr-warmup-epochs", type=float, default=0.0,
                        help="with the scaled rate: ramp linearly from --lr to it over these epochs")
     train.add_argument("--threads-per-rank", type=int, default=None,
@@ -215,9 +220,50 @@ def _saved_config(run_dir):
     return manifest["config"]
 
 
+def _plugin_modules(values):
+    """``--plugin`` values (each a module or a comma-separated list; a config's
+    may be one string or a list) as one list of module names, first seen first."""
+    modules = []
+    for value in values or ():
+        for name in ([value] if isinstance(value, str) else list(value)):
+            for module in str(name).split(","):
+                if module.strip() and module.strip() not in modules:
+                    modules.append(module.strip())
+    return modules
+
+
+def _import_plugins(argv):
+    """Imports the plugins of the command line, of ``--resume``'s saved config
+    and of ``--config``'s file, before the parser is built: their strategies
+    are then ``--strategy`` choices, their options flags, and a saved strategy
+    name is valid. Returns the modules, saved first."""
+    early = _RankZeroParser(add_help=False)
+    for flag in ("--plugin", "--resume", "--config"):
+        early.add_argument(flag, action="append" if flag == "--plugin" else "store", default=None)
+    first, _ = early.parse_known_args(argv)
+    found = []
+    if first.resume:
+        found.append(_saved_config(first.resume).get("plugin"))
+    if first.config and os.path.isfile(first.config):
+        try:
+            with open(first.config) as f:
+                loaded = yaml.safe_load(f)
+        except yaml.YAMLError:
+            loaded = None  # _load_yaml reports it
+        if isinstance(loaded, dict):
+            found.append(loaded.get("plugin"))
+    modules = _plugin_modules([m for m in found if m] + (first.plugin or []))
+    try:
+        registry.import_plugins(modules)
+    except ValueError as err:
+        raise UsageError(f"--plugin: {err}") from None
+    return modules
+
+
 def parse_args(argv=None):
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    plugins = _import_plugins(argv)
+    parser = build_parser()
     first, _ = parser.parse_known_args(argv)
     defaults = {}
     if first.resume:
@@ -227,6 +273,7 @@ def parse_args(argv=None):
         defaults.update(_load_yaml(first.config, parser))
     parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
+    args.plugin = plugins
     if args.auto_resume and not args.resume:
         if not args.run_dir:
             raise UsageError("--auto-resume needs --run-dir (the directory to resume from or start in)")
@@ -275,7 +322,7 @@ def _validate(args):
                          f"and this run keeps --lr {args.lr}. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
     if args.scale_lr:
         try:  # a strategy without a measured rule is refused here, before Horovod starts
-            lr_scale(1, args.accumulate, args.strategy)
+            registry.get(args.strategy).lr_scale_factor(1, args.accumulate)
         except ValueError as err:
             raise UsageError(f"--scale-lr: {err}") from None
     try:  # before anything starts, so every rank leaves alike
@@ -315,7 +362,7 @@ def _resolve_lr(args):
     if not lr_given:
         args.lr = DEFAULT_LR
     if args.scale_lr == "auto":
-        args.scale_lr = auto_scales(args.strategy, args.optimizer, lr_given)
+        args.scale_lr = auto_scales(registry.get(args.strategy), args.optimizer, lr_given)
 
 
 def strategy_kwargs(args, name=None):

@@ -24,9 +24,9 @@ from .config_compare import resume_mismatches
 from .data import DataError, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from ..kept_model import save_kept_model
-from .lr_scaling import default_epochs, lr_scale
+from .lr_scaling import default_epochs
 from ..optimizer import DistributedOptimizer
-from ..strategies import walk
+from ..strategies import registry
 
 
 def train(args, config, dataset, strategy):
@@ -44,7 +44,7 @@ def train(args, config, dataset, strategy):
     run_dir = _resolve_run_dir(args, comm)
     _check_run_dir_is_shared(run_dir, comm, create=not args.resume)
     config = dict(config, run_dir=run_dir, epochs=args.epochs)
-    resume_from = _checkpoint_to_resume(args, run_dir, config, comm)
+    resume_from = _checkpoint_to_resume(args, run_dir, config, comm, strategy)
 
     model = models.build(args.model, dataset.input_shape, dataset.num_classes)
     _check_ranks_agree(comm, config, model)
@@ -92,7 +92,7 @@ def _start_ranks(args, strategy):
     """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
     random source, and binds the strategy to the ranks."""
     # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
-    splits = any(getattr(s, "needs_process_sets", False) for s in walk(strategy))
+    splits = strategy.needs_process_groups()
     comm = runtime.init(threads_per_rank=args.threads_per_rank, process_sets="dynamic" if splits else None,
                         collectives=args.collectives)
     # Same seed and data order give the same weights, run after run: the
@@ -179,7 +179,7 @@ def _placement(comm):
             "local_size": comm.local_size, "cross_rank": comm.cross_rank, "cross_size": comm.cross_size}
 
 
-def _checkpoint_to_resume(args, run_dir, config, comm):
+def _checkpoint_to_resume(args, run_dir, config, comm, strategy):
     """``(manifest, directory)`` of the checkpoint ``--resume`` continues, or None
     for a fresh run; refuses a fresh run over a run's checkpoints, and a
     checkpoint that does not fit this run."""
@@ -190,7 +190,7 @@ def _checkpoint_to_resume(args, run_dir, config, comm):
                              "or choose another --run-dir")
         return None
     manifest, directory = checkpoint.latest(run_dir)
-    differs = resume_mismatches(manifest, config, comm.size)
+    differs = resume_mismatches(manifest, config, comm.size, strategy)
     if differs:
         raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: " + ", ".join(differs))
     return manifest, directory
@@ -210,11 +210,11 @@ def _check_ranks_agree(comm, config, model):
 
 
 def _learning_rate(args, size, updates_per_epoch):
-    """``(rate trained at after any warm-up, lr_scale's factor, warm-up updates)``:
-    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * lr_scale(...)``."""
+    """``(rate trained at after any warm-up, the strategy's lr_scale_factor, warm-up updates)``:
+    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * factor``."""
     if not args.scale_lr:
         return args.lr, 1.0, 0
-    factor = lr_scale(size, args.accumulate, args.strategy)
+    factor = registry.get(args.strategy).lr_scale_factor(size, args.accumulate)
     return args.lr * factor, factor, int(round(args.lr_warmup_epochs * updates_per_epoch))
 
 
@@ -231,7 +231,7 @@ def _learning_rate_record(args, size, updates_per_epoch, resume_from=None):
 
 def _inner_optimizer(args, size, updates_per_epoch):
     """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
-    at ``--lr * lr_scale(...)`` (reached by linear warm-up if asked)."""
+    at ``--lr`` times the strategy's ``lr_scale_factor`` (reached by linear warm-up if asked)."""
     lr = args.lr
     if args.scale_lr:
         target, _, warmup = _learning_rate(args, size, updates_per_epoch)
@@ -261,7 +261,7 @@ def _compile(model, args, strategy, comm, updates_per_epoch):
 
 def _rank_groups(strategy):
     """The groups of ranks a strategy combines in (Hierarchical's), or None."""
-    return next((s.groups for s in walk(strategy) if getattr(s, "groups", None)), None)
+    return strategy.process_groups()
 
 
 def _write_run_config(run_dir, config, num_ranks, placement, groups=None, learning_rate=None):
@@ -309,10 +309,9 @@ def _resize_notice(manifest, strategy, size):
     """One line saying what a resume at another number of ranks kept and what it changed."""
     line = (f"train.py: resuming at {size} ranks from a checkpoint of {manifest['num_ranks']} "
             f"(epoch {manifest['epoch']}): the update count continues, the data are resharded for {size} ranks")
-    elastic = [s for s in walk(strategy) if getattr(s, "moving_rate", None) is not None]
-    if elastic:
-        line += (f"; every rank's local weights restart from the center, optimizer slots are the mean of the "
-                 f"{manifest['num_ranks']} saved ranks', moving rate alpha = {elastic[0].moving_rate:.6g}")
+    notice = strategy.resize_notice(manifest["num_ranks"], size)
+    if notice:
+        line += f"; {notice}"
     return line
 
 

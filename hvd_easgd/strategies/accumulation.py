@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from .base import SyncStrategy, as_dense, count_as, state_variable_name
+from .base import ExpectedTraffic, SyncStrategy, as_dense, count_as, state_variable_name
 from .sync_average import SyncAverage
 
 
@@ -112,6 +112,22 @@ class GradientAccumulation(SyncStrategy):
         windows = self.micro_steps // self.k
         if int(self.step_counter.numpy()) > int(windows.numpy()):
             self.step_counter.assign(windows)
+
+    # --- the hooks (base.py): the wrapped strategy's answers, at k micro-batches per update ----
+    def lr_scale_factor(self, size, accumulate=1):
+        """The wrapped strategy's rule at ``accumulate · k`` micro-batches per update."""
+        return self.strategy.lr_scale_factor(size, accumulate * self.k)
+
+    def resize_refusal(self, saved_ranks, ranks):
+        return self.strategy.resize_refusal(saved_ranks, ranks)
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """The wrapped strategy's, once every k micro-batches, with the window's sample count."""
+        inner = self.strategy.expected_traffic(trainable_variables, non_trainable_variables, hosts, ranks_per_host,
+                                               sample_counts=True)
+        return ExpectedTraffic(inner.within_group.per(self.k), inner.across_groups.per(self.k),
+                               inner.ranks_per_group)
 
     def get_config(self):
         return {"k": self.k, "average": self.average,

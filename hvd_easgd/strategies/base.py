@@ -34,6 +34,27 @@ combines, ΣS / Σn (summed over ranks and accumulated calls); with
 nothing this step": its S is exactly zero even when its g is NaN (the mean of
 an empty batch is 0/0), it never counts as a non-finite step, and it must
 never desynchronise the ranks.
+
+What a strategy knows about itself (the hooks)
+----------------------------------------------
+Everything the application and the benchmarks need to know about a strategy
+is asked of the strategy, never looked up in a table of names; each hook has
+a default here and composites answer by asking their children:
+``lr_scale_factor(size, accumulate=1)`` (class-level: the factor
+``--scale-lr`` multiplies ``--lr`` by, or ``NoScaleRule`` with the reason
+there is none; the default refuses), ``resize_refusal(saved_ranks, ranks)``
+(why a checkpoint saved at ``saved_ranks`` cannot resume at ``ranks``, or
+None; the default refuses, as per-rank state has no rule) and
+``resize_notice(saved_ranks, ranks)`` (what such a resume changes, or None),
+``needs_process_groups()`` (whether it splits the ranks into groups, asked
+before the ranks start) and ``process_groups()`` (those groups once bound, or
+None), the class attribute ``across_groups`` (whether ``Hierarchical`` may run
+it across its groups, each group acting as one worker), and
+``expected_traffic(trainable_variables, non_trainable_variables, hosts,
+ranks_per_host, sample_counts)`` (one rank's bytes and calls per training
+step, per level, as ``ExpectedTraffic``). With ``name``, ``description`` and
+``cli_options`` these are all a strategy defined outside the package needs to
+work wherever a built-in does (docs/plugins.md).
 """
 from dataclasses import dataclass
 
@@ -47,7 +68,10 @@ from ..comm import LocalCommunicator
 class CliOption:
     """A command-line flag of a strategy; the CLI builds its parser from these.
 
-    ``switch`` flags take no value and pass ``switch_value`` to ``kwarg``.
+    ``switch`` flags take no value and pass ``switch_value`` to ``kwarg``. A
+    flag that names another strategy sets ``strategies_where``, a predicate on
+    strategy classes: its choices are the registered strategies it holds for
+    (``registry.choices``), so a plugin's strategy can be chosen too.
     """
 
     flag: str
@@ -57,6 +81,71 @@ class CliOption:
     choices: tuple = None
     switch: bool = False
     switch_value: object = True
+    strategies_where: object = None
+
+
+class NoScaleRule(ValueError):
+    """``--scale-lr`` has no rule for this strategy; the message says why."""
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One rank's collective traffic per training step (one call of ``step``):
+    payload bytes and collective calls, averaged over the strategy's period
+    (τ steps, k micro-batches) once any warm-up is over."""
+
+    bytes: float = 0.0
+    calls: float = 0.0
+
+    def __add__(self, other):
+        return Traffic(self.bytes + other.bytes, self.calls + other.calls)
+
+    def per(self, steps):
+        """This traffic spread over ``steps`` training steps (once every ``steps``)."""
+        return Traffic(self.bytes / steps, self.calls / steps)
+
+
+NO_TRAFFIC = Traffic()
+
+
+@dataclass(frozen=True)
+class ExpectedTraffic:
+    """A strategy's expected traffic per rank and training step, by level.
+
+    The ranks form groups of ``ranks_per_group`` (Hierarchical's groups); a
+    flat strategy's groups are single ranks, so all of its traffic is
+    ``across_groups`` and ``ranks_per_group`` is 1. The ``across_groups``
+    collectives run in ``ranks_per_group`` sets side by side (the j-th rank of
+    every group), each over one rank per group.
+    """
+
+    within_group: Traffic = NO_TRAFFIC
+    across_groups: Traffic = NO_TRAFFIC
+    ranks_per_group: int = 1
+
+    @property
+    def total(self):
+        """Both levels: what ``comm.account()`` of one rank grows by per step."""
+        return self.within_group + self.across_groups
+
+
+def payload_bytes(variables, itemsize=None):
+    """Σ elements · itemsize over ``variables`` (anything with ``shape`` and
+    ``dtype``), each in its own dtype unless ``itemsize`` overrides it (what a
+    compressed wire format sends)."""
+    total = 0
+    for v in variables:
+        elements = 1
+        for dim in v.shape:
+            elements *= int(dim)
+        total += elements * (itemsize or tf.as_dtype(v.dtype).size)
+    return total
+
+
+def element_bytes(variables):
+    """The bytes of one element of the first variable's dtype: what a flag or
+    a sample count riding in the same grouped call costs."""
+    return tf.as_dtype(variables[0].dtype).size
 
 
 def as_dense(grad, variable):
@@ -163,12 +252,16 @@ def state_variable_name(prefix, variable):
 
 
 class SyncStrategy:
-    """Base class. Subclasses set ``name`` and implement ``step``."""
+    """Base class. Subclasses set ``name`` and ``description`` and implement
+    ``step``; they override the hooks below whose default does not fit them."""
 
     name = None
     description = ""
     # Command-line flags (CliOption). Strategies may share a flag (``--tau``).
     cli_options = ()
+    # Whether Hierarchical may run this strategy across its groups (``--inter``):
+    # it must take a group's gradient sums and sample count as one worker's.
+    across_groups = False
     # ``(kwarg, default name)`` for a strategy that contains another one chosen
     # by name on the command line (Hierarchical's ``--inter``): the CLI builds
     # that one from the flags it declares and passes it as ``kwarg``.
@@ -263,6 +356,77 @@ class SyncStrategy:
         model's own weights (SyncAverage). EASGD keeps its center x̃."""
         return None
 
+    # --- what the strategy knows about itself (the hooks) -------------------------
+    @classmethod
+    def lr_scale_factor(cls, size, accumulate=1):
+        """The factor ``--scale-lr`` multiplies ``--lr`` by for this strategy.
+
+        An override's first docstring line is its rule in one line (train.py's
+        ``--help`` lists it); the lines after it give the measurements.
+
+        Args:
+          size: the number of ranks.
+          accumulate: k, micro-batches per update (1 without accumulation).
+
+        Returns:
+          The factor, a float >= 1.
+
+        Raises:
+          NoScaleRule: the strategy has no measured rule (this default: a
+            strategy that declares none); the message says why.
+        """
+        check_count("size", size)
+        check_count("accumulate", accumulate)
+        raise NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule: it declares none "
+                          "(lr_scale_factor); tune --lr")
+
+    def resize_refusal(self, saved_ranks, ranks):
+        """Why a checkpoint of this strategy saved at ``saved_ranks`` ranks cannot
+        resume at ``ranks`` ranks, or None when it can (``checkpoint.restore``
+        then maps the saved shards). The default refuses: per-rank state has
+        no rule for another number of ranks. Whether the checkpoint is at an
+        epoch end is not the strategy's business (``config_compare``)."""
+        return (f"--strategy {self.name} keeps state per rank that has no rule for another number of ranks "
+                "(resize_refusal)")
+
+    def resize_notice(self, saved_ranks, ranks):
+        """What a resume from ``saved_ranks`` to ``ranks`` ranks changes in this
+        strategy's state, for the one line train.py prints; None: nothing to say.
+        The default joins the children's notices."""
+        notes = [n for n in (c.resize_notice(saved_ranks, ranks) for c in self.children()) if n]
+        return "; ".join(notes) or None
+
+    def needs_process_groups(self):
+        """Whether this strategy splits the ranks into process groups (Horovod's
+        dynamic process sets must be on before the ranks start). Asked before
+        ``bind``; the default asks the children."""
+        return any(child.needs_process_groups() for child in self.children())
+
+    def process_groups(self):
+        """The groups of ranks this strategy combines in, once bound (lists of
+        ranks), or None; the default asks the children, the first answer wins."""
+        return next((g for g in (c.process_groups() for c in self.children()) if g is not None), None)
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """One rank's expected collective traffic per training step, by level.
+
+        Args:
+          trainable_variables: the model's trainable variables (their shapes
+            and dtypes are all that is read).
+          non_trainable_variables: its non-trainable ones.
+          hosts: H, hosts in the job.
+          ranks_per_host: ranks on each host (p = H · ranks_per_host).
+          sample_counts: whether ``step`` receives a ``sample_count``
+            (GradientAccumulation always passes one): a count may ride along.
+
+        Returns:
+          An ``ExpectedTraffic``; at p = 1 nothing (a one-rank communicator
+          returns a collective's inputs without a call). The default: a
+          strategy that never communicates.
+        """
+        return ExpectedTraffic()
+
     # --- one step ----------------------------------------------------------------
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         """One optimizer step on per-rank sums (see the module docstring)."""
@@ -333,6 +497,11 @@ class SyncStrategy:
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+def check_count(name, value):
+    """``value`` as an int, or the Keras-form refusal: an integer >= 1."""
+    return validation.integer(name, value, minimum=1)
 
 
 def walk(strategy):

@@ -44,7 +44,8 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from .base import CliOption, SyncStrategy, state_variable_name
+from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, check_count, element_bytes, \
+    payload_bytes, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_step
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
@@ -166,6 +167,26 @@ class DiLoCo(SyncStrategy):
         for v, s in zip(self.variables, self.synced):
             v.assign(s)
         return tf.no_op()
+
+    # --- the hooks (base.py) ----------------------------------------------------------
+    @classmethod
+    def lr_scale_factor(cls, size, accumulate=1):
+        """Refused: the inner rate sets how far the ranks drift in τ steps and
+        ``--outer-lr`` how far the synced weights follow their mean drift; no
+        single factor on ``--lr`` stands for both, and none was measured."""
+        check_count("size", size)
+        check_count("accumulate", accumulate)
+        raise NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule: the inner --lr sets the ranks' drift over "
+                          "tau steps and --outer-lr how far the synced weights follow it; no one factor on --lr "
+                          "scales both. Tune --lr and --outer-lr instead")
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """On every τ-th step ONE call: Δ and the non-finite flag (module docstring)."""
+        if hosts * ranks_per_host == 1:
+            return ExpectedTraffic()
+        sent = payload_bytes(trainable_variables) + element_bytes(trainable_variables)
+        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
 
     def get_config(self):
         outer = self._outer_optimizer_arg

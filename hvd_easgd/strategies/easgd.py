@@ -49,9 +49,30 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from .base import CliOption, SyncStrategy, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_step
+from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes, \
+    state_variable_name
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
+
+
+def at_stability_bound(alpha, p):
+    """α = 2/(p+1): the gap oscillates without growing (warned; module docstring)."""
+    return math.isclose(alpha, 2.0 / (p + 1), rel_tol=1e-9)
+
+
+def diverges(alpha, p):
+    """α > 2/(p+1): the gap grows at every elastic step (refused; module docstring)."""
+    return alpha > 2.0 / (p + 1) and not at_stability_bound(alpha, p)
+
+
+def most_ranks_for(alpha):
+    """The largest q at which ``alpha`` does not diverge (α <= 2/(q+1))."""
+    q = int(2.0 / alpha - 1)
+    while q > 1 and diverges(alpha, q):
+        q -= 1
+    while not diverges(alpha, q + 1):
+        q += 1
+    return q
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -99,6 +120,7 @@ class EASGD(SyncStrategy):
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
         CliOption("--overlap", "overlap", "overlap the elastic allreduce with the step's compute", switch=True),
     )
+    across_groups = True
 
     def __init__(self, period=None, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0, overlap=False,
                  communication_period=None):
@@ -158,11 +180,11 @@ class EASGD(SyncStrategy):
         else:
             given = f"`beta` (p * alpha) must satisfy 0 < beta <= 2p/(p+1) = {p * bound:.6g}"
             received = f"beta={self.beta!r}"
-        if math.isclose(alpha, bound, rel_tol=1e-9):
+        if at_stability_bound(alpha, p):
             warnings.warn(f"EASGD with alpha = 2/(p+1) = {bound:.6g} at p={p}: the gap between the workers' mean "
                           "and the center oscillates (it changes sign every elastic step and never shrinks)"
                           + ("; at p=1 the local weights and the center swap" if p == 1 else ""), stacklevel=3)
-        elif alpha > bound:
+        elif diverges(alpha, p):
             raise ValueError(f"{given} with p={p} ranks, else the elastic step diverges. Received: {received}")
         elif p * alpha >= 1:
             warnings.warn(f"EASGD with p * alpha = {p * alpha:.6g} >= 1 at p={p}: each elastic step moves the center "
@@ -269,6 +291,52 @@ class EASGD(SyncStrategy):
 
         tf.cond(tf.equal(bad_ranks, 0), apply, skip)
         return tf.no_op()
+
+    # --- the hooks (base.py) ----------------------------------------------------------
+    @classmethod
+    def lr_scale_factor(cls, size, accumulate=1):
+        """factor ranks*sqrt(K): a local update averages K micro-batches of one rank.
+
+        ``size * sqrt(k)`` (``local_updates.local_lr_factor``): a rank's
+        local update averages its own k micro-batches, and the ranks meet
+        through the elastic pull on the center, which averages ``size``
+        workers (linear in the ranks: the rule before accumulation counted,
+        unchanged at k = 1).
+
+        Measured on digits (``horovodrun -np 2 train.py``, lr 0.02, momentum
+        0.9, 10 epochs), three seeds: at k = 1, ×2 ends as high as ×1
+        (0.978-0.986) and reaches 0.95 about an epoch sooner; at k = 4, ×4
+        ends at 0.964-0.978, while ×5.66 and ×8 end at 0.90 and 0.81.
+        """
+        return local_lr_factor(size, accumulate)
+
+    def resize_refusal(self, saved_ranks, ranks):
+        """The center is kept and every rank's local weights restart from it
+        (``checkpoint.restore``); α is β/q again at q ranks. A ``moving_rate``
+        fixed by the user is refused at q exactly where ``EASGD(...)`` refuses
+        it (α > 2/(q+1): the elastic step diverges) and only warned about
+        where the constructor warns (q·α >= 1, or α at the bound), so a resume
+        accepts every α a fresh run at q ranks accepts."""
+        alpha = self._moving_rate_arg
+        if alpha is None or not diverges(alpha, ranks):
+            return None
+        return (f"--moving-rate {alpha} was fixed for {saved_ranks} ranks, and at {ranks} ranks alpha > "
+                f"2/(q+1) = {2.0 / (ranks + 1):.6g}: the elastic step diverges; resume at {most_ranks_for(alpha)} "
+                "ranks or fewer, or start a new run with --beta (alpha = beta/q)")
+
+    def resize_notice(self, saved_ranks, ranks):
+        return (f"every rank's local weights restart from the center, optimizer slots are the mean of the "
+                f"{saved_ranks} saved ranks', moving rate alpha = {self.moving_rate:.6g}")
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """On every τ-th step ONE call: the elastic differences and the
+        non-finite flag (one element of their dtype). BatchNorm statistics are
+        averaged outside the account (``hvd_easgd.statistics``)."""
+        if hosts * ranks_per_host == 1:
+            return ExpectedTraffic()
+        sent = payload_bytes(trainable_variables) + element_bytes(trainable_variables)
+        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
 
     def get_config(self):
         return {"period": self.period, "moving_rate": self._moving_rate_arg,

@@ -78,12 +78,15 @@ import keras
 from .. import validation
 from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
-from .base import CliOption, SyncStrategy, as_dense, count_off_the_wire, count_on_the_wire
+from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, as_dense, check_count, count_off_the_wire, \
+    count_on_the_wire
 from .easgd import EASGD
 from .sync_average import SyncAverage
 
-# What --inter may name: strategies that take a group's gradients as one worker's.
-INTER_CHOICES = ("easgd", "sync")
+
+def _runs_across_groups(cls):
+    """What --inter may name: strategies that take a group's gradients as one worker's."""
+    return cls.across_groups
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -112,13 +115,11 @@ class Hierarchical(SyncStrategy):
     description = "sync within each host (or --ranks-per-group ranks) every step, --inter across them"
     cli_options = (
         CliOption("--inter", "inter", "the strategy across groups; it takes its own options (default easgd)",
-                  choices=INTER_CHOICES),
+                  strategies_where=_runs_across_groups),
         CliOption("--ranks-per-group", "ranks_per_group",
                   "consecutive ranks per group (default: one group per host)", type=int),
     )
     cli_delegate = ("inter", "easgd")
-    # train.py starts Horovod with dynamic process sets for a strategy that splits the ranks.
-    needs_process_sets = True
 
     def __init__(self, intra=None, inter=None, ranks_per_group=None):
         super().__init__()
@@ -244,6 +245,42 @@ class Hierarchical(SyncStrategy):
         if not mean and intra.reduce_op == "average":
             sums = [s / self.group_comm.size for s in sums]
         return sums, count_off_the_wire(summed[-1])
+
+    # --- the hooks (base.py) ------------------------------------------------------------------
+    @classmethod
+    def lr_scale_factor(cls, size, accumulate=1):
+        """Refused: the two levels average different things (the gradients of
+        a group's ranks; the groups by the inter strategy's rule), and no
+        factor for the pair was measured."""
+        check_count("size", size)
+        check_count("accumulate", accumulate)
+        raise NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule: its intra level averages the gradients of "
+                          "the ranks in a group (SyncAverage's rule would count those) while its inter level meets "
+                          "the groups by its own rule (--inter), and no factor for the pair was measured. Tune "
+                          "--lr, e.g. starting from --strategy sync's factor for the ranks in one group")
+
+    def needs_process_groups(self):
+        """True: under Horovod the groups are dynamic process sets."""
+        return True
+
+    def process_groups(self):
+        return self.groups
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """Groups of n = ``ranks_per_group`` (default: ``ranks_per_host``), G = p/n
+        of them: within a group the intra strategy's traffic over n ranks, across
+        the groups the inter strategy's over G ranks (module docstring)."""
+        size = hosts * ranks_per_host
+        n = self.ranks_per_group or ranks_per_host
+        if size % n:
+            raise ValueError(f"`ranks_per_group` must divide the number of ranks p={size}. "
+                             f"Received: ranks_per_group={n}")
+        group_count = size // n
+        within = self.intra.expected_traffic(trainable_variables, non_trainable_variables, 1, n, sample_counts)
+        across = self.inter.expected_traffic(trainable_variables, non_trainable_variables, group_count, 1,
+                                             sample_counts)
+        return ExpectedTraffic(within.total, across.total, n)
 
     # --- configuration ---------------------------------------------------------------------
     def get_config(self):

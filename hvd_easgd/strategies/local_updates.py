@@ -2,10 +2,12 @@
 a rank's own optimizer step, and the one grouped Sum allreduce that keeps a
 non-finite contribution off the wire while every rank learns of it.
 """
+import math
+
 import tensorflow as tf
 
 from .. import validation
-from .base import all_finite, as_dense, count_as, zeros_unless
+from .base import all_finite, as_dense, check_count, count_as, zeros_unless
 
 
 def check_period(period, name="period"):
@@ -21,6 +23,23 @@ def check_period(period, name="period"):
     """
     # TF1's name gets the gloss: the rest of the package calls τ `period`.
     return validation.integer(name, period, minimum=1, gloss="(tau)" if name != "period" else "")
+
+
+def local_lr_factor(size, accumulate):
+    """``--scale-lr``'s factor for a strategy whose local update averages one
+    rank's k micro-batches while the ranks meet in the weights (EASGD,
+    PeriodicAverage): linear in the ranks, the square root of k::
+
+        factor = size * sqrt(k)
+
+    Linear in the ranks because the ranks' mean moves as one SyncAverage step
+    over ``size`` batches would (the center averages ``size`` workers); the
+    square root of k because gradients are never averaged across ranks, only
+    a rank's own micro-batches (the square-root rule for larger batches:
+    Krizhevsky 2014, arXiv:1404.5997; Hoffer et al. 2017, arXiv:1705.08741).
+    The measurements behind it are in the strategies' ``lr_scale_factor``.
+    """
+    return check_count("size", size) * math.sqrt(check_count("accumulate", accumulate))
 
 
 def local_step(strategy, grad_sums, variables, apply_update, sample_count, mean, adjust=None):

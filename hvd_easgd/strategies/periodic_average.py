@@ -43,8 +43,8 @@ import tensorflow as tf
 
 from .. import validation
 from ..statistics import floating
-from .base import CliOption, SyncStrategy
-from .local_updates import allreduce_unless_non_finite, check_period, local_step
+from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
 
 
@@ -144,6 +144,34 @@ class PeriodicAverage(SyncStrategy):
 
         tf.cond(tf.equal(bad_ranks, 0), replace, skip)
         return tf.no_op()
+
+    # --- the hooks (base.py) ----------------------------------------------------------
+    @classmethod
+    def lr_scale_factor(cls, size, accumulate=1):
+        """factor ranks*sqrt(K): a local update averages K micro-batches of one rank.
+
+        ``size * sqrt(k)``, EASGD's rule and for the same reason: a local
+        step averages one rank's k micro-batches, and the ranks meet by
+        averaging weights every τ steps. Between averages the mean of the
+        ranks' weights moves as one SyncAverage step over ``size`` batches
+        would, so over a fixed number of epochs it needs the size-fold rate
+        SyncAverage gets at k = 1.
+
+        Measured on digits at size 2, k = 1, τ = 10, seeds 0 and 1: ×1 ends at
+        0.986 and 0.981 (first epoch >= 0.95: 5, 5), ×2 at 0.986 and 0.983
+        (4, 5). k > 1 was not measured: the √k is EASGD's, by the same argument.
+        """
+        return local_lr_factor(size, accumulate)
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """On every τ-th step ONE call: the weights, the floating non-trainable
+        state and the non-finite flag (module docstring)."""
+        if hosts * ranks_per_host == 1:
+            return ExpectedTraffic()
+        sent = (payload_bytes(trainable_variables) + payload_bytes(floating(list(non_trainable_variables)))
+                + element_bytes(trainable_variables))
+        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
 
     def get_config(self):
         return {"period": self.period, "warmup_steps": self.warmup_steps}

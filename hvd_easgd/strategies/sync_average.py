@@ -4,13 +4,19 @@ Every rank applies the same reduced gradient, so the ranks' weights stay
 bit-identical. All gradients travel in ONE grouped allreduce per step: the
 per-step collective latency, not bandwidth, is the main cost at small scale.
 """
+import math
+
 import keras
 import tensorflow as tf
 
 from .. import validation
 from ..comm import Compression
 from ..comm.communicator import REDUCE_OPS
-from .base import CliOption, SyncStrategy, all_finite, as_dense, count_on_the_wire
+from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, all_finite, as_dense, check_count, \
+    count_on_the_wire, element_bytes, payload_bytes
+
+# The batches per update up to which --scale-lr's rule is linear (measured; see lr_scale_factor).
+LINEAR_UP_TO = 4
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -38,6 +44,7 @@ class SyncAverage(SyncStrategy):
         CliOption("--reduce-op", "reduce_op", "combine gradients across ranks by average (default) or sum",
                   choices=REDUCE_OPS),
     )
+    across_groups = True
 
     def __init__(self, reduce_op="average", clip_norm=None, compression="none"):
         super().__init__()
@@ -85,6 +92,46 @@ class SyncAverage(SyncStrategy):
         finite = all_finite(reduced)
         self._apply_if(tf.logical_and(wanted, finite), finite, apply_update, reduced)
         self.step_counter.assign_add(1)
+
+    # --- the hooks (base.py) ----------------------------------------------------------
+    @classmethod
+    def lr_scale_factor(cls, size, accumulate=1):
+        """m = ranks*K batches per update: factor m up to 4, then 4*sqrt(m/4).
+
+        An update averages the gradients of m = size · k batches. The rate
+        scales linearly with m up to m = 4 (Goyal et al. 2017,
+        arXiv:1706.02677) and by the square root beyond (Krizhevsky 2014,
+        arXiv:1404.5997; Hoffer et al. 2017, arXiv:1705.08741), continuous at
+        the bend::
+
+            factor = m                   for m <= 4
+                   = 4 * sqrt(m / 4)     for m > 4
+
+        Measured on digits (``horovodrun -np 2 train.py``, lr 0.02, momentum
+        0.9, 10 epochs) at m = 8 (size 2, k 4), three seeds: ×8 diverges
+        (with or without warm-up), ×4 ends at 0.88-0.95, ×5.66 at
+        0.956-0.972. ``lr_scale_factor(2, 4)`` is 5.657; ``(2, 1)`` is 2.0.
+        """
+        batches = check_count("size", size) * check_count("accumulate", accumulate)
+        if batches <= LINEAR_UP_TO:
+            return float(batches)
+        return LINEAR_UP_TO * math.sqrt(batches / LINEAR_UP_TO)
+
+    def resize_refusal(self, saved_ranks, ranks):
+        """None: every rank saved the same state."""
+        return None
+
+    def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
+                         sample_counts=False):
+        """Every step, ONE call: the gradients (2 bytes an element under fp16
+        compression), plus the sample count in their dtype when one is passed."""
+        if hosts * ranks_per_host == 1:
+            return ExpectedTraffic()
+        itemsize = 2 if self.compression_name == "fp16" else None
+        sent = payload_bytes(trainable_variables, itemsize)
+        if sample_counts:
+            sent += itemsize or element_bytes(trainable_variables)
+        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0))
 
     def get_config(self):
         return {"reduce_op": self.reduce_op, "clip_norm": self.clip_norm, "compression": self.compression_name}

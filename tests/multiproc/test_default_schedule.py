@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from hvd_easgd.app.data import digits, steps_per_epoch
-from hvd_easgd.app.lr_scaling import DEFAULT_LR, default_epochs, lr_scale
+from hvd_easgd.app.lr_scaling import DEFAULT_LR, default_epochs
+from hvd_easgd.strategies import SyncAverage
 from tests.helpers import ROOT, horovodrun
 
 pytestmark = pytest.mark.multiproc
@@ -30,8 +31,8 @@ def test_the_mission_command_reaches_095_at_the_rate_and_length_it_records(np_, 
     assert default_epochs(updates) == epochs  # 5 updates an epoch at 8 ranks: 20 epochs make 100
     config = run["config"]
     assert (config["lr"], config["scale_lr"], config["epochs"]) == (DEFAULT_LR, True, epochs)
-    assert run["learning_rate"] == {"rate": pytest.approx(DEFAULT_LR * lr_scale(np_, 1, "sync"), rel=1e-12),
-                                    "factor": pytest.approx(lr_scale(np_, 1, "sync"), rel=1e-12),
+    assert run["learning_rate"] == {"rate": pytest.approx(DEFAULT_LR * SyncAverage.lr_scale_factor(np_), rel=1e-12),
+                                    "factor": pytest.approx(SyncAverage.lr_scale_factor(np_), rel=1e-12),
                                     "warmup_updates": 0}
     assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, epochs + 1))
     assert all(row["bytes_sent_per_step"] == 4 * 38282 for row in metrics["epochs"])  # still plain sync

@@ -126,29 +126,50 @@ def test_another_rank_count_loads_the_saved_shard_and_another_model_is_refused(t
         checkpoint.latest(str(tmp_path / "elsewhere"))
 
 
+def _resized_strategy(name, alpha):
+    from hvd_easgd.strategies import registry
+
+    return registry.create(name, **({} if alpha is None else {"moving_rate": alpha}))
+
+
 @pytest.mark.parametrize("strategy, step, alpha, reason", [
     ("sync", 0, None, None),
     ("easgd", 0, None, None),
     ("easgd", 0, 0.3, None),  # 3 * 0.3 < 1
+    # 3 * 0.45 >= 1 only warns, as EASGD(moving_rate=0.45) at 3 ranks does: 0.45 <= 2/(3+1) is stable
+    ("easgd", 0, 0.45, None),
     ("sync", 5, None, "the checkpoint is mid-epoch (micro-batch 5 of epoch 3)"),
     ("easgd", 5, None, "the checkpoint is mid-epoch (micro-batch 5 of epoch 3)"),
-    ("easgd", 0, 0.45, "--moving-rate 0.45 was fixed for 2 ranks, and at 3 ranks q * alpha = 1.35 >= 1"),
+    ("easgd", 0, 0.6, "--moving-rate 0.6 was fixed for 2 ranks, and at 3 ranks alpha > 2/(q+1) = 0.5: the elastic "
+                      "step diverges"),
     ("hierarchical", 0, None, "--strategy hierarchical keeps state per rank that has no rule"),
+    ("periodic", 0, None, "--strategy periodic keeps state per rank that has no rule"),
 ])
 def test_resize_is_refused_mid_epoch_for_unknown_strategies_and_for_a_fixed_alpha_too_big(strategy, step, alpha,
                                                                                            reason):
     from hvd_easgd.app.config_compare import resize_refusal, resume_mismatches
+    from hvd_easgd.strategies import GradientAccumulation
 
     config = {"strategy": strategy, "moving_rate": alpha}
     manifest = {"epoch": 2, "step_in_epoch": step, "num_ranks": 2, "config": config}
-    refusal = resize_refusal(manifest, config, 3)
+    made = _resized_strategy(strategy, alpha)
+    refusal = resize_refusal(manifest, made, 3)
     assert (refusal is None) if reason is None else refusal.startswith(reason), refusal
-    differs = resume_mismatches(manifest, config, 3)
+    differs = resume_mismatches(manifest, config, 3, made)
     assert differs == ([] if reason is None else [f"number of ranks (2 saved, 3 now): {refusal}"])
-    assert resume_mismatches(manifest, config, 2) == []
-    if alpha == 0.45:
+    assert resume_mismatches(manifest, config, 2, made) == []
+    # accumulation resizes as the strategy it wraps does
+    assert resize_refusal(manifest, GradientAccumulation(4, strategy=made), 3) == refusal
+    if alpha == 0.6:
         assert refusal.endswith("resume at 2 ranks or fewer, or start a new run with --beta (alpha = beta/q)")
-        assert resize_refusal(manifest, config, 1) is None
+        assert resize_refusal(manifest, made, 1) is None
+        # the one rule: EASGD itself refuses this alpha at 3 ranks, and accepts it at 2
+        with pytest.raises(ValueError, match=r"alpha <= 2/\(p\+1\) = 0\.5 with p=3 ranks, else the elastic step "
+                                             r"diverges"):
+            made.bind(SimulatedCluster(3).communicators[0])
+    if alpha == 0.45:
+        with pytest.warns(UserWarning, match=r"p \* alpha = 1\.35 >= 1 at p=3"):
+            made.bind(SimulatedCluster(3).communicators[0])
 
 
 def test_resized_arrays_keep_what_every_rank_shares_and_average_what_differs():

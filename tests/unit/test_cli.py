@@ -186,6 +186,7 @@ def test_checkpoint_on_signal_names(capsys):
 # --- one flag shared by several strategies, and a strategy that contains another ------------
 class _Periodic(SyncStrategy):
     name = "fake-periodic"
+    description = "a fake strategy with --tau"
     cli_options = (CliOption("--tau", "period", "steps between averages", type=int),)
 
     def __init__(self, period=10):
@@ -195,6 +196,7 @@ class _Periodic(SyncStrategy):
 
 class _TwoLevel(SyncStrategy):
     name = "fake-two-level"
+    description = "a fake strategy containing another"
     cli_options = (CliOption("--inter", "inter", "the strategy across groups", choices=("easgd", "fake-periodic")),
                    CliOption("--ranks-per-group", "ranks_per_group", "ranks per group", type=int))
     cli_delegate = ("inter", "easgd")

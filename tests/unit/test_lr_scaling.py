@@ -1,12 +1,12 @@
-"""--scale-lr's rule (hvd_easgd.lr_scaling) and the optimizer the trainer builds with it."""
+"""--scale-lr's rule (each strategy's ``lr_scale_factor``) and the optimizer the trainer builds with it."""
 import argparse
 import math
 
 import keras
 import pytest
 
-from hvd_easgd.app.lr_scaling import lr_scale
 from hvd_easgd.app.trainer import _inner_optimizer
+from hvd_easgd.strategies import EASGD, GradientAccumulation, SyncAverage, registry
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,10 @@ pytestmark = pytest.mark.unit
     (4, 4, 8.0),                             # m = 16: 4 * sqrt(4)
 ])
 def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root(size, accumulate, expected):
-    assert lr_scale(size, accumulate, "sync") == pytest.approx(expected, rel=1e-12)
+    assert SyncAverage.lr_scale_factor(size, accumulate) == pytest.approx(expected, rel=1e-12)
+    # accumulation asks the strategy it wraps at k times the micro-batches
+    assert GradientAccumulation(accumulate, strategy=SyncAverage()).lr_scale_factor(size) == pytest.approx(
+        expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("size, accumulate, expected", [
@@ -27,19 +30,28 @@ def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root(size, acc
     (2, 4, 4.0), (2, 9, 6.0), (3, 4, 6.0),
 ])
 def test_easgd_is_ranks_times_the_square_root_of_k(size, accumulate, expected):
-    assert lr_scale(size, accumulate, "easgd") == pytest.approx(expected, rel=1e-12)
+    assert EASGD.lr_scale_factor(size, accumulate) == pytest.approx(expected, rel=1e-12)
+    assert GradientAccumulation(accumulate, strategy=EASGD()).lr_scale_factor(size) == pytest.approx(
+        expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("args, message", [
-    ((0, 1, "sync"), "`size` must be an integer >= 1. Received: size=0"),
-    ((2, 1.5, "sync"), "`accumulate` must be an integer >= 1. Received: accumulate=1.5"),
-    ((2, True, "sync"), "Received: accumulate=True"),
-    ((2, 1, "ps"), "`strategy_name` must be one of ['easgd', 'periodic', 'sync']. Received: strategy_name='ps'"),
+@pytest.mark.parametrize("strategy, args, message", [
+    ("sync", (0, 1), "`size` must be an integer >= 1. Received: size=0"),
+    ("sync", (2, 1.5), "`accumulate` must be an integer >= 1. Received: accumulate=1.5"),
+    ("sync", (2, True), "Received: accumulate=True"),
+    ("easgd", (0, 1), "`size` must be an integer >= 1. Received: size=0"),
+    ("diloco", (2, 0), "`accumulate` must be an integer >= 1. Received: accumulate=0"),
 ])
-def test_bad_arguments_are_refused_in_keras_form(args, message):
+def test_bad_arguments_are_refused_in_keras_form(strategy, args, message):
     with pytest.raises(ValueError) as err:
-        lr_scale(*args)
+        registry.get(strategy).lr_scale_factor(*args)
     assert message in str(err.value)
+
+
+def test_a_name_nobody_registered_is_refused_by_the_registry():
+    # the rule is asked of the class, so an unknown name fails where names are looked up
+    with pytest.raises(ValueError, match=r"unknown strategy 'ps'; choose one of: diloco, easgd, hierarchical"):
+        registry.get("ps")
 
 
 def namespace(**overrides):
@@ -63,6 +75,6 @@ def test_scale_lr_with_warmup_ramps_linearly_to_the_scaled_rate():
     ({"accumulate": 4, "strategy": "easgd"}, 2, 0.4),
     ({"scale_lr": False, "accumulate": 4}, 2, 0.1),
 ])
-def test_the_trainer_takes_its_rate_from_lr_scale(overrides, size, expected):
+def test_the_trainer_takes_its_rate_from_the_strategys_rule(overrides, size, expected):
     optimizer = _inner_optimizer(namespace(**overrides), size=size, updates_per_epoch=10)
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(expected, rel=1e-6)

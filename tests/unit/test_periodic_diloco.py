@@ -12,7 +12,7 @@ import hvd_easgd
 from hvd_easgd import DiLoCo, GradientAccumulation, LocalCommunicator, PeriodicAverage, SyncAverage
 from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import SimulatedCluster
-from hvd_easgd.app.lr_scaling import has_rule, lr_scale
+from hvd_easgd.app.lr_scaling import auto_scales
 from hvd_easgd.strategies import registry, walk
 from tests import reference as ref
 
@@ -399,13 +399,13 @@ def test_command_line_builds_them_and_shares_tau_with_easgd():
 
 def test_scale_lr_rule():
     # periodic: a local step averages one rank's K micro-batches, as under EASGD
-    assert lr_scale(2, 1, "periodic") == 2.0 and lr_scale(2, 4, "periodic") == 4.0
+    assert PeriodicAverage.lr_scale_factor(2, 1) == 2.0 and PeriodicAverage.lr_scale_factor(2, 4) == 4.0
     with pytest.raises(ValueError, match=r"--strategy diloco has no --scale-lr rule: .*--outer-lr"):
-        lr_scale(2, 1, "diloco")
+        DiLoCo.lr_scale_factor(2, 1)
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy diloco has no --scale-lr rule"):
         cli.parse_args(["--strategy", "diloco", "--scale-lr"])
-    assert [has_rule(name) for name in ("sync", "easgd", "periodic", "diloco", "hierarchical")] == [
-        True, True, True, False, False]
+    assert [auto_scales(registry.get(name), "momentum", lr_given=False)
+            for name in ("sync", "easgd", "periodic", "diloco", "hierarchical")] == [True, True, True, False, False]
     # Hierarchical: named, with its reason, instead of the generic list of strategies with a rule
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy hierarchical has no --scale-lr rule: "
                                                 r"its intra level .* Tune --lr"):
