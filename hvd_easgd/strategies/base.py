@@ -344,6 +344,15 @@ class SyncStrategy:
         for child in self.children():
             child.on_initial_state_synced()
 
+    def on_warmup_end(self):
+        """Called inside the traced step when a warm-up hands over to this
+        strategy (``warmup.run_phases``): every rank now holds the same
+        weights, and a strategy that keeps a copy of them (EASGD's center,
+        DiLoCo's synced weights) takes it from them here. The default asks
+        the children."""
+        for child in self.children():
+            child.on_warmup_end()
+
     def on_state_restored(self):
         """Called eagerly once a checkpoint's values are in ``state_variables()``:
         a strategy whose saved state changed meaning reads an older one here."""

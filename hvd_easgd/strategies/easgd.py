@@ -53,6 +53,7 @@ from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_byt
     state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
+from .warmup import run_phases
 
 
 def at_stability_bound(alpha, p):
@@ -92,7 +93,8 @@ class EASGD(SyncStrategy):
         the elastic force to the communication steps (the paper's periodic
         form); ρ and α add up.
       warmup_steps: SyncAverage for this many steps, then x̃ ← x and t counts
-        from there.
+        from there (``warmup.run_phases``, the rule of every warm-up;
+        ``WarmUp(EASGD(...), steps)`` computes the same).
       overlap: start the allreduce of a communication step before that step's
         inner update (one-step-stale pull).
       communication_period: TF1's ``ElasticAverageOptimizer`` name for
@@ -219,30 +221,21 @@ class EASGD(SyncStrategy):
         for c, v in zip(self.center, self.variables):
             c.assign(v)
 
+    def on_warmup_end(self):
+        # Every rank holds the same x after the warm-up: x̃ ← x everywhere.
+        super().on_warmup_end()
+        self.reset_center()
+
     def local_steps(self):
         """t: optimizer steps since warm-up ended (the τ counter)."""
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        if self.warmup_steps:
-            in_warmup = self.step_counter < self.warmup_steps
-            tf.cond(in_warmup,
-                    lambda: self._warmup_step(grad_sums, variables, apply_update, sample_count, mean),
-                    lambda: self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean))
-        else:
-            self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean)
-
-    def _warmup_step(self, grad_sums, variables, apply_update, sample_count, mean):
-        self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean)
-        self.step_counter.assign_add(1)
-        # Warm-up just ended: every rank holds the same x, so x̃ ← x everywhere.
-        tf.cond(tf.equal(self.step_counter, self.warmup_steps), self._reset_center_op, tf.no_op)
-        return tf.constant(0)
-
-    def _reset_center_op(self):
-        self.reset_center()
-        return tf.no_op()
+        run_phases(self.step_counter, self.warmup_steps,
+                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
+                   lambda: self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean),
+                   self.on_warmup_end, main_counts=True)
 
     def _elastic_or_local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         communicates = tf.equal((self.local_steps() + 1) % self.period, 0)
