@@ -17,7 +17,7 @@ import tensorflow as tf
 import hvd_easgd
 
 from .collective_count import CollectiveCounter, TrafficAccount
-from .configurations import broadcast_like_raw_horovod, expected_for_launch
+from .configurations import broadcast_like_raw_horovod, expected_for_launch, lookup
 from .names import FIT
 
 
@@ -58,16 +58,17 @@ class FitConfiguration:
         keras.utils.set_random_seed(seed)
         self.model = hvd_easgd.models.build(model_name, input_shape, num_classes)
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        if name == "sync_fit":
-            self.optimizer = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
-                                                            strategy=hvd_easgd.SyncAverage(), comm=comm)
-        elif name == "raw_horovod_fit":
-            self.optimizer = RawAllreduceSGD(lr, momentum=0.9)
-        else:
+        if name not in FIT:
             raise ValueError(f"unknown fit configuration {name!r}; choose from {FIT}")
+        row = lookup(name)
+        if not row.is_baseline:
+            self.optimizer = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
+                                                            strategy=row.make_strategy(), comm=comm)
+        else:  # raw Horovod, the only fit baseline
+            self.optimizer = RawAllreduceSGD(lr, momentum=0.9)
         self.model.compile(optimizer=self.optimizer, loss=loss, steps_per_execution=steps_per_execution,
                            jit_compile=False)
-        if name == "sync_fit":
+        if not row.is_baseline:
             hvd_easgd.broadcast_initial_state(self.model, self.optimizer)
             self.traffic = TrafficAccount(comm)
         else:
@@ -95,10 +96,8 @@ def dataset(x, y, batch):
             .batch(batch, drop_remainder=True).repeat().prefetch(4))
 
 
-# The custom-loop configuration each model.fit one sends as (configurations.expected_traffic).
-SENDS_AS = {"sync_fit": "sync", "raw_horovod_fit": "raw_horovod"}
-
-
 def expected_traffic(config):
-    return expected_for_launch(SENDS_AS[config.name], config.model, config.comm)
+    """What a model.fit row is expected to send per step: its table row's strategy's
+    traffic (or, for raw Horovod, that of the strategy it sends like)."""
+    return expected_for_launch(config.name, config.model, config.comm)
 

@@ -23,10 +23,13 @@ import numpy as np
 import hvd_easgd
 from hvd_easgd import atomic, runtime
 from hvd_easgd.app.data import epoch_indices, steps_per_epoch
-from hvd_easgd.app.lr_scaling import DEFAULT_LR, has_rule, lr_scale
+from hvd_easgd.app import cli
+from hvd_easgd.app.lr_scaling import DEFAULT_LR
+from hvd_easgd.strategies import registry
+from hvd_easgd.strategies.base import NoScaleRule
 
 from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine, report
-from .names import ALL_CUSTOM_LOOP, CUSTOM_LOOP, FIT, STRATEGIES
+from .names import ALL_CUSTOM_LOOP, BY_NAME, CUSTOM_LOOP, FIT, STRATEGIES
 from .order import default_repeats, design_length, interleaved_repeats, is_whole_design
 
 
@@ -43,7 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--wide-mlp-steps", type=int, default=20, help="wide-MLP (5.4 M parameters) steps per timed repeat")
     p.add_argument("--configs", default=",".join(CUSTOM_LOOP),
-                   help=f"comma-separated custom-loop configurations, from {','.join(ALL_CUSTOM_LOOP)}")
+                   help=f"comma-separated custom-loop configurations, from {','.join(ALL_CUSTOM_LOOP)}, or the "
+                        "name of a strategy a --plugin registers (with its defaults)")
+    p.add_argument("--plugin", metavar="MODULE", action="append", default=[],
+                   help="import MODULE first (as train.py --plugin does): its strategies become configurations")
     p.add_argument("--interface", metavar="NAME",
                    help="count the bytes every host transmits on this interface during each timed run "
                         "(the traffic between hosts of a virtual cluster)")
@@ -72,11 +78,18 @@ def parse_args(argv=None):
     multiple = configurations.STEP_MULTIPLE
     if args.steps_per_call % multiple:
         p.error(f"--steps-per-call must be a multiple of {multiple} (whole EASGD periods and accumulation windows)")
+    args.plugin = [m for value in args.plugin for m in value.split(",") if m]
+    try:
+        registry.import_plugins(args.plugin)
+    except ValueError as err:
+        p.error(f"--plugin: {err}")
+    plugged = [name for name in registry.available() if name not in BY_NAME]
     args.config_list = args.configs.split(",")
-    if not args.config_list or set(args.config_list) - set(ALL_CUSTOM_LOOP):
-        p.error(f"--configs must be chosen from {','.join(ALL_CUSTOM_LOOP)}. Received: --configs={args.configs}")
+    if not args.config_list or set(args.config_list) - set(ALL_CUSTOM_LOOP + tuple(plugged)):
+        p.error(f"--configs must be chosen from {','.join(ALL_CUSTOM_LOOP + tuple(plugged))}. "
+                f"Received: --configs={args.configs}")
     args.tta_config_list = args.tta_configs.split(",")
-    strategies = [c for c in ALL_CUSTOM_LOOP if c in configurations.TRAIN_PY_EQUIVALENT]
+    strategies = [c for c in ALL_CUSTOM_LOOP if BY_NAME[c].train_py] + plugged
     if not args.tta_config_list or set(args.tta_config_list) - set(strategies):
         p.error(f"--tta-configs must be chosen from {','.join(strategies)}. Received: --tta-configs={args.tta_configs}")
     for flag in ("steps", "resnet_steps", "wide_mlp_steps"):
@@ -204,7 +217,8 @@ def throughput(launch, args, model_name):
     xs, ys = pre_sharded(data, batch, launch.rank, launch.size, steps)
     chunks = [(tf.constant(xs[i:i + k]), tf.constant(ys[i:i + k])) for i in range(0, steps, k)]
     configs = [configurations.Configuration(name, model_name, data.input_shape, data.num_classes, batch,
-                                            launch.comm, lr=args.lr) for name in args.config_list]
+                                            launch.comm, lr=args.lr, plugins=args.plugin)
+               for name in args.config_list]
 
     def timed(config, calls=chunks):
         launch.barrier()
@@ -279,13 +293,19 @@ def fit_throughput(launch, args):
 
 
 # --- time to accuracy ---------------------------------------------------------------------
-def scaled_learning_rate(base, size, name):
-    """The learning rate ``train.py --lr BASE --scale-lr`` trains configuration ``name`` with
-    (``--lr`` itself for a strategy --scale-lr refuses: DiLoCo)."""
-    strategy, accumulate = configurations.TRAIN_PY_EQUIVALENT[name]
-    if not has_rule(strategy):
+def train_py_strategy(name, plugins=()):
+    """The strategy ``train.py`` builds from configuration ``name``'s flags (its row's ``train_py``)."""
+    return cli.make_strategy(cli.parse_args(list(configurations.lookup(name, plugins).train_py)))
+
+
+def scaled_learning_rate(base, size, name, plugins=()):
+    """The learning rate ``train.py --lr BASE --scale-lr`` trains configuration ``name`` with:
+    the rule of the strategy its train.py flags build (``lr_scale_factor``), or ``--lr``
+    itself for a strategy --scale-lr refuses (DiLoCo)."""
+    try:
+        return base * train_py_strategy(name, plugins).lr_scale_factor(size)
+    except NoScaleRule:
         return base
-    return base * lr_scale(size, accumulate, strategy)
 
 
 def time_to_accuracy(launch, args):
@@ -300,11 +320,11 @@ def time_to_accuracy(launch, args):
     per_epoch = steps_per_epoch(n, batch, launch.size)
     base_lr = args.tta_lr if args.tta_lr is not None else DEFAULT_LR
     names = args.tta_config_list
-    lrs = {name: scaled_learning_rate(base_lr, launch.size, name) for name in names}
+    lrs = {name: scaled_learning_rate(base_lr, launch.size, name, args.plugin) for name in names}
     results = {name: [] for name in names}
     for seed in range(args.tta_seeds):
         configs = [configurations.Configuration(name, "cnn", data.input_shape, data.num_classes, batch,
-                                                launch.comm, lr=lrs[name], seed=seed)
+                                                launch.comm, lr=lrs[name], seed=seed, plugins=args.plugin)
                    for name in names]
         for config in configs:
             config.trace()
@@ -314,7 +334,7 @@ def time_to_accuracy(launch, args):
             index = epoch_indices(n, seed, epoch, launch.rank, launch.size, per_epoch, batch)
             for config in rotated(configs, epoch):
                 # Accumulation windows never span an epoch (as hvd_easgd's trainer does).
-                steps = per_epoch - per_epoch % 4 if config.name.startswith("accum4") else per_epoch
+                steps = per_epoch - per_epoch % config.window
                 x = tf.constant(data.x_train[index[: steps * batch]].reshape(steps, batch, *data.input_shape))
                 y = tf.constant(data.y_train[index[: steps * batch]].reshape(steps, batch))
                 launch.barrier()
@@ -338,7 +358,8 @@ def time_to_accuracy(launch, args):
 def main(argv=None):
     args = parse_args(argv)
     load_before = os.getloadavg()
-    grouped = configurations.needs_process_sets(args.config_list + (args.tta_config_list if args.tta_seeds else []))
+    grouped = configurations.needs_process_sets(args.config_list + (args.tta_config_list if args.tta_seeds else []),
+                                                args.plugin)
     comm = hvd_easgd.init(threads_per_rank=1, process_sets="dynamic" if grouped else None,
                           collectives=args.collectives)
     import tensorflow as tf

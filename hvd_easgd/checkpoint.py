@@ -28,8 +28,8 @@ a checkpoint of another format is refused with a message naming both:
 
 - format 1: the first release.
 - format 2: one ``sample_count`` contract for every strategy (gradients are
-  sums over the counted samples), ``--scale-lr`` by ``lr_scaling.lr_scale``
-  (accumulation-aware), strategies serialised through ``keras.saving``. A
+  sums over the counted samples), ``--scale-lr`` by the strategy's
+  ``lr_scale_factor`` (accumulation-aware), strategies serialised through ``keras.saving``. A
   format-1 run resumed under these rules would silently train another model.
   Step checkpoints kept format 2: they add the manifest fields
   ``step_in_epoch``, ``global_step`` and ``steps_per_epoch`` (read as 0 and
@@ -37,8 +37,8 @@ a checkpoint of another format is refused with a message naming both:
   shard simply holds the state at that micro-batch (mid-window accumulators,
   EASGD's step counter and so its tau phase).
 
-A checkpoint saved at p ranks resumes at q != p where
-``config_compare.resize_refusal`` allows it: ``restore`` then gives every
+A checkpoint saved at p ranks resumes at q != p where the strategy's
+``resize_refusal`` allows it (from an epoch end): ``restore`` then gives every
 rank the same state, mapped from the p shards (``resized_arrays``), and an
 EASGD rank's local weights restart from the center.
 """
@@ -169,7 +169,7 @@ def restore(directory, manifest, model, optimizer, comm):
     """Loads this rank's state from the checkpoint in ``directory``.
 
     At the number of ranks that saved it, each rank loads its own shard. At
-    another number (``config_compare.resize_refusal`` says where that is
+    another number (the strategy's ``resize_refusal`` says where that is
     allowed; the trainer checks it first), every rank loads the same state,
     mapped from the p saved shards by ``resized_arrays``, so the q ranks start
     alike, as a fresh run does after its initial broadcast.

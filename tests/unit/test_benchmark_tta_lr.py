@@ -2,7 +2,8 @@
 import pytest
 
 from benchmarks import compare, configurations, names, worker
-from hvd_easgd.strategies import registry
+from hvd_easgd.app import cli
+from hvd_easgd.strategies import EASGD, GradientAccumulation, PeriodicAverage, SyncAverage, registry
 
 pytestmark = pytest.mark.unit
 
@@ -10,11 +11,13 @@ pytestmark = pytest.mark.unit
 def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
     calls = []
 
-    def rule(size, accumulate, strategy_name):
-        calls.append((size, accumulate, strategy_name))
+    def rule(cls, size, accumulate=1):
+        if size > 1:  # train.py's parser also asks at size 1, to refuse a rule-less strategy early
+            calls.append((size, accumulate, cls.name))
         return 3.0 + accumulate  # distinct per k, so the product shows which k was asked for
 
-    monkeypatch.setattr(worker, "lr_scale", rule)
+    for cls in (SyncAverage, EASGD, PeriodicAverage):  # the strategies' own hooks, as train.py asks them
+        monkeypatch.setattr(cls, "lr_scale_factor", classmethod(rule))
     assert worker.scaled_learning_rate(0.02, 2, "accum4_sync") == pytest.approx(0.02 * 7.0)
     assert worker.scaled_learning_rate(0.02, 4, "easgd_tau10_overlap") == pytest.approx(0.02 * 4.0)
     assert worker.scaled_learning_rate(0.5, 3, "sync") == pytest.approx(0.5 * 4.0)
@@ -28,10 +31,17 @@ def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
 
 
 def test_every_strategy_row_has_a_train_py_equivalent():
-    assert set(configurations.TRAIN_PY_EQUIVALENT) == set(names.STRATEGIES + names.TOPOLOGY)
-    for name, (strategy, accumulate) in configurations.TRAIN_PY_EQUIVALENT.items():
-        assert strategy in registry.available(), name
-        assert accumulate == (4 if name.startswith("accum4_") else 1), name
+    with_flags = {row.name for row in names.TABLE if row.train_py}
+    assert with_flags == set(names.STRATEGIES + names.TOPOLOGY)
+    for name in with_flags:
+        args = cli.parse_args(list(names.BY_NAME[name].train_py))
+        assert args.strategy in registry.available(), name
+        assert args.accumulate == (4 if name.startswith("accum4_") else 1), name
+        # the flat rows train as train.py would build them: the same strategy, the same parameters
+        built, trained = configurations.make_strategy(name), cli.make_strategy(args)
+        if type(built).__name__ != "Hierarchical":
+            assert repr(built) == repr(trained), name
+    assert isinstance(configurations.make_strategy("accum4_sync"), GradientAccumulation)
 
 
 def fake_mwms_worker(index, tta):
