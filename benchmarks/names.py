@@ -54,7 +54,7 @@ def _sync():
 
 
 def _easgd(tau, overlap=False):
-    return lambda: hvd_easgd.EASGD(communication_period=tau, overlap=overlap)
+    return lambda: hvd_easgd.EASGD(period=tau, overlap=overlap)
 
 
 # Hierarchical's groups are the hosts; on one host it is SyncAverage, so it runs in --topology suites only.
@@ -83,7 +83,7 @@ TABLE = (
                   train_py=("--strategy", "sync"), groups=("hierarchical",)),
     Configuration("hier_easgd_tau10", "hvd_easgd Hierarchical(SyncAverage within a host, EASGD tau=10 across hosts)",
                   lambda: hvd_easgd.Hierarchical(intra=hvd_easgd.SyncAverage(),
-                                                 inter=hvd_easgd.EASGD(communication_period=10)),
+                                                 inter=hvd_easgd.EASGD(period=10)),
                   train_py=("--strategy", "easgd", "--tau", "10"), groups=("hierarchical",)),
     Configuration("periodic_tau10", "hvd_easgd PeriodicAverage tau=10 (local SGD)",
                   lambda: hvd_easgd.PeriodicAverage(period=10), train_py=("--strategy", "periodic", "--tau", "10"),

@@ -29,6 +29,7 @@ _LAZY = {
     "PeriodicAverage": ".strategies",
     "SyncAverage": ".strategies",
     "SyncStrategy": ".strategies",
+    "WarmUp": ".strategies",
     "registry": ".strategies",
     "Compression": ".comm",
     "LocalCommunicator": ".comm",

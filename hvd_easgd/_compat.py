@@ -109,8 +109,9 @@ def tf_keras_requirement(tensorflow_version):
     """``tf_keras==X`` for a TensorFlow version, e.g. ``"2.21.0"`` -> ``"tf_keras==2.21.0"``."""
     series = ".".join(str(tensorflow_version).split(".")[:2])
     if series not in _TF_KERAS:
-        raise ValueError(f"no tf_keras is known for TensorFlow {tensorflow_version}; supported series: "
-                         f"{sorted(_TF_KERAS)}. Received: tensorflow_version={tensorflow_version!r}")
+        raise ValueError(f"`tensorflow_version` must be of a series with a known tf_keras, one of "
+                         f"{sorted(_TF_KERAS)} (no tf_keras is known for TensorFlow {tensorflow_version}). "
+                         f"Received: tensorflow_version={tensorflow_version!r}")
     return f"tf_keras=={_TF_KERAS[series]}"
 
 

@@ -97,7 +97,8 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
     mid-epoch checkpoint needs ``steps_per_epoch`` (micro-batches per epoch).
     """
     if step_in_epoch and not steps_per_epoch:
-        raise ValueError(f"a mid-epoch checkpoint needs `steps_per_epoch`. Received: steps_per_epoch={steps_per_epoch}")
+        raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for a mid-epoch checkpoint. "
+                         f"Received: steps_per_epoch={steps_per_epoch!r}")
     directory = checkpoint_dir(run_dir, epoch, step_in_epoch)
     os.makedirs(directory, exist_ok=True)
     arrays = _shard_arrays(state_groups(model, optimizer))
@@ -179,6 +180,7 @@ def restore(directory, manifest, model, optimizer, comm):
         with np.load(path) as shard:
             _check_fits(path, shard.files, groups)
             _assign(path, groups, shard)
+        _strategy_state_restored(optimizer)
         return
     paths = [os.path.join(directory, f"rank-{r:05d}.npz") for r in range(manifest["num_ranks"])]
     shards = [np.load(path) for path in paths]
@@ -189,7 +191,15 @@ def restore(directory, manifest, model, optimizer, comm):
     finally:
         for shard in shards:
             shard.close()
+    _strategy_state_restored(optimizer)
     _restart_local_weights_from_kept_model(model, optimizer)
+
+
+def _strategy_state_restored(optimizer):
+    # A strategy whose saved state changed meaning reads an older checkpoint's here.
+    strategy = getattr(optimizer, "strategy", None)
+    if strategy is not None:
+        strategy.on_state_restored()
 
 
 def _keys(groups):

@@ -74,21 +74,22 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         hvd_easgd.init()
         opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05),
-                                             strategy=hvd_easgd.EASGD(communication_period=10))
+                                             strategy=hvd_easgd.EASGD(period=10))
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         model.fit(x, y, callbacks=hvd_easgd.callbacks.defaults(), verbose=hvd_easgd.rank() == 0)
     """
 
     def __init__(self, optimizer, strategy=None, comm=None, name=None, check_initial_state=True, **kwargs):
         if kwargs:
-            raise ValueError(f"DistributedOptimizer does not support arguments: {sorted(kwargs)}; "
-                             "set them on the inner optimizer")
+            raise ValueError("`**kwargs` must be empty: DistributedOptimizer takes no optimizer arguments of its own "
+                             "(set them on the inner optimizer). Received: "
+                             + ", ".join(f"{key}={value!r}" for key, value in sorted(kwargs.items())))
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"`optimizer` must be a Keras 3 optimizer. Received: optimizer={optimizer!r}")
         if getattr(optimizer, "gradient_accumulation_steps", None):
-            raise ValueError("the inner optimizer has `gradient_accumulation_steps="
-                             f"{optimizer.gradient_accumulation_steps}`: it would accumulate twice. "
-                             "Use hvd_easgd.GradientAccumulation(k) instead")
+            raise ValueError("`optimizer` must not accumulate gradients itself, or they would accumulate twice: "
+                             "use hvd_easgd.GradientAccumulation(k) instead. Received: "
+                             f"optimizer.gradient_accumulation_steps={optimizer.gradient_accumulation_steps!r}")
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
         self.strategy = strategy if strategy is not None else SyncAverage()
@@ -218,12 +219,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         grads = list(grads)
         if not self.built:
             if trainable_variables is None:
-                raise ValueError("the first apply() must pass trainable_variables")
+                raise ValueError("`trainable_variables` must be given to the first apply() (it builds the optimizer). "
+                                 "Received: trainable_variables=None")
             self.build(trainable_variables)
             self.built = True
         variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
         if len(grads) != len(variables):
-            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+            raise ValueError(f"`grads` must hold one gradient per variable ({len(variables)} variables). "
+                             f"Received: grads with {len(grads)} gradients")
 
         def apply_update(reduced):
             self.inner_optimizer.apply(list(reduced), variables)
@@ -244,7 +247,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         var_list = list(var_list)
         if tape is None:
             if not callable(loss):
-                raise ValueError("`tape` is required when `loss` is a tensor")
+                raise ValueError("`tape` must be given when `loss` is a tensor (a callable loss is differentiated "
+                                 "under a tape of minimize's own). Received: tape=None")
             with tf.GradientTape() as tape:
                 loss_value = loss()
         else:

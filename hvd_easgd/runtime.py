@@ -133,8 +133,8 @@ def check_collectives(collectives, environ=None):
     if collectives not in COLLECTIVES:
         raise ValueError(f"`collectives` must be one of {COLLECTIVES}. Received: collectives={collectives!r}")
     if collectives == "mpi-direct" and gloo_launch(environ):
-        raise ValueError("collectives mpi-direct needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix), "
-                         "and this is a Gloo launch (horovodrun --gloo): use \"auto\" or \"horovod\" there. "
+        raise ValueError("`collectives` must be \"auto\" or \"horovod\" under a Gloo launch (horovodrun --gloo): "
+                         "mpi-direct needs an MPI launch (horovodrun --mpi, mpirun, srun --mpi=pmix). "
                          "Received: collectives='mpi-direct'")
 
 
@@ -235,8 +235,9 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
     if _STATE["comm"] is not None:
         comm = _STATE["comm"]
         if collectives != DEFAULT_COLLECTIVES and collectives != _STATE["collectives"]:
-            raise ValueError(f"hvd_easgd.init() already ran with collectives={_STATE['collectives']!r}; "
-                             f"one process has one kind of collectives. Received: collectives={collectives!r}")
+            raise ValueError(f"`collectives` must be {_STATE['collectives']!r} or \"auto\": hvd_easgd.init() "
+                             "already started those, and one process has one kind of collectives. "
+                             f"Received: collectives={collectives!r}")
         if process_sets == "dynamic" and not getattr(comm, "dynamic_process_sets", True):
             raise RuntimeError("hvd_easgd.init() already started Horovod without dynamic process sets; "
                                "call hvd_easgd.init(process_sets='dynamic') first, before anything initialises")

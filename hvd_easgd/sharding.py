@@ -50,5 +50,6 @@ def shard_dataset(dataset, comm=None):
     else:
         shortest = length // comm.size
     if shortest < 1:
-        raise ValueError(f"`dataset` has fewer elements than ranks ({comm.size}): some rank would get none")
+        raise ValueError(f"`dataset` must hold at least one element per rank ({comm.size} ranks), or some rank "
+                         f"would get none. Received: dataset={dataset!r} ({shortest} elements for the shortest rank)")
     return shard.take(shortest)

@@ -371,8 +371,8 @@ def _validate(args, options):
             raise UsageError(f"--scale-lr: {err}") from None
     try:  # before anything starts, so every rank leaves alike
         check_collectives(args.collectives)
-    except ValueError as err:
-        raise UsageError(f"--{err}") from None
+    except ValueError as err:  # the runtime's one message, as this command line's one line
+        raise UsageError(str(err)) from None
     if args.threads_per_rank is not None and args.threads_per_rank < 1:
         raise UsageError(f"--threads-per-rank must be >= 1. Received: {args.threads_per_rank}")
     try:

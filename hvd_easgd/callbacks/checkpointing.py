@@ -37,7 +37,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                  steps_per_epoch=None, initial_step=0, stop_requests=None, check_every=10):
         super().__init__()
         if (every_steps or every_minutes or stop_requests) and not steps_per_epoch:
-            raise ValueError(f"step checkpoints need `steps_per_epoch`. Received: steps_per_epoch={steps_per_epoch}")
+            raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for step checkpoints. "
+                             f"Received: steps_per_epoch={steps_per_epoch!r}")
         self.run_dir, self.comm, self.config = run_dir, comm, config
         self.every, self.keep = every, keep
         self.every_steps, self.every_minutes = every_steps, every_minutes

@@ -70,7 +70,7 @@ class GlobalEvaluationMetrics(keras.callbacks.Callback):
         batches = int(dataset.cardinality())
         if batches < 1:  # also UNKNOWN (-2) and INFINITE (-1) cardinality
             raise ValueError("`dataset` must hold a known number of batches, at least 1, so that each rank "
-                             f"knows its last one. Received: dataset with cardinality {batches}")
+                             f"knows its last one. Received: dataset={dataset!r} with cardinality {batches}")
         self.batches = batches
         self._comm = comm
         self._additive = ADDITIVE_METRICS + tuple(additive_metrics)
@@ -113,11 +113,12 @@ class GlobalEvaluationMetrics(keras.callbacks.Callback):
                     continue
                 if not isinstance(leaf, self._additive):
                     raise ValueError(
-                        f"metric `{leaf.name}` ({type(leaf).__name__}) keeps a state that is not a sum over "
-                        "samples, so sharded evaluation cannot combine it exactly across ranks. Use metrics "
-                        "built on Sum, Mean or a confusion matrix, or declare its class with "
+                        "`model.metrics` must keep states that are sums over samples, so that sharded evaluation "
+                        f"combines them exactly across ranks; metric `{leaf.name}` ({type(leaf).__name__}) keeps a "
+                        "state that is not a sum over samples. Use metrics built on Sum, Mean or a confusion "
+                        "matrix, or declare its class with "
                         f"GlobalEvaluationMetrics(..., additive_metrics=[{type(leaf).__name__}]) if all its "
-                        "variables are sums.")
+                        f"variables are sums. Received: metric={leaf.name!r}")
                 variables.extend(leaf.variables)
         return variables
 

@@ -28,12 +28,12 @@ rendezvous so the others fail at once instead of waiting.
 Eager only: inside a ``tf.function`` a collective would see symbolic tensors
 at trace time. Call the steps eagerly (``run_eagerly=True`` for ``fit``).
 """
-import numbers
 import threading
 import time
 
 import tensorflow as tf
 
+from .. import validation
 from .communicator import Communicator
 
 
@@ -58,15 +58,13 @@ class SimulatedCluster:
     """
 
     def __init__(self, size, timeout=60.0, ranks_per_host=None):
-        if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"`size` must be an integer >= 1. Received: size={size!r}")
-        if not timeout > 0:
-            raise ValueError(f"`timeout` must be > 0 seconds. Received: timeout={timeout!r}")
+        validation.integer("size", size, minimum=1)
+        validation.number("timeout", timeout, minimum=0, min_inclusive=False, condition=" seconds")
         ranks_per_host = size if ranks_per_host is None else ranks_per_host
-        if (not isinstance(ranks_per_host, numbers.Integral) or isinstance(ranks_per_host, bool)
-                or ranks_per_host < 1 or size % ranks_per_host):
-            raise ValueError(f"`ranks_per_host` must be an integer >= 1 that divides size={size}. "
-                             f"Received: ranks_per_host={ranks_per_host!r}")
+        condition = f" that divides size={size}"
+        validation.integer("ranks_per_host", ranks_per_host, minimum=1, condition=condition)
+        if size % ranks_per_host:
+            raise validation.refusal("ranks_per_host", "an integer >= 1" + condition, ranks_per_host)
         self.size = int(size)
         self.timeout = float(timeout)
         self.ranks_per_host = int(ranks_per_host)

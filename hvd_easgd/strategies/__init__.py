@@ -7,6 +7,7 @@ from .easgd import EASGD
 from .hierarchical import Hierarchical
 from .periodic_average import PeriodicAverage
 from .sync_average import SyncAverage
+from .warmup import WarmUp
 
 __all__ = ["DiLoCo", "EASGD", "GradientAccumulation", "Hierarchical", "PeriodicAverage", "SyncAverage", "SyncStrategy",
-           "registry", "walk"]
+           "WarmUp", "registry", "walk"]

@@ -18,12 +18,11 @@ Uneven work: a rank with no data left calls the step with zero gradients and
 not span epoch boundaries when the caller counts windows per epoch
 (``hvd_easgd.app.data.accumulation_windows``).
 """
-import numbers
-
 import keras
 import tensorflow as tf
 
-from .base import ExpectedTraffic, SyncStrategy, as_dense, state_variable_name
+from .. import validation
+from .base import ExpectedTraffic, SyncStrategy, as_dense, count_as, state_variable_name
 from .sync_average import SyncAverage
 
 
@@ -38,9 +37,13 @@ class GradientAccumulation(SyncStrategy):
       strategy: the strategy that combines the windows across ranks
         (default ``SyncAverage()``).
 
-    ``optimizer.iterations`` (the inner optimizer's) counts updates, i.e.
-    windows, unlike Keras 3's ``gradient_accumulation_steps`` which counts
-    micro-batches; ``micro_steps`` counts micro-batches here.
+    Two counters with two names, as optax's ``MultiSteps`` keeps them:
+    ``micro_steps`` counts micro-batches (every call), ``step_counter``
+    optimizer steps, i.e. windows handed to the wrapped strategy (what it
+    means on every strategy). ``has_updated()`` says whether the last call
+    closed a window. ``optimizer.iterations`` (the inner optimizer's) counts
+    the updates applied, unlike Keras 3's ``gradient_accumulation_steps``
+    which counts micro-batches.
     """
 
     name = "accumulate"
@@ -48,13 +51,12 @@ class GradientAccumulation(SyncStrategy):
 
     def __init__(self, k, average=True, strategy=None):
         super().__init__()
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"`k` must be an integer >= 1. Received: k={k!r}")
+        self.k = validation.integer("k", k, minimum=1)
         if strategy is not None and not isinstance(strategy, SyncStrategy):
-            raise ValueError(f"`strategy` must be a SyncStrategy or None. Received: strategy={strategy!r}")
+            raise validation.refusal("strategy", "a SyncStrategy or None", strategy)
         if isinstance(strategy, GradientAccumulation):
-            raise ValueError("GradientAccumulation cannot wrap another GradientAccumulation; multiply the k's")
-        self.k = int(k)
+            raise validation.refusal("strategy", "a strategy other than GradientAccumulation (to accumulate k1 "
+                                     "then k2 micro-batches, accumulate k1 * k2 once)", strategy)
         self.average = bool(average)
         self.strategy = strategy if strategy is not None else SyncAverage()
         self.name = f"{self.strategy.name}+accumulate"
@@ -77,12 +79,11 @@ class GradientAccumulation(SyncStrategy):
         return self.strategy.kept_variables()
 
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        count = tf.constant(1, tf.int64) if sample_count is None else tf.cast(sample_count, tf.int64)
+        count = count_as(sample_count, tf.int64)
         for acc, s, v in zip(self.accumulators, grad_sums, variables):
             acc.assign_add(as_dense(s, v))
         self.accumulated_samples.assign_add(count)
         self.micro_steps.assign_add(1)
-        self.step_counter.assign_add(1)
 
         def update():
             self.strategy.step([a.value() for a in self.accumulators], variables, apply_update,
@@ -90,9 +91,27 @@ class GradientAccumulation(SyncStrategy):
             for acc in self.accumulators:
                 acc.assign(tf.zeros_like(acc))
             self.accumulated_samples.assign(0)
+            # One optimizer step per window, whether the wrapped strategy applied it or skipped it.
+            self.step_counter.assign_add(1)
             return tf.no_op()
 
-        tf.cond(tf.equal(self.micro_steps % self.k, 0), update, tf.no_op)
+        tf.cond(self.has_updated(), update, tf.no_op)
+
+    def has_updated(self):
+        """Whether the last call closed a window (and handed it to the wrapped
+        strategy): a bool tensor, False before the first call. The wrapped
+        strategy may still have skipped it (no samples anywhere, NaN/Inf)."""
+        return tf.logical_and(self.micro_steps > 0, tf.equal(self.micro_steps % self.k, 0))
+
+    def on_state_restored(self):
+        """Reads a checkpoint written while ``step_counter`` advanced on every
+        micro-batch (it then equalled ``micro_steps``): windows are closed
+        every k micro-batches, so the optimizer steps are ``micro_steps // k``.
+        A checkpoint written since holds exactly that, and is left as it is."""
+        super().on_state_restored()
+        windows = self.micro_steps // self.k
+        if int(self.step_counter.numpy()) > int(windows.numpy()):
+            self.step_counter.assign(windows)
 
     # --- the hooks (base.py): the wrapped strategy's answers, at k micro-batches per update ----
     def lr_scale_factor(self, size, accumulate=1):

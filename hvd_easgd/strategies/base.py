@@ -56,11 +56,11 @@ step, per level, as ``ExpectedTraffic``). With ``name``, ``description`` and
 ``cli_options`` these are all a strategy defined outside the package needs to
 work wherever a built-in does (docs/plugins.md).
 """
-import numbers
 from dataclasses import dataclass
 
 import tensorflow as tf
 
+from .. import validation
 from ..comm import LocalCommunicator
 
 
@@ -194,14 +194,54 @@ def gradient_sums(grads, variables, sample_count=None):
     dense = [as_dense(g, v) for g, v in zip(grads, variables)]
     if sample_count is None:
         return dense, None
-    if isinstance(sample_count, numbers.Real) and (
-            isinstance(sample_count, bool) or not (sample_count >= 0 and float(sample_count).is_integer())):
-        raise ValueError("`sample_count` must be an integer >= 0 (the number of samples the grads are averaged "
-                         f"over) or None. Received: sample_count={sample_count!r}")
-    count = tf.cast(sample_count, tf.int64)
+    # A Python number is checked here; a tensor is the caller's (it is traced).
+    if isinstance(sample_count, bool) or (validation.is_number(sample_count) and not (
+            sample_count >= 0 and float(sample_count).is_integer())):
+        raise validation.refusal("sample_count", "an integer >= 0 (the number of samples the grads are averaged "
+                                 "over) or None", sample_count)
+    count = count_as(sample_count, tf.int64)
     # Zeros, not a product, without samples: an empty batch's mean is NaN.
     sums = zeros_unless(count > 0, lambda: [g * tf.cast(count, g.dtype) for g in dense])
     return sums, count
+
+
+def count_as(sample_count, dtype):
+    """The sample count n as a scalar tensor of ``dtype``: the one conversion of a count.
+
+    Args:
+      sample_count: n (a Python integer or a tensor), or None for "no count",
+        which weighs every call 1.
+      dtype: the dtype wanted: int64 to keep n, the gradients' dtype to divide
+        by it or to send it (``count_on_the_wire``).
+
+    Returns:
+      n (1 for None) as a scalar tensor of ``dtype``.
+    """
+    if sample_count is None:
+        return tf.constant(1, dtype)
+    return tf.cast(sample_count, dtype)
+
+
+def count_on_the_wire(sample_count, dtype):
+    """n as the one-element tensor that rides in the gradients' allreduce.
+
+    Horovod groups one dtype per call, so the count travels in the gradients'
+    dtype, as one more tensor of their grouped call (exact to 2**24 in fp32;
+    to 2048 under fp16 compression). ``count_off_the_wire`` reads the sum back.
+
+    Args:
+      sample_count: n (a Python integer or a tensor; not None).
+      dtype: the gradients' dtype.
+
+    Returns:
+      n as a tensor of shape [1] and ``dtype``.
+    """
+    return tf.reshape(count_as(sample_count, dtype), [1])
+
+
+def count_off_the_wire(summed):
+    """Σn, from the reduced tensor ``count_on_the_wire`` sent, as an int64 scalar."""
+    return tf.cast(tf.round(summed[0]), tf.int64)
 
 
 def state_variable_name(prefix, variable):
@@ -303,6 +343,21 @@ class SyncStrategy:
         """Called once every rank holds rank 0's initial weights."""
         for child in self.children():
             child.on_initial_state_synced()
+
+    def on_warmup_end(self):
+        """Called inside the traced step when a warm-up hands over to this
+        strategy (``warmup.run_phases``): every rank now holds the same
+        weights, and a strategy that keeps a copy of them (EASGD's center,
+        DiLoCo's synced weights) takes it from them here. The default asks
+        the children."""
+        for child in self.children():
+            child.on_warmup_end()
+
+    def on_state_restored(self):
+        """Called eagerly once a checkpoint's values are in ``state_variables()``:
+        a strategy whose saved state changed meaning reads an older one here."""
+        for child in self.children():
+            child.on_state_restored()
 
     def kept_variables(self):
         """The variables of the model you keep, one per trainable variable, in
@@ -455,9 +510,7 @@ class SyncStrategy:
 
 def check_count(name, value):
     """``value`` as an int, or the Keras-form refusal: an integer >= 1."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"`{name}` must be an integer >= 1. Received: {name}={value!r}")
-    return int(value)
+    return validation.integer(name, value, minimum=1)
 
 
 def walk(strategy):

@@ -40,21 +40,18 @@ the outer step (it is no gradient's weight): it follows the one rule of every
 strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
 account.
 """
-import numbers
-
 import keras
 import tensorflow as tf
 
+from .. import validation
 from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, check_count, element_bytes, \
     payload_bytes, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_step
+from .sync_average import SyncAverage
+from .warmup import run_phases
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
-
-
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -73,10 +70,15 @@ class DiLoCo(SyncStrategy):
         serialises with the strategy. Each DiLoCo needs its own. The default
         one is made when the strategy is built (``outer_optimizer`` is None
         until then).
+      warmup_steps: W, SyncAverage for this many optimizer steps first; at
+        the switch θ ← x (every rank holds the same x) and t counts from there
+        (``warmup.run_phases``, the rule of every warm-up; ``WarmUp(DiLoCo(...),
+        W)`` computes the same). Default 0.
 
     The kept model (``kept_variables()``) is θ, the synced weights: the one
     model every rank agrees on. It is up to τ − 1 inner steps behind the
-    ranks' local weights between synchronisations.
+    ranks' local weights between synchronisations. During a warm-up it is
+    the weights themselves (θ is only taken from them at the switch).
 
     NaN/Inf: between synchronisations a rank drops its own non-finite update.
     At a synchronisation a rank whose Δ_i holds NaN/Inf sends zeros and raises
@@ -99,25 +101,25 @@ class DiLoCo(SyncStrategy):
                   type=float),
         CliOption("--outer-momentum", "outer_momentum", "momentum of the outer Nesterov SGD (default 0.7)",
                   type=float),
+        CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
     )
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
-                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None):
+                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0):
         super().__init__()
         self.period = check_period(period)
-        if not (_is_number(outer_learning_rate) and outer_learning_rate > 0):
-            raise ValueError("`outer_learning_rate` must be a number > 0. "
-                             f"Received: outer_learning_rate={outer_learning_rate!r}")
-        if not (_is_number(outer_momentum) and 0 <= outer_momentum < 1):
-            raise ValueError("`outer_momentum` must be a number with 0 <= outer_momentum < 1. "
-                             f"Received: outer_momentum={outer_momentum!r}")
+        self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
+        # A child only with a warm-up: a DiLoCo without one keeps the state layout of its older checkpoints.
+        self.warmup_strategy = SyncAverage() if self.warmup_steps else None
+        validation.number("outer_learning_rate", outer_learning_rate, minimum=0, min_inclusive=False)
+        validation.number("outer_momentum", outer_momentum, minimum=0, maximum=1, max_inclusive=False)
         if outer_optimizer is not None:
             if not isinstance(outer_optimizer, keras.optimizers.Optimizer):
-                raise ValueError("`outer_optimizer` must be a Keras optimizer or None. "
-                                 f"Received: outer_optimizer={outer_optimizer!r}")
+                raise validation.refusal("outer_optimizer", "a Keras optimizer or None", outer_optimizer)
             if (outer_learning_rate, outer_momentum) != (DEFAULT_OUTER_LEARNING_RATE, DEFAULT_OUTER_MOMENTUM):
-                raise ValueError("`outer_learning_rate` and `outer_momentum` configure the default outer optimizer: "
-                                 "set them on `outer_optimizer` instead. Received: "
+                raise ValueError("`outer_learning_rate` and `outer_momentum` must keep their defaults when "
+                                 "`outer_optimizer` is given: they configure the default outer optimizer, so set "
+                                 "them on `outer_optimizer` instead. Received: "
                                  f"outer_learning_rate={outer_learning_rate!r}, outer_momentum={outer_momentum!r}, "
                                  f"outer_optimizer={outer_optimizer!r}")
         self.outer_learning_rate = float(outer_learning_rate)
@@ -128,12 +130,17 @@ class DiLoCo(SyncStrategy):
         # which TF refuses once it holds a variable.
         self.outer_optimizer = outer_optimizer
 
+    def children(self):
+        return (self.warmup_strategy,) if self.warmup_strategy is not None else ()
+
     def _build_state(self, trainable_variables, non_trainable_variables):
+        if self.warmup_strategy is not None:
+            self.warmup_strategy.build(trainable_variables)
         if self.outer_optimizer is None:
             self.outer_optimizer = keras.optimizers.SGD(self.outer_learning_rate, momentum=self.outer_momentum,
                                                         nesterov=True, name="diloco_outer_sgd")
         elif self.outer_optimizer.built:
-            raise ValueError("`outer_optimizer` is already built (used elsewhere?): each DiLoCo needs its own. "
+            raise ValueError("`outer_optimizer` must not be built yet (used elsewhere?): each DiLoCo needs its own. "
                              f"Received: outer_optimizer={self.outer_optimizer!r}")
         self.variables = trainable_variables
         # θ starts equal to x, identical on all ranks after the initial broadcast.
@@ -147,16 +154,37 @@ class DiLoCo(SyncStrategy):
 
     def on_initial_state_synced(self):
         super().on_initial_state_synced()
+        self._sync_to_weights()
+
+    def on_warmup_end(self):
+        # Every rank holds the same x after the warm-up: θ ← x, so the first
+        # pseudo-gradient holds the τ local steps alone, not the warm-up's.
+        super().on_warmup_end()
+        self._sync_to_weights()
+
+    def _sync_to_weights(self):
         for s, v in zip(self.synced, self.variables):
             s.assign(v)
 
     def kept_variables(self):
+        if self.warmup_steps and int(self.step_counter.numpy()) < self.warmup_steps:
+            return None
         return self.synced
+
+    def local_steps(self):
+        """t: optimizer steps since the warm-up ended (the τ counter)."""
+        return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
+        run_phases(self.step_counter, self.warmup_steps,
+                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
+                   lambda: self._local_step(grad_sums, variables, apply_update, sample_count, mean),
+                   self.on_warmup_end, main_counts=True)
+
+    def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
-        tf.cond(tf.equal(self.step_counter % self.period, 0), self._outer_step, tf.no_op)
+        tf.cond(tf.equal(self.local_steps() % self.period, 0), self._outer_step, tf.no_op)
 
     def _outer_step(self):
         pseudo_gradients = [s - v for s, v in zip(self.synced, self.variables)]
@@ -201,7 +229,8 @@ class DiLoCo(SyncStrategy):
         outer = self._outer_optimizer_arg
         return {"period": self.period, "outer_learning_rate": self.outer_learning_rate,
                 "outer_momentum": self.outer_momentum,
-                "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer)}
+                "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
+                "warmup_steps": self.warmup_steps}
 
     @classmethod
     def from_config(cls, config):

@@ -43,24 +43,17 @@ so the runtime can overlap it with the step's compute; x_i ← x_i − d_i and
 x̃ ← x̃ + Σd are applied after the inner update. The pull is one step stale.
 """
 import math
-import numbers
 import warnings
 
 import keras
 import tensorflow as tf
 
+from .. import validation
 from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes, \
     state_variable_name
-from .local_updates import allreduce_unless_non_finite, local_lr_factor, local_step
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+from .warmup import run_phases
 
 
 def at_stability_bound(alpha, p):
@@ -85,10 +78,11 @@ def most_ranks_for(alpha):
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
 class EASGD(SyncStrategy):
-    """Elastic averaging every ``communication_period`` optimizer steps.
+    """Elastic averaging every ``period`` optimizer steps.
 
     Args:
-      communication_period: τ, optimizer steps between elastic steps (int ≥ 1).
+      period: τ, optimizer steps between elastic steps (int ≥ 1), the name
+        every τ-strategy uses (PeriodicAverage, DiLoCo).
       moving_rate: α. Default ``beta / p``. Must satisfy 0 < α ≤ 2/(p+1)
         (see the module docstring: beyond, the elastic step diverges; at the
         bound it oscillates, and from p·α ≥ 1 the center jumps to or past the
@@ -99,9 +93,13 @@ class EASGD(SyncStrategy):
         the elastic force to the communication steps (the paper's periodic
         form); ρ and α add up.
       warmup_steps: SyncAverage for this many steps, then x̃ ← x and t counts
-        from there.
+        from there (``warmup.run_phases``, the rule of every warm-up;
+        ``WarmUp(EASGD(...), steps)`` computes the same).
       overlap: start the allreduce of a communication step before that step's
         inner update (one-step-stale pull).
+      communication_period: TF1's ``ElasticAverageOptimizer`` name for
+        ``period``, accepted as an alias (give one of the two); model.keras
+        files written before the rename hold it.
 
     Floating non-trainable state (BatchNorm moving statistics) is not part
     of the elastic step: one rule covers it for every strategy
@@ -115,7 +113,7 @@ class EASGD(SyncStrategy):
     name = "easgd"
     description = "elastic averaging every tau steps; center replicated on every rank"
     cli_options = (
-        CliOption("--tau", "communication_period", "optimizer steps between elastic steps (default 10)", type=int),
+        CliOption("--tau", "period", "optimizer steps between elastic steps (default 10)", type=int),
         CliOption("--moving-rate", "moving_rate",
                   "alpha, the elastic moving rate: 0 < alpha <= 2/(p+1) (default beta/p)", type=float),
         CliOption("--beta", "beta", "beta = p*alpha, used when --moving-rate is not given (default 0.9)",
@@ -126,34 +124,29 @@ class EASGD(SyncStrategy):
     )
     across_groups = True
 
-    def __init__(self, communication_period=10, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0,
-                 overlap=False):
+    def __init__(self, period=None, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0, overlap=False,
+                 communication_period=None):
         super().__init__()
-        if not _is_int(communication_period) or communication_period < 1:
-            raise ValueError("`communication_period` (tau) must be an integer >= 1. "
-                             f"Received: communication_period={communication_period!r}")
-        if communication_period == 1:
-            warnings.warn("EASGD with communication_period=1 takes an elastic step every step: "
+        if period is not None and communication_period is not None:
+            raise ValueError("`period` and `communication_period` are one argument, tau (`communication_period` "
+                             "is TF1's name for it): give one of them. "
+                             f"Received: period={period!r}, communication_period={communication_period!r}")
+        name, given = ("communication_period", communication_period) if period is None else ("period", period)
+        given = 10 if given is None else given
+        self.period = check_period(given, name)
+        if self.period == 1:
+            warnings.warn(f"EASGD with {name}=1 takes an elastic step every step: "
                           "it communicates as often as SyncAverage", stacklevel=2)
-        if moving_rate is not None and not (_is_number(moving_rate) and moving_rate > 0):
-            raise ValueError("`moving_rate` (alpha) must be a number > 0 or None (then beta/p). "
-                             f"Received: moving_rate={moving_rate!r}")
-        if not (_is_number(beta) and beta > 0):
-            raise ValueError(f"`beta` (p * alpha) must be a number > 0. Received: beta={beta!r}")
+        self._moving_rate_arg = validation.number("moving_rate", moving_rate, minimum=0, min_inclusive=False,
+                                                  allow_none=True, gloss="(alpha)", condition=" or None (then beta/p)")
+        self.beta = validation.number("beta", beta, minimum=0, min_inclusive=False, gloss="(p * alpha)")
         if rho is None:
-            raise ValueError("`rho` must be a number >= 0 (default 0). TF1's rho=None meant "
-                             "rho = moving_rate / learning_rate, an elastic term in the loss; to get it, pass "
-                             "that number (moving_rate=0.45 with lr=0.05 gives rho=9.0). "
-                             f"Received: rho={rho!r}")
-        if not (_is_number(rho) and rho >= 0):
-            raise ValueError(f"`rho` must be a number >= 0. Received: rho={rho!r}")
-        if not _is_int(warmup_steps) or warmup_steps < 0:
-            raise ValueError(f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
-        self.communication_period = int(communication_period)
-        self._moving_rate_arg = None if moving_rate is None else float(moving_rate)
-        self.beta = float(beta)
-        self.rho = float(rho)
-        self.warmup_steps = int(warmup_steps)
+            raise validation.refusal(
+                "rho", "a number >= 0 (default 0). TF1's rho=None meant rho = moving_rate / learning_rate, an "
+                "elastic term in the loss; to get it, pass that number (moving_rate=0.45 with lr=0.05 gives "
+                "rho=9.0)", rho)
+        self.rho = validation.number("rho", rho, minimum=0)
+        self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         self.overlap = bool(overlap)
         self.warmup_strategy = SyncAverage()
         self._checked_size = None
@@ -162,6 +155,11 @@ class EASGD(SyncStrategy):
         return (self.warmup_strategy,)
 
     # --- wiring ---------------------------------------------------------------
+    @property
+    def communication_period(self):
+        """τ under TF1's name (read-only): the same as ``period``."""
+        return self.period
+
     @property
     def moving_rate(self):
         size = self.comm.size if self.comm is not None else 1
@@ -223,33 +221,24 @@ class EASGD(SyncStrategy):
         for c, v in zip(self.center, self.variables):
             c.assign(v)
 
+    def on_warmup_end(self):
+        # Every rank holds the same x after the warm-up: x̃ ← x everywhere.
+        super().on_warmup_end()
+        self.reset_center()
+
     def local_steps(self):
         """t: optimizer steps since warm-up ended (the τ counter)."""
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        if self.warmup_steps:
-            in_warmup = self.step_counter < self.warmup_steps
-            tf.cond(in_warmup,
-                    lambda: self._warmup_step(grad_sums, variables, apply_update, sample_count, mean),
-                    lambda: self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean))
-        else:
-            self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean)
-
-    def _warmup_step(self, grad_sums, variables, apply_update, sample_count, mean):
-        self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean)
-        self.step_counter.assign_add(1)
-        # Warm-up just ended: every rank holds the same x, so x̃ ← x everywhere.
-        tf.cond(tf.equal(self.step_counter, self.warmup_steps), self._reset_center_op, tf.no_op)
-        return tf.constant(0)
-
-    def _reset_center_op(self):
-        self.reset_center()
-        return tf.no_op()
+        run_phases(self.step_counter, self.warmup_steps,
+                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
+                   lambda: self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean),
+                   self.on_warmup_end, main_counts=True)
 
     def _elastic_or_local_step(self, grad_sums, variables, apply_update, sample_count, mean):
-        communicates = tf.equal((self.local_steps() + 1) % self.communication_period, 0)
+        communicates = tf.equal((self.local_steps() + 1) % self.period, 0)
         if self.overlap:
             # d from x and x̃ at the start of the step; the allreduce is issued
             # before the inner update so it can run alongside the step's work.
@@ -340,8 +329,8 @@ class EASGD(SyncStrategy):
         if hosts * ranks_per_host == 1:
             return ExpectedTraffic()
         sent = payload_bytes(trainable_variables) + element_bytes(trainable_variables)
-        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.communication_period))
+        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
 
     def get_config(self):
-        return {"communication_period": self.communication_period, "moving_rate": self._moving_rate_arg,
+        return {"period": self.period, "moving_rate": self._moving_rate_arg,
                 "beta": self.beta, "rho": self.rho, "warmup_steps": self.warmup_steps, "overlap": self.overlap}

@@ -73,14 +73,13 @@ then across nodes) works with NCCL only, i.e. on GPUs; on CPUs (Gloo, MPI)
 Unlike NCCL's, whose local ranks each carry 1/n of the gradients across
 nodes, each rank's cross-group allreduce here carries all of them.
 """
-import numbers
-
 import keras
-import tensorflow as tf
 
+from .. import validation
 from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
-from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, as_dense, check_count
+from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, as_dense, check_count, count_off_the_wire, \
+    count_on_the_wire
 from .easgd import EASGD
 from .sync_average import SyncAverage
 
@@ -106,7 +105,7 @@ class Hierarchical(SyncStrategy):
     Example (2 hosts × 2 ranks: SyncAverage within a host, EASGD every 10
     steps between hosts, α = 0.9/2)::
 
-        strategy = hvd_easgd.Hierarchical(inter=hvd_easgd.EASGD(communication_period=10))
+        strategy = hvd_easgd.Hierarchical(inter=hvd_easgd.EASGD(period=10))
 
     Under Horovod the groups are process sets: start with
     ``hvd_easgd.init(process_sets="dynamic")`` (train.py does).
@@ -137,13 +136,10 @@ class Hierarchical(SyncStrategy):
         if isinstance(inter, GradientAccumulation):
             raise ValueError("`inter` must not be a GradientAccumulation: wrap the Hierarchical strategy instead "
                              f"(GradientAccumulation(k, strategy=Hierarchical(...))). Received: inter={inter!r}")
-        if ranks_per_group is not None and (not isinstance(ranks_per_group, numbers.Integral)
-                                            or isinstance(ranks_per_group, bool) or ranks_per_group < 1):
-            raise ValueError("`ranks_per_group` must be an integer >= 1, or None for one group per host. "
-                             f"Received: ranks_per_group={ranks_per_group!r}")
+        self.ranks_per_group = validation.integer("ranks_per_group", ranks_per_group, minimum=1, allow_none=True,
+                                                  condition=", or None for one group per host")
         self.intra = intra
         self.inter = inter
-        self.ranks_per_group = None if ranks_per_group is None else int(ranks_per_group)
         self.groups = None
 
     def children(self):
@@ -185,9 +181,10 @@ class Hierarchical(SyncStrategy):
         hosts = comm.host_groups()
         sizes = [len(host) for host in hosts]
         if not comm.homogeneous or len(set(sizes)) > 1:
-            raise ValueError("`ranks_per_group=None` makes one group per host, which needs the same number of "
-                             f"ranks on every host; the hosts run {sizes} ranks. Pass ranks_per_group "
-                             "(--ranks-per-group N) to form the groups explicitly. Received: ranks_per_group=None")
+            raise ValueError("`ranks_per_group` must be an integer >= 1 here: None makes one group per host, which "
+                             f"needs the same number of ranks on every host; the hosts run {sizes} ranks. Pass "
+                             "ranks_per_group (--ranks-per-group N) to form the groups explicitly. "
+                             "Received: ranks_per_group=None")
         return hosts
 
     @property
@@ -242,12 +239,12 @@ class Hierarchical(SyncStrategy):
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
         if sample_count is None:
             return self.group_comm.allreduce(grads, op=intra.reduce_op, compression=intra.compression), None
-        count = tf.reshape(tf.cast(sample_count, grads[0].dtype), [1])
-        summed = self.group_comm.allreduce(grads + [count], op="sum", compression=intra.compression)
-        sums, total = summed[:-1], summed[-1][0]
+        summed = self.group_comm.allreduce(grads + [count_on_the_wire(sample_count, grads[0].dtype)], op="sum",
+                                           compression=intra.compression)
+        sums = summed[:-1]
         if not mean and intra.reduce_op == "average":
             sums = [s / self.group_comm.size for s in sums]
-        return sums, tf.cast(tf.round(total), tf.int64)
+        return sums, count_off_the_wire(summed[-1])
 
     # --- the hooks (base.py) ------------------------------------------------------------------
     @classmethod

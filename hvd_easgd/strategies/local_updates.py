@@ -3,22 +3,26 @@ a rank's own optimizer step, and the one grouped Sum allreduce that keeps a
 non-finite contribution off the wire while every rank learns of it.
 """
 import math
-import numbers
 
 import tensorflow as tf
 
-from .base import all_finite, as_dense, check_count, zeros_unless
+from .. import validation
+from .base import all_finite, as_dense, check_count, count_as, zeros_unless
 
 
-def is_integer(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def check_period(period, name="period"):
+    """τ, the optimizer steps between synchronisations: an integer >= 1.
 
+    Args:
+      period: the value received.
+      name: the argument it was given as (EASGD also takes TF1's
+        ``communication_period``).
 
-def check_period(period):
-    """τ, the optimizer steps between synchronisations: an integer >= 1."""
-    if not is_integer(period) or period < 1:
-        raise ValueError(f"`period` must be an integer >= 1. Received: period={period!r}")
-    return int(period)
+    Returns:
+      τ as a Python int.
+    """
+    # TF1's name gets the gloss: the rest of the package calls τ `period`.
+    return validation.integer(name, period, minimum=1, gloss="(tau)" if name != "period" else "")
 
 
 def local_lr_factor(size, accumulate):
@@ -51,7 +55,7 @@ def local_step(strategy, grad_sums, variables, apply_update, sample_count, mean,
     grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
     wanted = tf.constant(True)
     if sample_count is not None:
-        count = tf.cast(sample_count, grads[0].dtype)
+        count = count_as(sample_count, grads[0].dtype)
         if mean:
             grads = [tf.math.divide_no_nan(g, count) for g in grads]
         wanted = count > 0

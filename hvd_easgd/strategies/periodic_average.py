@@ -41,10 +41,12 @@ import warnings
 import keras
 import tensorflow as tf
 
+from .. import validation
 from ..statistics import floating
 from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes
-from .local_updates import allreduce_unless_non_finite, check_period, is_integer, local_lr_factor, local_step
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
+from .warmup import run_phases
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -90,9 +92,7 @@ class PeriodicAverage(SyncStrategy):
         if period == 1:
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
                           "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
-        if not is_integer(warmup_steps) or warmup_steps < 0:
-            raise ValueError(f"`warmup_steps` must be an integer >= 0. Received: warmup_steps={warmup_steps!r}")
-        self.warmup_steps = int(warmup_steps)
+        self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         self.warmup_strategy = SyncAverage()
 
     def children(self):
@@ -113,17 +113,11 @@ class PeriodicAverage(SyncStrategy):
 
     # --- one step ----------------------------------------------------------------
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        if self.warmup_steps:
-            tf.cond(self.step_counter < self.warmup_steps,
-                    lambda: self._warmup_step(grad_sums, variables, apply_update, sample_count, mean),
-                    lambda: self._local_step(grad_sums, variables, apply_update, sample_count, mean))
-        else:
-            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
-
-    def _warmup_step(self, grad_sums, variables, apply_update, sample_count, mean):
-        self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean)
-        self.step_counter.assign_add(1)
-        return tf.constant(0)
+        # At the switch the ranks hold the same weights: the period simply starts (on_warmup_end's default).
+        run_phases(self.step_counter, self.warmup_steps,
+                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
+                   lambda: self._local_step(grad_sums, variables, apply_update, sample_count, mean),
+                   self.on_warmup_end, main_counts=True)
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)

@@ -38,7 +38,9 @@ def register(cls, name=None, description=None):
     if not name:
         raise ValueError(f"`name` must be a non-empty string (or set the class's `name`). Received: name={name!r}")
     if name in _REGISTRY:
-        raise ValueError(f"a strategy named {name!r} is already registered")
+        raise ValueError(f"`name` must be one no registered strategy has ({name!r} is already registered, by "
+                         f"{_REGISTRY[name]['cls'].__module__}.{_REGISTRY[name]['cls'].__qualname__}). "
+                         f"Received: name={name!r}")
     description = description or cls.description
     if not description:
         raise ValueError(f"`description` must be a non-empty string (or set the class's `description`): "
@@ -94,7 +96,8 @@ def choices(option):
 def get(name):
     load_entry_points()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(f"`name` must be a registered strategy, one of {sorted(_REGISTRY)} (unknown strategy "
+                         f"{name!r}). Received: name={name!r}")
     return _REGISTRY[name]["cls"]
 
 

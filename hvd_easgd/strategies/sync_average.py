@@ -9,10 +9,11 @@ import math
 import keras
 import tensorflow as tf
 
+from .. import validation
 from ..comm import Compression
 from ..comm.communicator import REDUCE_OPS
 from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, all_finite, as_dense, check_count, \
-    element_bytes, payload_bytes
+    count_on_the_wire, element_bytes, payload_bytes
 
 # The batches per update up to which --scale-lr's rule is linear (measured; see lr_scale_factor).
 LINEAR_UP_TO = 4
@@ -47,11 +48,9 @@ class SyncAverage(SyncStrategy):
 
     def __init__(self, reduce_op="average", clip_norm=None, compression="none"):
         super().__init__()
-        if reduce_op not in REDUCE_OPS:
-            raise ValueError(f"`reduce_op` must be one of {REDUCE_OPS}. Received: reduce_op={reduce_op!r}")
-        if clip_norm is not None and not clip_norm > 0:
-            raise ValueError(f"`clip_norm` must be > 0. Received: clip_norm={clip_norm!r}")
-        self.reduce_op = reduce_op
+        self.reduce_op = validation.one_of("reduce_op", reduce_op, REDUCE_OPS)
+        validation.number("clip_norm", clip_norm, minimum=0, min_inclusive=False, allow_none=True,
+                          condition=" or None")
         self.clip_norm = clip_norm
         self.compression_name = compression
         self.compression = Compression.by_name(compression)
@@ -72,10 +71,8 @@ class SyncAverage(SyncStrategy):
             reduced = self.comm.allreduce(grads, op=self.reduce_op, compression=self.compression)
             wanted = tf.constant(True)
         else:
-            # Horovod groups one dtype per call, so the count rides in the
-            # gradients' dtype (exact to 2**24 in fp32; to 2048 under fp16).
-            count = tf.reshape(tf.cast(sample_count, grads[0].dtype), [1])
-            summed = self.comm.allreduce(grads + [count], op="sum", compression=self.compression)
+            summed = self.comm.allreduce(grads + [count_on_the_wire(sample_count, grads[0].dtype)], op="sum",
+                                         compression=self.compression)
             total = summed[-1][0]
             reduced = summed[:-1]
             if mean:

@@ -29,7 +29,7 @@ def test_training_aborts_after_n_consecutive_non_finite_steps():
 
 
 def test_swap_kept_weights_evaluates_on_the_center_and_restores_local_weights():
-    model = compiled(EASGD(communication_period=1000, moving_rate=0.5))
+    model = compiled(EASGD(period=1000, moving_rate=0.5))
     x = np.random.default_rng(0).standard_normal((32, 3)).astype(np.float32)
     y = x.sum(axis=1, keepdims=True)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=hvd_easgd.callbacks.defaults())
@@ -67,7 +67,7 @@ def test_short_epochs_of_non_finite_steps_abort_although_no_epoch_reaches_check_
 
 def test_non_finite_steps_during_easgd_warmup_abort():
     # The warm-up runs through EASGD's own SyncAverage, reached through children().
-    model = compiled(EASGD(communication_period=2, warmup_steps=1000))
+    model = compiled(EASGD(period=2, warmup_steps=1000))
     x, y = _nan_data(64)
     with pytest.raises(NonFiniteTrainingError, match=r"10 consecutive optimizer steps had NaN/Inf.*--max-bad-steps=5"):
         model.fit(x, y, batch_size=2, epochs=1, verbose=0,

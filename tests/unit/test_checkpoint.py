@@ -28,10 +28,10 @@ def trained(strategy, steps=5, seed=0):
 
 def test_round_trip_restores_model_optimizer_and_strategy_state(tmp_path):
     # 5 micro-batches with k = 2: the save happens mid-window, with a non-empty accumulator
-    model, opt = trained(GradientAccumulation(2, strategy=EASGD(communication_period=2, moving_rate=0.3)))
+    model, opt = trained(GradientAccumulation(2, strategy=EASGD(period=2, moving_rate=0.3)))
     comm = opt.comm
     checkpoint.save(str(tmp_path), 1, model, opt, comm, {"strategy": "easgd"})
-    fresh, fresh_opt = trained(GradientAccumulation(2, strategy=EASGD(communication_period=2, moving_rate=0.3)),
+    fresh, fresh_opt = trained(GradientAccumulation(2, strategy=EASGD(period=2, moving_rate=0.3)),
                                steps=0, seed=1)
     manifest, directory = checkpoint.latest(str(tmp_path))
     checkpoint.restore(directory, manifest, fresh, fresh_opt, comm)
@@ -47,7 +47,7 @@ def test_round_trip_restores_model_optimizer_and_strategy_state(tmp_path):
 
 
 def test_a_write_killed_midway_leaves_the_previous_checkpoint_usable(tmp_path, monkeypatch):
-    model, opt = trained(EASGD(communication_period=2, moving_rate=0.3))
+    model, opt = trained(EASGD(period=2, moving_rate=0.3))
     checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {})
 
     def killed(*args, **kwargs):
@@ -63,7 +63,7 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint_usable(tmp_path, m
 
 
 def test_keeps_the_last_k(tmp_path):
-    model, opt = trained(EASGD(communication_period=2, moving_rate=0.3), steps=1)
+    model, opt = trained(EASGD(period=2, moving_rate=0.3), steps=1)
     for epoch in range(1, 6):
         checkpoint.save(str(tmp_path), epoch, model, opt, opt.comm, {}, keep=2)
     assert [e for e, _ in checkpoint.complete_checkpoints(str(tmp_path))] == [4, 5]
@@ -111,14 +111,14 @@ class RankOf(LocalCommunicator):
 
 
 def test_another_rank_count_loads_the_saved_shard_and_another_model_is_refused(tmp_path):
-    model, opt = trained(EASGD(communication_period=2, moving_rate=0.3), steps=1)
+    model, opt = trained(EASGD(period=2, moving_rate=0.3), steps=1)
     checkpoint.save(str(tmp_path), 1, model, opt, opt.comm, {})
     manifest, directory = checkpoint.latest(str(tmp_path))
     # written by 1 rank, read by rank 3 of 4 (config_compare.resize_refusal says where that is allowed)
     checkpoint.restore(directory, manifest, model, opt, RankOf(3, 4))
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     other_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
-                                               EASGD(communication_period=2, moving_rate=0.3), comm=opt.comm)
+                                               EASGD(period=2, moving_rate=0.3), comm=opt.comm)
     hvd_easgd.broadcast_initial_state(other, other_opt)
     with pytest.raises(checkpoint.CheckpointError, match="does not fit"):
         checkpoint.restore(directory, manifest, other, other_opt, opt.comm)
@@ -190,7 +190,7 @@ def test_easgd_saved_at_2_ranks_resumes_at_1_and_3_from_the_center_with_the_mean
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
         pairs.append((model, hvd_easgd.DistributedOptimizer(
-            keras.optimizers.SGD(0.1, momentum=0.9), EASGD(communication_period=2), comm=comm)))
+            keras.optimizers.SGD(0.1, momentum=0.9), EASGD(period=2), comm=comm)))
 
     def train_and_save(rank):  # 5 steps on each rank's own data: the local weights and slots differ
         model, opt = pairs[rank]
@@ -212,7 +212,7 @@ def test_easgd_saved_at_2_ranks_resumes_at_1_and_3_from_the_center_with_the_mean
     for size in (1, 3):
         keras.utils.set_random_seed(7)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
-        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), EASGD(communication_period=2),
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), EASGD(period=2),
                                              comm=LocalCommunicator())
         hvd_easgd.broadcast_initial_state(model, opt)
         checkpoint.restore(directory, manifest, model, opt, RankOf(size - 1, size))

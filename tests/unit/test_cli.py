@@ -31,8 +31,8 @@ def exit_and_stderr(argv, capsys):
     (["--lr", "-0.1"], "--lr must be > 0"),
     (["--tau", "5"], "--tau is an option of --strategy diloco or easgd or periodic, not --strategy sync"),
     (["--strategy", "easgd", "--clip-norm", "1"], "--clip-norm is an option of --strategy sync"),
-    (["--strategy", "easgd", "--tau", "0"], "`communication_period` (tau) must be an integer >= 1. Received: communication_period=0"),
-    (["--strategy", "easgd", "--tau", "-3"], "Received: communication_period=-3"),
+    (["--strategy", "easgd", "--tau", "0"], "`period` must be an integer >= 1. Received: period=0"),
+    (["--strategy", "easgd", "--tau", "-3"], "Received: period=-3"),
     (["--accumulate", "0"], "--accumulate must be > 0"),
     (["--data", "npz:/nonexistent/data.npz"], "--data npz:/nonexistent/data.npz: no such file"),
     (["--data", "images:/nonexistent"], "no such directory"),
@@ -84,7 +84,7 @@ def test_config_file_sets_options_and_flags_override(tmp_path):
     args = cli.parse_args(["--config", str(path), "--lr", "0.3"])
     config = cli.effective_config(args)
     assert (config["strategy"], config["tau"], config["lr"], config["batch_size"]) == ("easgd", 4, 0.3, 16)
-    assert cli.strategy_kwargs(args) == {"communication_period": 4}
+    assert cli.strategy_kwargs(args) == {"period": 4}
 
 
 def test_config_file_with_unknown_key(tmp_path, capsys):
@@ -109,7 +109,7 @@ def test_accumulation_composes_with_any_strategy():
     args = cli.parse_args(["--strategy", "easgd", "--tau", "3", "--accumulate", "4",
                            "--accumulate-reduction", "sum"])
     strategy = cli.make_strategy(args)
-    assert (strategy.k, strategy.average, strategy.strategy.communication_period) == (4, False, 3)
+    assert (strategy.k, strategy.average, strategy.strategy.period) == (4, False, 3)
 
 
 def test_a_real_process_exits_2_without_traceback():
@@ -220,7 +220,7 @@ def test_a_flag_that_two_strategies_declare_is_one_flag_and_goes_to_the_chosen_o
     assert cli.make_strategy(args).period == 3
     assert cli.effective_config(args)["tau"] == 3
     easgd = cli.make_strategy(cli.parse_args(["--strategy", "easgd", "--tau", "4"]))
-    assert easgd.communication_period == 4
+    assert easgd.period == 4
     with pytest.raises(errors.UsageError, match=r"^--tau is an option of --strategy diloco or easgd or fake-periodic "
                                                 r"or periodic, not --strategy sync$"):
         cli.parse_args(["--tau", "5"])
@@ -229,7 +229,7 @@ def test_a_flag_that_two_strategies_declare_is_one_flag_and_goes_to_the_chosen_o
 def test_a_contained_strategy_takes_its_own_flags(fake_strategies):
     args = cli.parse_args(["--strategy", "fake-two-level", "--tau", "4", "--ranks-per-group", "2"])
     strategy = cli.make_strategy(args)  # --inter defaults to easgd
-    assert isinstance(strategy.inter, EASGD) and strategy.inter.communication_period == 4
+    assert isinstance(strategy.inter, EASGD) and strategy.inter.period == 4
     assert strategy.ranks_per_group == 2
     assert cli.effective_config(args)["tau"] == 4 and cli.effective_config(args)["ranks_per_group"] == 2
     strategy = cli.make_strategy(cli.parse_args(["--strategy", "fake-two-level", "--inter", "fake-periodic",

@@ -34,7 +34,9 @@ def test_mpi_direct_is_refused_under_gloo_and_unknown_choices_are_refused():
 def test_train_py_refuses_mpi_direct_under_gloo_before_anything_starts(monkeypatch):
     for key, value in GLOO.items():
         monkeypatch.setenv(key, value)
-    with pytest.raises(UsageError, match=r"^--collectives mpi-direct needs an MPI launch .*horovodrun --gloo"):
+    with pytest.raises(UsageError, match=r"^`collectives` must be \"auto\" or \"horovod\" under a Gloo launch "
+                                         r"\(horovodrun --gloo\): mpi-direct needs an MPI launch .*"
+                                         r"Received: collectives='mpi-direct'$"):
         cli.parse_args(["--collectives", "mpi-direct"])
     assert cli.parse_args([]).collectives == "auto"
 

@@ -212,7 +212,7 @@ def test_state_resumes_bit_identically_and_the_config_round_trips():
     np.testing.assert_array_equal(np.stack([o.strategy.inter.center[0].numpy() for o in opts]), first[1])
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(make()))
     assert repr(restored) == repr(make()) and isinstance(restored.inter, EASGD)
-    assert restored.inter.communication_period == 3 and restored.ranks_per_group == N
+    assert restored.inter.period == 3 and restored.ranks_per_group == N
     assert [type(c) for c in restored.children()] == [SyncAverage, EASGD]
 
 
@@ -258,7 +258,7 @@ def test_the_command_line_builds_the_inter_strategy_from_its_own_flags():
     strategy = cli.make_strategy(cli.parse_args(["--strategy", "hierarchical", "--tau", "10",
                                                  "--ranks-per-group", "2"]))
     assert isinstance(strategy, Hierarchical) and isinstance(strategy.inter, EASGD)
-    assert strategy.inter.communication_period == 10 and strategy.ranks_per_group == 2
+    assert strategy.inter.period == 10 and strategy.ranks_per_group == 2
     strategy = cli.make_strategy(cli.parse_args(["--strategy", "hierarchical", "--inter", "sync",
                                                  "--fp16-allreduce"]))
     assert type(strategy.inter) is SyncAverage and strategy.inter.compression_name == "fp16"

@@ -58,7 +58,7 @@ def easgd_model(seed=0):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)])
     model.compile(optimizer=hvd_easgd.DistributedOptimizer(
-        keras.optimizers.SGD(0.05, momentum=0.9), EASGD(communication_period=3, moving_rate=0.5),
+        keras.optimizers.SGD(0.05, momentum=0.9), EASGD(period=3, moving_rate=0.5),
         comm=LocalCommunicator()), loss="mse")
     return model
 

@@ -50,7 +50,8 @@ def test_bad_arguments_are_refused_in_keras_form(strategy, args, message):
 
 def test_a_name_nobody_registered_is_refused_by_the_registry():
     # the rule is asked of the class, so an unknown name fails where names are looked up
-    with pytest.raises(ValueError, match=r"unknown strategy 'ps'; choose one of: diloco, easgd, hierarchical"):
+    with pytest.raises(ValueError, match=r"^`name` must be a registered strategy, one of \['diloco', 'easgd', "
+                                         r"'hierarchical'.*\(unknown strategy 'ps'\)\. Received: name='ps'$"):
         registry.get("ps")
 
 

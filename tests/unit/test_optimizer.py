@@ -53,7 +53,7 @@ def test_learning_rate_and_iterations_are_the_inner_optimizers():
 
 
 def test_get_config_round_trips_inner_optimizer_and_strategy():
-    opt = wrapped(keras.optimizers.Adam(0.003), EASGD(communication_period=7, beta=0.5))
+    opt = wrapped(keras.optimizers.Adam(0.003), EASGD(period=7, beta=0.5))
     again = hvd_easgd.DistributedOptimizer.from_config(opt.get_config())
     assert isinstance(again.inner_optimizer, keras.optimizers.Adam)
     assert again.inner_optimizer.get_config()["learning_rate"] == pytest.approx(0.003)
@@ -111,7 +111,7 @@ def test_strategies_round_trip_through_keras_serialisation():
         assert isinstance(copy.strategy, GradientAccumulation) and isinstance(copy.strategy.strategy, EASGD)
         assert copy.strategy.get_config() == opt.strategy.get_config()
         assert copy.strategy.strategy.get_config() == {
-            "communication_period": 4, "moving_rate": 0.2, "beta": 0.9, "rho": 0.0, "warmup_steps": 0,
+            "period": 4, "moving_rate": 0.2, "beta": 0.9, "rho": 0.0, "warmup_steps": 0,
             "overlap": True}
         assert copy.inner_optimizer.get_config()["momentum"] == 0.5
     assert opt.get_config()["strategy"]["registered_name"] == "hvd_easgd>GradientAccumulation"

@@ -389,7 +389,7 @@ def test_command_line_builds_them_and_shares_tau_with_easgd():
     diloco = cli.make_strategy(args)
     assert (diloco.period, diloco.outer_learning_rate, diloco.outer_momentum) == (5, 0.5, 0.8)
     assert cli.effective_config(args)["outer_lr"] == 0.5
-    assert cli.make_strategy(cli.parse_args(["--strategy", "easgd", "--tau", "6"])).communication_period == 6
+    assert cli.make_strategy(cli.parse_args(["--strategy", "easgd", "--tau", "6"])).period == 6
     with pytest.raises(errors.UsageError, match=r"^--outer-lr is an option of --strategy diloco, not --strategy "
                                                 r"periodic$"):
         cli.parse_args(["--strategy", "periodic", "--outer-lr", "0.5"])

@@ -106,7 +106,7 @@ def test_easgd_gap_between_mean_and_center_scales_by_one_minus_p_plus_one_alpha(
     cluster = SimulatedCluster(3)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tau = 1 and the oscillation warn; tested elsewhere
-        models, opts = ranks_with(cluster, lambda: EASGD(communication_period=1, moving_rate=alpha), [8.0, -8.0])
+        models, opts = ranks_with(cluster, lambda: EASGD(period=1, moving_rate=alpha), [8.0, -8.0])
     for model, x in zip(models, [[0.0, 0.0], [4.0, -4.0], [32.0, -32.0]]):
         model.layers[0].kernel.assign([x])  # different workers; the center stays at rank 0's (8, -8)
 
@@ -127,7 +127,7 @@ def test_easgd_center_update_at_p4_with_a_different_x_per_rank():
     p, alpha = 4, 0.125
     cluster = SimulatedCluster(p)
     x0 = np.array([8.0, 16.0, -4.0, 0.0])
-    models, opts = ranks_with(cluster, lambda: EASGD(communication_period=2, moving_rate=alpha), x0)
+    models, opts = ranks_with(cluster, lambda: EASGD(period=2, moving_rate=alpha), x0)
     grads = [np.array([2.0 * r, -r, 0.5 * r, 4.0 - r]) for r in range(p)]
     apply_per_rank(cluster, models, opts, grads)  # step 1: local SGD only, nothing on the wire
     xs = np.stack([x0 - g for g in grads])

@@ -114,7 +114,7 @@ def test_easgd_tau_counts_accumulation_windows():
     strategies = []
 
     def make():
-        strategies.append(GradientAccumulation(2, strategy=EASGD(communication_period=3, moving_rate=0.25)))
+        strategies.append(GradientAccumulation(2, strategy=EASGD(period=3, moving_rate=0.25)))
         return strategies[-1]
 
     def twelve_micro_steps(w, opt):
@@ -201,6 +201,8 @@ def test_sync_validation():
     ({"communication_period": 0},
      r"`communication_period` \(tau\) must be an integer >= 1\. Received: communication_period=0"),
     ({"communication_period": 2.5}, r"Received: communication_period=2\.5"),
+    ({"period": 0}, r"^`period` must be an integer >= 1\. Received: period=0$"),
+    ({"period": True}, r"^`period` must be an integer >= 1\. Received: period=True$"),
     ({"moving_rate": 0.0}, r"`moving_rate` \(alpha\) must be a number > 0 or None \(then beta/p\)\. "
                            r"Received: moving_rate=0\.0"),
     ({"moving_rate": -0.1}, r"Received: moving_rate=-0\.1"),
@@ -226,9 +228,11 @@ def test_easgd_refuses_a_moving_rate_whose_elastic_step_diverges():
 def test_easgd_warns_at_tau_one():
     with pytest.warns(UserWarning, match="communication_period=1"):
         EASGD(communication_period=1)
+    with pytest.warns(UserWarning, match="period=1"):
+        EASGD(period=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        EASGD(communication_period=2)
+        EASGD(period=2)
 
 
 def test_easgd_default_moving_rate_is_beta_over_p():
@@ -241,7 +245,7 @@ def test_easgd_single_rank_matches_reference(kwargs):
     shards, w0 = ref.least_squares_shards(1)
     model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1, use_bias=False)])
     model.layers[0].kernel.assign(w0.reshape(-1, 1).astype(np.float32))
-    strategy = EASGD(communication_period=3, moving_rate=0.4, **kwargs)
+    strategy = EASGD(period=3, moving_rate=0.4, **kwargs)
     opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), strategy, comm=LocalCommunicator())
     hvd_easgd.broadcast_initial_state(model, opt)
 
@@ -269,7 +273,7 @@ def test_easgd_elastic_allreduce_carries_only_the_differences_and_the_flag():
     def rank_main(rank):
         keras.utils.set_random_seed(rank)  # rank 0's weights reach rank 1 by the broadcast
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.BatchNormalization()])
-        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), EASGD(communication_period=2),
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), EASGD(period=2),
                                              comm=cluster.communicators[rank])
         hvd_easgd.broadcast_initial_state(model, opt)
         opt.comm.reset_account()
@@ -289,13 +293,14 @@ def test_easgd_elastic_allreduce_carries_only_the_differences_and_the_flag():
 
 def test_registry_lists_strategies_once_and_creates_them():
     assert set(registry.available()) == {"sync", "easgd", "periodic", "diloco", "hierarchical"}
-    assert isinstance(registry.create("easgd", communication_period=4), EASGD)
-    with pytest.raises(ValueError, match="unknown strategy 'ps'"):
+    assert isinstance(registry.create("easgd", period=4), EASGD)
+    with pytest.raises(ValueError, match=r"^`name` must be a registered strategy, one of \[.*\] \(unknown strategy "
+                                         r"'ps'\)\. Received: name='ps'$"):
         registry.get("ps")
 
 
 def test_strategy_configs_round_trip_through_keras_serialisation():
-    for strategy in [SyncAverage(clip_norm=2.0, compression="fp16"), EASGD(communication_period=4, rho=0.1),
+    for strategy in [SyncAverage(clip_norm=2.0, compression="fp16"), EASGD(period=4, rho=0.1),
                      GradientAccumulation(3, average=False, strategy=EASGD(overlap=True))]:
         again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(strategy))
         assert type(again) is type(strategy) and again.get_config() == strategy.get_config()
@@ -308,7 +313,7 @@ def _sync():
 
 
 def _easgd():
-    return EASGD(communication_period=10)
+    return EASGD(period=10)
 
 
 def _accumulate_sync():
@@ -316,7 +321,7 @@ def _accumulate_sync():
 
 
 def _accumulate_easgd():
-    return GradientAccumulation(1, strategy=EASGD(communication_period=10))
+    return GradientAccumulation(1, strategy=EASGD(period=10))
 
 
 EVERY_STRATEGY = [_sync, _easgd, _accumulate_sync, _accumulate_easgd]
@@ -350,7 +355,7 @@ def test_accumulation_window_with_an_empty_nan_micro_batch_applies_the_others():
 def test_center_and_accumulator_names_follow_the_keras_variable_paths():
     # Keras 3 names both kernels "kernel"; their paths differ ("mlp/dense/kernel", "mlp/dense_1/kernel").
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)], name="mlp")
-    strategy = GradientAccumulation(2, strategy=EASGD(communication_period=2))
+    strategy = GradientAccumulation(2, strategy=EASGD(period=2))
     opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), strategy, comm=LocalCommunicator())
     hvd_easgd.broadcast_initial_state(model, opt)
     paths = [v.path for v in model.trainable_variables]

@@ -80,12 +80,12 @@ def expected_of(strategy, model, hosts, ranks_per_host, sample_counts=False):
     (SyncAverage, [3, 1, 0, 2], (M + 4, 1.0)),                         # the count rides along
     (lambda: SyncAverage(compression="fp16"), None, (M / 2, 1.0)),       # 2 bytes an element
     (lambda: SyncAverage(compression="fp16"), [1, 2, 3, 4], ((M + 4) / 2, 1.0)),
-    (lambda: EASGD(communication_period=3), None, ((M + 4) / 3, 1 / 3)),  # differences + flag every tau
-    (lambda: EASGD(communication_period=3, overlap=True), None, ((M + 4) / 3, 1 / 3)),
+    (lambda: EASGD(period=3), None, ((M + 4) / 3, 1 / 3)),  # differences + flag every tau
+    (lambda: EASGD(period=3, overlap=True), None, ((M + 4) / 3, 1 / 3)),
     (lambda: PeriodicAverage(period=3), None, ((M + 4 * STATISTICS + 4) / 3, 1 / 3)),  # weights, statistics, flag
     (lambda: DiLoCo(period=4), None, ((M + 4) / 4, 1 / 4)),              # the pseudo-gradient + flag
     (lambda: GradientAccumulation(2), None, ((M + 4) / 2, 1 / 2)),       # sums + the window's count, every k
-    (lambda: GradientAccumulation(2, strategy=EASGD(communication_period=2)), None, ((M + 4) / 4, 1 / 4)),
+    (lambda: GradientAccumulation(2, strategy=EASGD(period=2)), None, ((M + 4) / 4, 1 / 4)),
 ])
 def test_the_expected_traffic_is_what_the_ranks_account_for(make, counts, by_hand):
     with warnings.catch_warnings():
@@ -102,7 +102,7 @@ def test_the_expected_traffic_is_what_the_ranks_account_for(make, counts, by_han
 
 @pytest.mark.parametrize("make_inter, inter_by_hand", [
     (SyncAverage, (M, 1.0)),
-    (lambda: EASGD(communication_period=3), ((M + 4) / 3, 1 / 3)),
+    (lambda: EASGD(period=3), ((M + 4) / 3, 1 / 3)),
 ])
 def test_hierarchical_expects_each_level_as_its_account_by_level_counts_it(make_inter, inter_by_hand):
     cluster = SimulatedCluster(P, ranks_per_host=2)  # 2 hosts of 2: the groups

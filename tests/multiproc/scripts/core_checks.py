@@ -165,7 +165,7 @@ LR, TAU, STEPS, BATCH = 0.1, 3, 25, 4
 def run_easgd(steps=STEPS, momentum=0.0, nesterov=False, record_bytes=False, **easgd_kwargs):
     model = linear_model(w0)
     inner = keras.optimizers.SGD(LR, momentum=momentum, nesterov=nesterov)
-    strategy = hvd_easgd.EASGD(communication_period=TAU, **easgd_kwargs)
+    strategy = hvd_easgd.EASGD(period=TAU, **easgd_kwargs)
     opt = hvd_easgd.DistributedOptimizer(inner, strategy, comm=comm)
     hvd_easgd.broadcast_initial_state(model, opt)
     step = lsq_step_fn(model, opt)
@@ -281,7 +281,7 @@ results["nan_sync"] = {"skipped": int(nan_opt.strategy.skipped_steps.numpy()),
                        "finite": bool(np.all(np.isfinite(model.layers[0].kernel.numpy())))}
 
 model = linear_model(w0)
-easgd_nan = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), hvd_easgd.EASGD(communication_period=TAU),
+easgd_nan = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), hvd_easgd.EASGD(period=TAU),
                                            comm=comm)
 hvd_easgd.broadcast_initial_state(model, easgd_nan)
 step = lsq_step_fn(model, easgd_nan)

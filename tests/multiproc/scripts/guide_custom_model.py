@@ -49,7 +49,7 @@ def make_model():
     outputs = keras.layers.Dense(1)(keras.layers.Dense(8, activation="tanh")(inputs))
     model = CustomModel(inputs, outputs)
     optimizer = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
-                                               strategy=hvd_easgd.EASGD(communication_period=3))
+                                               strategy=hvd_easgd.EASGD(period=3))
     model.compile(optimizer=optimizer, loss="mse")
     return model
 

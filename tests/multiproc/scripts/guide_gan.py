@@ -69,7 +69,7 @@ generator = keras.Sequential([keras.Input((LATENT,)), keras.layers.Dense(16, act
 gan = GAN(discriminator, generator)
 d_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.Adam(2e-3))
 g_opt = hvd_easgd.DistributedOptimizer(keras.optimizers.Adam(2e-3),
-                                       strategy=hvd_easgd.EASGD(communication_period=2))
+                                       strategy=hvd_easgd.EASGD(period=2))
 gan.compile(d_optimizer=d_opt, g_optimizer=g_opt,
             loss_fn=keras.losses.BinaryCrossentropy(from_logits=True))
 

@@ -119,7 +119,7 @@ weights = np.ones(len(y), np.float32)
 if RANK == 1:
     weights[OVERFLOW_STEP * BATCH:(OVERFLOW_STEP + 1) * BATCH] = 1e4
 train("overflow_sync", "mixed_float16", "outside", sample_weight=weights)
-train("overflow_easgd", "mixed_float16", "inside", strategy=hvd_easgd.EASGD(communication_period=5),
+train("overflow_easgd", "mixed_float16", "inside", strategy=hvd_easgd.EASGD(period=5),
       sample_weight=weights)
 
 write_rank_results(OUT, RANK, results)
