@@ -65,8 +65,9 @@ def test_local_is_one_process_alone_without_horovod(fresh_runtime):
     assert runtime.collectives_in_use() == ("local", "chosen by the caller")
     assert fresh_runtime == [("threads", 1), ("gpu", 0)]
     assert runtime.init() is comm  # later calls with the default return it
-    with pytest.raises(ValueError, match=r"^hvd_easgd\.init\(\) already ran with collectives='local'; one process "
-                                         r"has one kind of collectives\. Received: collectives='horovod'$"):
+    with pytest.raises(ValueError, match=r"^`collectives` must be 'local' or \"auto\": hvd_easgd\.init\(\) already started "
+                                         r"those, and one process has one kind of collectives\. "
+                                         r"Received: collectives='horovod'$"):
         runtime.init(collectives="horovod")
 
 

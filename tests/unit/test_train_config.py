@@ -105,6 +105,6 @@ def test_the_options_of_library_classes_take_the_library_default():
 
 def test_strategy_kwargs_and_make_strategy_read_the_config():
     config = TrainConfig(strategy="easgd", strategy_options={"tau": 3, "moving_rate": 0.25}, accumulate=2)
-    assert cli.strategy_kwargs(config) == {"communication_period": 3, "moving_rate": 0.25}
+    assert cli.strategy_kwargs(config) == {"period": 3, "moving_rate": 0.25}
     strategy = cli.make_strategy(config)
     assert (strategy.k, strategy.strategy.communication_period, strategy.strategy.moving_rate) == (2, 3, 0.25)
