@@ -14,12 +14,17 @@ happens once per optimizer, not once per ``fit``. An optimizer built without
 that compares a checksum of the initial weights across ranks and refuses to
 train from different ones (``check_initial_state=False`` turns this off).
 
-Mixed precision: put Keras's ``LossScaleOptimizer`` *inside*,
+Mixed precision: Keras's ``LossScaleOptimizer`` belongs *inside*,
 ``DistributedOptimizer(LossScaleOptimizer(opt))``; ``scale_loss`` is passed
 on to it, and the strategy hands it non-finite reduced gradients so that its
-scale goes down on every rank. The callbacks rewire the layout Keras builds
-for a ``mixed_float16`` model (``LossScaleOptimizer(DistributedOptimizer)``)
-to that one before the first step.
+scale goes down on every rank. Outside, each rank would decide on an fp16
+overflow alone, before the reduction, and a rank that skips its step would
+leave the others waiting in the allreduce. ``broadcast_initial_state`` (and
+so the ``BroadcastInitialState`` callback) rewires the layout Keras's
+``compile`` builds for a ``mixed_float16`` model
+(``LossScaleOptimizer(DistributedOptimizer)``) into the safe one; a
+DistributedOptimizer still wrapped by a loss-scale optimizer when it is built
+refuses to train (``loss_scale_layout_problem``).
 
 Saving: ``save_own_variables``/``load_own_variables`` use the inner
 optimizer's layout, and the training callbacks make the model's compile
@@ -102,6 +107,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # The rank to broadcast from when built, set by broadcast_initial_state
         # for an optimizer that builds later (at its first apply).
         self._sync_from_rank = None
+        # True while a LossScaleOptimizer wraps this one (see loss_scale_factor).
+        self.wrapped_by_loss_scale = False
 
     # --- wiring ------------------------------------------------------------------
     @property
@@ -133,6 +140,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # Called eagerly or, on first apply, while tracing: init_scope lifts
         # variable creation and the cross-rank check out of the trace.
         with tf.init_scope():
+            problem = self.loss_scale_layout_problem()
+            if problem is not None:
+                # Before any collective: the layout would stall at the first overflow.
+                raise ValueError(problem)
             var_list = list(var_list)
             self.inner_optimizer.build(var_list)
             syncing = self._sync_from_rank is not None
@@ -182,6 +193,44 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self.strategy.on_initial_state_synced()
         self.initial_state_synced = True
         self._sync_from_rank = None
+
+    @property
+    def loss_scale_factor(self):
+        return self._loss_scale_factor
+
+    @loss_scale_factor.setter
+    def loss_scale_factor(self, factor):
+        # Keras's LossScaleOptimizer sets this on the optimizer it wraps (to turn
+        # off that one's own scaling): from inside, the one sign that a loss-scale
+        # optimizer sits outside. Keras's base __init__ sets it before
+        # inner_optimizer exists; that is not a wrapper.
+        self._loss_scale_factor = factor
+        if "inner_optimizer" in self.__dict__:
+            self.wrapped_by_loss_scale = True
+
+    def loss_scale_layout_problem(self):
+        """Why this optimizer's place among loss-scale optimizers is unsafe, or None.
+
+        Returns:
+          None for the safe layout, ``DistributedOptimizer(LossScaleOptimizer(opt))``
+          (or no loss scaling). Otherwise the one-line message to raise: a
+          LossScaleOptimizer outside decides on overflow per rank, before the
+          reduction, so the job stalls the first time one rank overflows; one
+          outside and one inside scale the loss twice.
+        """
+        if not self.wrapped_by_loss_scale:
+            return None
+        inner = type(self.inner_optimizer).__name__
+        if isinstance(self.inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            return ("a DistributedOptimizer that holds a LossScaleOptimizer must not be wrapped in another one "
+                    "(the loss would be scaled twice); with mixed_float16, compile adds one unless you pass "
+                    "`auto_scale_loss=False`. Received: optimizer=LossScaleOptimizer(DistributedOptimizer("
+                    f"{inner}(...)))")
+        return ("the LossScaleOptimizer must be inside the DistributedOptimizer, "
+                "`DistributedOptimizer(LossScaleOptimizer(opt))`: outside, a rank whose gradients overflow "
+                "skips the allreduce the other ranks wait in. For a compiled model, "
+                "hvd_easgd.broadcast_initial_state(model, opt) or hvd_easgd.callbacks.defaults() moves it inside. "
+                f"Received: optimizer=LossScaleOptimizer(DistributedOptimizer({inner}(...)))")
 
     def _connect_loss_scale(self):
         """Tells the strategies the inner LossScaleOptimizer's scale, if any."""
