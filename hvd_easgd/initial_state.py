@@ -1,6 +1,7 @@
 """Every rank starts from rank 0's weights and optimizer state, once per optimizer,
 with the loss-scale optimizer (if any) where the overflow decision is safe."""
 import keras
+import tensorflow as tf
 
 from .model_optimizers import distributed_optimizers
 from .optimizer import DistributedOptimizer, variable_signature
@@ -44,6 +45,11 @@ def move_loss_scaling_inside(model, optimizers=()):
         distributed.wrapped_by_loss_scale = False
         model.optimizer = distributed
         if distributed.built:
+            if not outer.built:
+                # Built before compile wrapped it: give the loss-scale optimizer its scale
+                # now, outside any trace (the inner optimizer's state is kept: it is built).
+                with tf.init_scope():
+                    outer.build(list(distributed._trainable_variables))
             distributed._connect_loss_scale()
         if getattr(model, "train_function", None) is not None:
             # Made (perhaps traced) for the old layout: the step must go through the new one.

@@ -140,10 +140,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # Called eagerly or, on first apply, while tracing: init_scope lifts
         # variable creation and the cross-rank check out of the trace.
         with tf.init_scope():
-            problem = self.loss_scale_layout_problem()
-            if problem is not None:
-                # Before any collective: the layout would stall at the first overflow.
-                raise ValueError(problem)
+            self._refuse_unsafe_loss_scale_layout()
             var_list = list(var_list)
             self.inner_optimizer.build(var_list)
             syncing = self._sync_from_rank is not None
@@ -194,19 +191,15 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.initial_state_synced = True
         self._sync_from_rank = None
 
-    @property
-    def loss_scale_factor(self):
-        return self._loss_scale_factor
-
-    @loss_scale_factor.setter
-    def loss_scale_factor(self, factor):
-        # Keras's LossScaleOptimizer sets this on the optimizer it wraps (to turn
-        # off that one's own scaling): from inside, the one sign that a loss-scale
-        # optimizer sits outside. Keras's base __init__ sets it before
-        # inner_optimizer exists; that is not a wrapper.
-        self._loss_scale_factor = factor
-        if "inner_optimizer" in self.__dict__:
-            self.wrapped_by_loss_scale = True
+    def __setattr__(self, name, value):
+        # Keras's LossScaleOptimizer sets `loss_scale_factor` on the optimizer it
+        # wraps (to turn off that one's own scaling): from inside, the one sign
+        # that a loss-scale optimizer sits outside. Seen here, before Keras's
+        # tracking drops an assignment of the value already held (None). Keras's
+        # base __init__ sets it before inner_optimizer exists: not a wrapper.
+        if name == "loss_scale_factor" and "inner_optimizer" in self.__dict__:
+            super().__setattr__("wrapped_by_loss_scale", True)
+        super().__setattr__(name, value)
 
     def loss_scale_layout_problem(self):
         """Why this optimizer's place among loss-scale optimizers is unsafe, or None.
@@ -228,9 +221,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                     f"{inner}(...)))")
         return ("the LossScaleOptimizer must be inside the DistributedOptimizer, "
                 "`DistributedOptimizer(LossScaleOptimizer(opt))`: outside, a rank whose gradients overflow "
-                "skips the allreduce the other ranks wait in. For a compiled model, "
-                "hvd_easgd.broadcast_initial_state(model, opt) or hvd_easgd.callbacks.defaults() moves it inside. "
+                "skips the allreduce the other ranks wait in. For a compiled model, call "
+                "hvd_easgd.broadcast_initial_state(model, opt) after compile, or pass hvd_easgd.callbacks.defaults() "
+                "to fit: either moves it inside. "
                 f"Received: optimizer=LossScaleOptimizer(DistributedOptimizer({inner}(...)))")
+
+    def _refuse_unsafe_loss_scale_layout(self):
+        # At build and at every apply (once per trace in a tf.function; the outer
+        # optimizer's cond traces this branch too), before any collective.
+        problem = self.loss_scale_layout_problem()
+        if problem is not None:
+            raise ValueError(problem)
 
     def _connect_loss_scale(self):
         """Tells the strategies the inner LossScaleOptimizer's scale, if any."""
@@ -265,6 +266,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         no data this call: it contributes nothing, even if its mean is NaN.
         """
         grads = list(grads)
+        # Built before a LossScaleOptimizer wrapped it (broadcast_initial_state before compile)?
+        self._refuse_unsafe_loss_scale_layout()
         if not self.built:
             if trainable_variables is None:
                 raise ValueError("the first apply() must pass trainable_variables")
