@@ -24,7 +24,7 @@ so the ``BroadcastInitialState`` callback) rewires the layout Keras's
 ``compile`` builds for a ``mixed_float16`` model
 (``LossScaleOptimizer(DistributedOptimizer)``) into the safe one; a
 DistributedOptimizer still wrapped by a loss-scale optimizer when it is built
-refuses to train (``loss_scale_layout_problem``).
+or applied refuses in one line (``loss_scale_layout_problem``).
 
 Saving: ``save_own_variables``/``load_own_variables`` use the inner
 optimizer's layout, and the training callbacks make the model's compile
@@ -107,7 +107,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # The rank to broadcast from when built, set by broadcast_initial_state
         # for an optimizer that builds later (at its first apply).
         self._sync_from_rank = None
-        # True while a LossScaleOptimizer wraps this one (see loss_scale_factor).
+        # True while a LossScaleOptimizer wraps this one (see __setattr__): unsafe.
         self.wrapped_by_loss_scale = False
 
     # --- wiring ------------------------------------------------------------------
@@ -213,18 +213,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         """
         if not self.wrapped_by_loss_scale:
             return None
-        inner = type(self.inner_optimizer).__name__
+        names, wrapped = [], self
+        while isinstance(wrapped, keras.optimizers.Optimizer):
+            names.append(type(wrapped).__name__)
+            wrapped = getattr(wrapped, "inner_optimizer", None)
+        received = f"Received: optimizer=LossScaleOptimizer({'('.join(names)}{')' * len(names)}"
         if isinstance(self.inner_optimizer, keras.optimizers.LossScaleOptimizer):
-            return ("a DistributedOptimizer that holds a LossScaleOptimizer must not be wrapped in another one "
-                    "(the loss would be scaled twice); with mixed_float16, compile adds one unless you pass "
-                    "`auto_scale_loss=False`. Received: optimizer=LossScaleOptimizer(DistributedOptimizer("
-                    f"{inner}(...)))")
-        return ("the LossScaleOptimizer must be inside the DistributedOptimizer, "
+            return ("`optimizer` must hold one LossScaleOptimizer, inside the DistributedOptimizer: under "
+                    "mixed_float16, compile wraps it in a second one (the loss would be scaled twice) unless "
+                    f"you pass `auto_scale_loss=False` to compile. {received}")
+        return ("`optimizer` must hold the LossScaleOptimizer inside the DistributedOptimizer, "
                 "`DistributedOptimizer(LossScaleOptimizer(opt))`: outside, a rank whose gradients overflow "
                 "skips the allreduce the other ranks wait in. For a compiled model, call "
                 "hvd_easgd.broadcast_initial_state(model, opt) after compile, or pass hvd_easgd.callbacks.defaults() "
-                "to fit: either moves it inside. "
-                f"Received: optimizer=LossScaleOptimizer(DistributedOptimizer({inner}(...)))")
+                f"to fit: either moves it inside. {received}")
 
     def _refuse_unsafe_loss_scale_layout(self):
         # At build and at every apply (once per trace in a tf.function; the outer

@@ -6,11 +6,12 @@ Usage: loss_scale_layout.py OUT COLLECTIVES.
 ``mixed_float16``, ``compile`` with a DistributedOptimizer (Keras wraps it in a
 LossScaleOptimizer), ``hvd_easgd.broadcast_initial_state(model, opt)``, then
 ``model.fit`` *without* ``callbacks.defaults()``. At step OVERFLOW_STEP rank 1's
-inputs are large enough that its scaled gradients overflow float16. Laid out
-as Keras builds it, rank 1 skips the update (and its allreduce) while rank 0
-waits in the allreduce: the job stalls. Each rank writes OUT/rank<r>.json with
-its weights, loss scale and counters; no collective runs after fit, so a rank
-that fell out of step cannot hide behind a mismatched one.
+inputs are large enough that its scaled gradients overflow float16. Left as
+Keras builds it (before the fix), rank 1 skipped the update, and its
+allreduce, while rank 0 waited in that allreduce: the job stalled. Each rank
+writes OUT/rank<r>.json with its weights, loss scale and counters; no
+collective runs after fit, so a rank that fell out of step cannot hide behind
+a mismatched one.
 """
 import sys
 
