@@ -63,26 +63,3 @@ def communicator_of(model):
 
     return communicator()
 
-
-def move_loss_scaling_inside(model):
-    """Rewires ``LossScaleOptimizer(DistributedOptimizer(opt))``, which Keras's
-    ``compile`` builds for a ``mixed_float16`` model, into
-    ``DistributedOptimizer(LossScaleOptimizer(opt))``. Returns True if it did.
-
-    Outside, the loss-scale optimizer would decide on overflow per rank,
-    *before* the reduction: a rank that overflows skips the step, never joins
-    the allreduce, and the job stalls. Inside, the decision is taken on the
-    reduced gradients, the same on every rank. The same objects are kept (no
-    state is lost, even if built); the caller must re-trace the train function.
-    """
-    outer = getattr(model, "optimizer", None)
-    if not (isinstance(outer, keras.optimizers.LossScaleOptimizer)
-            and isinstance(outer.inner_optimizer, DistributedOptimizer)):
-        return False
-    distributed = outer.inner_optimizer
-    outer.inner_optimizer = distributed.inner_optimizer
-    distributed.inner_optimizer = outer
-    model.optimizer = distributed
-    if distributed.built:
-        distributed._connect_loss_scale()
-    return True

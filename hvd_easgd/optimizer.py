@@ -14,12 +14,17 @@ happens once per optimizer, not once per ``fit``. An optimizer built without
 that compares a checksum of the initial weights across ranks and refuses to
 train from different ones (``check_initial_state=False`` turns this off).
 
-Mixed precision: put Keras's ``LossScaleOptimizer`` *inside*,
+Mixed precision: Keras's ``LossScaleOptimizer`` belongs *inside*,
 ``DistributedOptimizer(LossScaleOptimizer(opt))``; ``scale_loss`` is passed
 on to it, and the strategy hands it non-finite reduced gradients so that its
-scale goes down on every rank. The callbacks rewire the layout Keras builds
-for a ``mixed_float16`` model (``LossScaleOptimizer(DistributedOptimizer)``)
-to that one before the first step.
+scale goes down on every rank. Outside, each rank would decide on an fp16
+overflow alone, before the reduction, and a rank that skips its step would
+leave the others waiting in the allreduce. ``broadcast_initial_state`` (and
+so the ``BroadcastInitialState`` callback) rewires the layout Keras's
+``compile`` builds for a ``mixed_float16`` model
+(``LossScaleOptimizer(DistributedOptimizer)``) into the safe one; a
+DistributedOptimizer still wrapped by a loss-scale optimizer when it is built
+or applied refuses in one line (``loss_scale_layout_problem``).
 
 Saving: ``save_own_variables``/``load_own_variables`` use the inner
 optimizer's layout, and the training callbacks make the model's compile
@@ -103,6 +108,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # The rank to broadcast from when built, set by broadcast_initial_state
         # for an optimizer that builds later (at its first apply).
         self._sync_from_rank = None
+        # True while a LossScaleOptimizer wraps this one (see __setattr__): unsafe.
+        self.wrapped_by_loss_scale = False
 
     # --- wiring ------------------------------------------------------------------
     @property
@@ -134,6 +141,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # Called eagerly or, on first apply, while tracing: init_scope lifts
         # variable creation and the cross-rank check out of the trace.
         with tf.init_scope():
+            self._refuse_unsafe_loss_scale_layout()
             var_list = list(var_list)
             self.inner_optimizer.build(var_list)
             syncing = self._sync_from_rank is not None
@@ -184,6 +192,50 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.initial_state_synced = True
         self._sync_from_rank = None
 
+    def __setattr__(self, name, value):
+        # Keras's LossScaleOptimizer sets `loss_scale_factor` on the optimizer it
+        # wraps (to turn off that one's own scaling): from inside, the one sign
+        # that a loss-scale optimizer sits outside. Seen here, before Keras's
+        # tracking drops an assignment of the value already held (None). Keras's
+        # base __init__ sets it before inner_optimizer exists: not a wrapper.
+        if name == "loss_scale_factor" and "inner_optimizer" in self.__dict__:
+            super().__setattr__("wrapped_by_loss_scale", True)
+        super().__setattr__(name, value)
+
+    def loss_scale_layout_problem(self):
+        """Why this optimizer's place among loss-scale optimizers is unsafe, or None.
+
+        Returns:
+          None for the safe layout, ``DistributedOptimizer(LossScaleOptimizer(opt))``
+          (or no loss scaling). Otherwise the one-line message to raise: a
+          LossScaleOptimizer outside decides on overflow per rank, before the
+          reduction, so the job stalls the first time one rank overflows; one
+          outside and one inside scale the loss twice.
+        """
+        if not self.wrapped_by_loss_scale:
+            return None
+        names, wrapped = [], self
+        while isinstance(wrapped, keras.optimizers.Optimizer):
+            names.append(type(wrapped).__name__)
+            wrapped = getattr(wrapped, "inner_optimizer", None)
+        received = f"Received: optimizer=LossScaleOptimizer({'('.join(names)}{')' * len(names)}"
+        if isinstance(self.inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            return ("`optimizer` must hold one LossScaleOptimizer, inside the DistributedOptimizer: under "
+                    "mixed_float16, compile wraps it in a second one (the loss would be scaled twice) unless "
+                    f"you pass `auto_scale_loss=False` to compile. {received}")
+        return ("`optimizer` must hold the LossScaleOptimizer inside the DistributedOptimizer, "
+                "`DistributedOptimizer(LossScaleOptimizer(opt))`: outside, a rank whose gradients overflow "
+                "skips the allreduce the other ranks wait in. For a compiled model, call "
+                "hvd_easgd.broadcast_initial_state(model, opt) after compile, or pass hvd_easgd.callbacks.defaults() "
+                f"to fit: either moves it inside. {received}")
+
+    def _refuse_unsafe_loss_scale_layout(self):
+        # At build and at every apply (once per trace in a tf.function; the outer
+        # optimizer's cond traces this branch too), before any collective.
+        problem = self.loss_scale_layout_problem()
+        if problem is not None:
+            raise ValueError(problem)
+
     def _connect_loss_scale(self):
         """Tells the strategies the inner LossScaleOptimizer's scale, if any."""
         inner = self.inner_optimizer
@@ -217,6 +269,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         no data this call: it contributes nothing, even if its mean is NaN.
         """
         grads = list(grads)
+        # Built before a LossScaleOptimizer wrapped it (broadcast_initial_state before compile)?
+        self._refuse_unsafe_loss_scale_layout()
         if not self.built:
             if trainable_variables is None:
                 raise ValueError("`trainable_variables` must be given to the first apply() (it builds the optimizer). "

@@ -2,19 +2,19 @@
 import keras
 
 from ..initial_state import broadcast_initial_state
-from ..model_optimizers import move_loss_scaling_inside, require_distributed_optimizers
+from ..model_optimizers import require_distributed_optimizers
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
     """At the start of ``fit``: finds the model's DistributedOptimizers (also
-    a GAN's, kept as attributes), puts a mixed-precision loss-scale optimizer
-    inside the DistributedOptimizer, and broadcasts the model and optimizer
-    state from ``root_rank``, once per optimizer (a later ``fit`` does not
-    broadcast again).
+    a GAN's, kept as attributes) and calls ``broadcast_initial_state``, which
+    puts a mixed-precision loss-scale optimizer inside the DistributedOptimizer
+    and broadcasts the model and optimizer state from ``root_rank``, once per
+    optimizer (a later ``fit`` does not broadcast again).
 
     ``skip=True`` is set by a resume that restored per-rank state: every
     optimizer then counts as agreed (a broadcast would overwrite each rank's
-    own EASGD local weights).
+    own EASGD local weights); the loss-scale layout is made safe all the same.
     """
 
     def __init__(self, root_rank=0):
@@ -23,9 +23,6 @@ class BroadcastInitialState(keras.callbacks.Callback):
         self.skip = False
 
     def on_train_begin(self, logs=None):
-        if move_loss_scaling_inside(self.model) and self.model.train_function is not None:
-            # fit made (but did not yet trace) a train function for the old layout.
-            self.model.make_train_function(force=True)
         optimizers = require_distributed_optimizers(self.model)
         if self.skip:
             for optimizer in optimizers:
