@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.slurm.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
