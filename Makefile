@@ -25,7 +25,7 @@ MPI_OPS := hvd_easgd/comm/_mpi_ops
 OPS_STAMP := $(VENV)/.hvd_easgd-mpi-ops-$(shell cat $(MPI_OPS)/mpi_ops.cc $(MPI_OPS)/__init__.py | sha256sum | cut -c1-12)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup demo test test-unit test-multiproc test-slurm test-multinode smoke matrix supported-versions bench bench-quick clean
+.PHONY: setup demo test test-fast test-unit test-multiproc test-slurm test-multinode smoke matrix supported-versions bench bench-quick clean
 
 # Re-runs the (idempotent, fast when done) set-up script whenever the pins
 # or the script change; otherwise does nothing. The stamps live in the venv, so
@@ -44,11 +44,19 @@ setup: $(STAMP) $(OPS_STAMP)
 demo: $(STAMP) $(OPS_STAMP)
 	$(VENV)/bin/horovodrun -np 2 $(PY) train.py
 
+# Every tier, every test; --durations: the slowest tests' times in the log (CI's too).
 test: $(STAMP) $(OPS_STAMP)
-	$(PYTEST) -m "unit or multiproc or slurm or multinode" tests
+	$(PYTEST) -m "unit or multiproc or slurm or multinode" --durations=15 tests
 
-test-unit: $(STAMP) $(OPS_STAMP)
-	$(PYTEST) -m unit tests
+# The unit tier, in-process only: a developer's two minutes. It launches no
+# train.py, horovodrun or mpirun (tests/unit/test_tests_layout.py keeps it that
+# way), so it needs the venv but not the C++ op build. It runs against an ops
+# cache that never exists, so a test that needed the ops would fail here even
+# on a machine that has them built.
+test-fast: $(STAMP)
+	HVD_EASGD_CACHE=$(abspath $(VENV))/.no-ops-cache $(PYTEST) -m unit tests
+
+test-unit: test-fast
 
 test-multiproc: $(STAMP) $(OPS_STAMP)
 	$(PYTEST) -m multiproc tests

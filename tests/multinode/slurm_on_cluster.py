@@ -1,6 +1,6 @@
 """SLURM on the virtual cluster: slurmctld and munged on node1, one slurmd per host, each its own node.
 
-It is the slurm tier's one-node ``SlurmCluster`` (tests/slurm/conftest.py) with
+It is the slurm tier's one-node ``SlurmCluster`` (tests/slurm/helpers.py) with
 the daemons started inside the hosts' namespaces, every client command run on
 node1, and a configuration that names every host with its cluster address.
 """
@@ -8,8 +8,8 @@ import os
 import sys
 
 from tests.helpers import ROOT
-from tests.multinode.conftest import multinode_env
-from tests.slurm.conftest import COMMAND_TIMEOUT, SlurmCluster, _node_hardware
+from tests.multinode.helpers import multinode_env
+from tests.slurm.helpers import COMMAND_TIMEOUT, SlurmCluster, node_hardware
 
 
 class VirtualClusterSlurm(SlurmCluster):
@@ -23,7 +23,7 @@ class VirtualClusterSlurm(SlurmCluster):
 
     def write_config(self):
         hosts = self.cluster.hosts
-        hardware, self.cpus = _node_hardware()
+        hardware, self.cpus = node_hardware()
         first, last = self.cluster.address(hosts[0]), self.cluster.address(hosts[-1]).rsplit(".", 1)[1]
         prefix, first_octet = first.rsplit(".", 1)
         # srun --mpi=pmix keeps per-step files under a directory named by job and step, which

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from hvd_easgd import checkpoint
-from tests.multinode.conftest import HOSTS, RANKS_PER_HOST, horovodrun_on_hosts, launch, popen
+from tests.multinode.helpers import HOSTS, RANKS_PER_HOST, horovodrun_on_hosts, launch, popen
 
 pytestmark = pytest.mark.multinode
 

@@ -4,7 +4,7 @@ import os
 import pytest
 import yaml
 
-from tests.multinode.conftest import horovodrun_on_hosts, launch
+from tests.multinode.helpers import horovodrun_on_hosts, launch
 
 pytestmark = pytest.mark.multinode
 LAUNCH_TIMEOUT = 240

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.helpers import PYTHON, ROOT
-from tests.multinode.conftest import TRAIN, horovodrun_on_hosts, launch, multinode_env
+from tests.multinode.helpers import TRAIN, horovodrun_on_hosts, launch, multinode_env
 from tools.vcluster import INTERFACE
 
 pytestmark = pytest.mark.multinode

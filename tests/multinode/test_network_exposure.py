@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.helpers import PYTHON
-from tests.multinode.conftest import horovodrun_on_hosts, multinode_env, popen
+from tests.multinode.helpers import horovodrun_on_hosts, multinode_env, popen
 from tests.multinode.test_launch import README_MPIRUN
 from tools.vcluster import SSH_PORT, VirtualCluster, check_privileges
 from tools.vcluster_public import add_public_network, listeners, public_address, reachable

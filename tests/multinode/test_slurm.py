@@ -7,7 +7,7 @@ import yaml
 
 from tests.helpers import PYTHON, ROOT
 from tests.multinode import slurm_on_cluster
-from tests.multinode.conftest import HOSTS, RANKS_PER_HOST
+from tests.multinode.helpers import HOSTS, RANKS_PER_HOST
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(300)]
 JOB_TIMEOUT = 200

@@ -82,7 +82,7 @@ def test_each_sshd_listens_only_on_its_host_address(cluster):
 
 
 def test_hosts_resolve_each_other_and_log_in_with_the_cluster_key(cluster):
-    from tests.multinode.conftest import launch
+    from tests.multinode.helpers import launch
 
     out = launch(cluster, ["sh", "-c", 'hostname; getent hosts node2; ssh node2 hostname'], timeout=30)
     assert out.returncode == 0, out.stderr

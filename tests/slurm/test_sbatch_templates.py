@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from .conftest import REPO
+from tests.slurm.helpers import REPO
 
 pytestmark = pytest.mark.slurm
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.slurm.helpers import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
@@ -53,7 +53,29 @@ def test_srun_pmix_ranks_agree_with_horovod(slurm_cluster):
         assert report["hosts"] == "localhost:2"
 
 
-@pytest.mark.parametrize("launch", ["srun", "horovodrun"])
+def assert_completed_training(info, launch, run_dir, min_accuracy):
+    """What every train.sbatch job that trains to its end shows: COMPLETED with exit 0, the launch
+    mode it was given, rank 0's one final accuracy line at ``min_accuracy`` or above, and the
+    run directory named after the script's name (so those options reached train.py).
+
+    Returns:
+        The job's output, for the caller's own checks.
+    """
+    output = _output(info)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
+        f"job {info.get('JobId')} ({launch}): JobState={info['JobState']} ExitCode={info['ExitCode']} "
+        f"Restarts={info.get('Restarts')}\n{output[-4000:]}")
+    assert f"launch={launch}" in output
+    accuracies = [float(a) for a in ACCURACY_LINE.findall(output)]
+    assert len(accuracies) == 1, f"expected one 'final test accuracy' line (rank 0's):\n{output[-4000:]}"
+    assert accuracies[0] >= min_accuracy, output[-4000:]
+    assert run_dir.is_dir(), f"--run-dir after the script name did not reach train.py:\n{output[-2000:]}"
+    return output
+
+
+# srun mode's job from start to end is test_train_sbatch_is_warned_checkpoints_requeues_itself_and_completes:
+# that job starts from scratch too, and its end passes these same checks (at 0.95), so one job serves both.
+@pytest.mark.parametrize("launch", ["horovodrun"])
 def test_train_sbatch_completes(slurm_cluster, launch, tmp_path):
     run_dir = tmp_path / f"run-{launch}"
     job_id = slurm_cluster.submit(
@@ -61,14 +83,7 @@ def test_train_sbatch_completes(slurm_cluster, launch, tmp_path):
         ["--epochs", "8", "--run-dir", str(run_dir)],
         env={"HVD_EASGD_LAUNCH": launch, "HVD_EASGD_VENV": sys.prefix})
     info = slurm_cluster.wait(job_id, timeout=JOB_TIMEOUT)
-    output = _output(info)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
-        f"job {job_id} ({launch}): JobState={info['JobState']} ExitCode={info['ExitCode']}\n{output[-4000:]}")
-    assert f"launch={launch}" in output
-    accuracies = [float(a) for a in ACCURACY_LINE.findall(output)]
-    assert len(accuracies) == 1, f"expected one 'final test accuracy' line (rank 0's):\n{output[-4000:]}"
-    assert accuracies[0] >= 0.9, output[-4000:]
-    assert run_dir.is_dir(), f"--run-dir after the script name did not reach train.py:\n{output[-2000:]}"
+    assert_completed_training(info, launch, run_dir, min_accuracy=0.9)
 
 
 def test_train_sbatch_without_venv_fails_with_hint(slurm_cluster, tmp_path):
@@ -121,16 +136,13 @@ def test_train_sbatch_is_warned_checkpoints_requeues_itself_and_completes(slurm_
     epochs = max(manifest["epoch"] + 2, 10)
     config.write_text(f"epochs: {epochs}\n")  # before the requeued job starts: cred_expire holds it 10 s
     info = slurm_cluster.wait(job_id, timeout=240)
-    output = _output(info)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (
-        f"job {job_id}: JobState={info['JobState']} Restarts={info.get('Restarts')}\n{output[-4000:]}")
+    # srun mode's whole run: completed, launch=srun, one final accuracy line (>= 0.95), --run-dir reached train.py
+    output = assert_completed_training(info, "srun", run_dir, min_accuracy=0.95)
     assert int(info["Restarts"]) >= 1
     assert "requeueing job " + job_id in output
     stop = re.search(r"stopped on a signal after the checkpoint at epoch (\d+), micro-batch (\d+); exit status 75",
                      output)
     assert stop and (int(stop.group(1)), int(stop.group(2))) == (manifest["epoch"], manifest["step_in_epoch"])
-    accuracies = [float(a) for a in ACCURACY_LINE.findall(output)]
-    assert len(accuracies) == 1 and accuracies[0] >= 0.95, output[-4000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [row["epoch"] for row in metrics["epochs"]] == list(range(1, epochs + 1))
 

@@ -17,6 +17,6 @@ def gathered_max_diff(comm, variables):
 
 
 def write_rank_results(out_dir, rank, results):
-    """OUT/rank<r>.json, which the pytest side reads with conftest.read_rank_results."""
+    """OUT/rank<r>.json, which the pytest side reads with tests.helpers.read_rank_results."""
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)

@@ -1,4 +1,6 @@
-"""Plain `python train.py` (one process, no launcher) on each kind of data."""
+"""Plain `python train.py` (one process, no launcher) on each kind of data, and its one-line usage error.
+
+These start train.py, so they are in the multiproc tier (the unit tier, `make test-fast`, launches nothing)."""
 import json
 import os
 
@@ -7,7 +9,7 @@ import pytest
 
 from tests.helpers import PYTHON, ROOT, run
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
 
 
@@ -69,3 +71,12 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     assert saved.evaluate(digits.x_test, digits.y_test, verbose=0)[1] == pytest.approx(final, abs=1e-6)
     again = run([PYTHON, TRAIN, "--run-dir", run_dir], timeout=120)
     assert again.returncode == 2 and "already holds checkpoints; continue it with --resume" in again.stderr
+
+
+def test_a_real_process_exits_2_without_traceback():
+    out = run([PYTHON, TRAIN, "--strategy", "easgd", "--moving-rate", "1.5"], timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == ("train.py: error: `moving_rate` (alpha) must satisfy 0 < alpha <= 2/(p+1) = 1 "
+                                                   "with p=1 ranks, else the elastic step diverges. "
+                                                   "Received: moving_rate=1.5")
+    assert "Traceback" not in out.stderr
