@@ -100,11 +100,16 @@ def test_the_site_builds_in_strict_mode_with_no_warning(site):
     assert (site_dir / "figures" / "topology_time_to_accuracy.png").is_file()
 
 
-def test_strict_mode_fails_on_a_page_with_a_broken_link(tmp_path):
+@pytest.mark.parametrize("bad_text,named", [
+    ("See [the missing page](no-such-page.md).", "no-such-page.md"),
+    ("See [a missing API object][hvd_easgd.strategies.easgd.NoSuchStrategy].",
+     "hvd_easgd.strategies.easgd.NoSuchStrategy"),
+], ids=["link", "api-reference"])
+def test_strict_mode_fails_on_a_page_with_a_broken_link_or_reference(tmp_path, bad_text, named):
     docs_copy = tmp_path / "docs"
     shutil.copytree(DOCS, docs_copy, ignore=shutil.ignore_patterns("results"))
     with open(docs_copy / "index.md", "a") as f:
-        f.write("\nSee [the missing page](no-such-page.md).\n")
+        f.write(f"\n\n{bad_text}\n")
     config = _load_config(CONFIG)
     # The copy's paths, absolute: everything but the docs folder is the repository's own.
     config["docs_dir"] = str(docs_copy)
@@ -121,7 +126,7 @@ def test_strict_mode_fails_on_a_page_with_a_broken_link(tmp_path):
     result = _mkdocs_build(str(config_copy), tmp_path / "site")
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "no-such-page.md" in output and "Aborted with 1 warnings in strict mode" in output, output[-3000:]
+    assert named in output and "Aborted with 1 warnings in strict mode" in output, output[-3000:]
 
 
 @pytest.mark.parametrize("page", sorted(RENDERED_PAGES))
