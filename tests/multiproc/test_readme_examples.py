@@ -2,8 +2,8 @@
 
 The Keras example runs as written (it is short: 5 epochs of a small MLP on digits). The train.py
 example gets ``--epochs 1 --run-dir <tmp>`` appended, so it runs briefly and writes nowhere else; its
-options are otherwise the README's. Both go through tests/helpers.py's bounded launcher; each takes
-20-40 s on a quiet 2-core machine (the bound of 180 s leaves room for a loaded one).
+options are otherwise the README's. Both go through tests/helpers.py's bounded launcher; each took
+20-40 s on this 2-core machine at load 7 and 50-65 s at load 9, hence a bound of 180 s.
 """
 import json
 import os
