@@ -184,7 +184,7 @@ def test_the_tree_map_names_every_module():
         page = f.read()
     tree = page[page.index("## Where things live"):page.index("## Tests")]
     missing = []
-    for top in ("hvd_easgd", "tools"):
+    for top in ("hvd_easgd", "tools", "benchmarks"):
         for folder, _, files in os.walk(os.path.join(ROOT, top)):
             for name in files:
                 if name.endswith(".py") and not (name == "__init__.py" and folder != os.path.join(ROOT, top)):
