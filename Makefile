@@ -25,7 +25,7 @@ MPI_OPS := hvd_easgd/comm/_mpi_ops
 OPS_STAMP := $(VENV)/.hvd_easgd-mpi-ops-$(shell cat $(MPI_OPS)/mpi_ops.cc $(MPI_OPS)/__init__.py | sha256sum | cut -c1-12)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup demo test test-fast test-unit test-multiproc test-slurm test-multinode smoke matrix supported-versions bench bench-quick clean
+.PHONY: setup demo docs test test-fast test-unit test-multiproc test-slurm test-multinode smoke matrix supported-versions bench bench-quick clean
 
 # Re-runs the (idempotent, fast when done) set-up script whenever the pins
 # or the script change; otherwise does nothing. The stamps live in the venv, so
@@ -91,5 +91,11 @@ bench: $(STAMP) $(OPS_STAMP)
 bench-quick: $(STAMP) $(OPS_STAMP)
 	$(PY) -m benchmarks compare --quick
 
+# The docs site (mkdocs.yml) into site/, never committed. --strict: a broken link,
+# a missing include or an API reference that does not resolve fails the build.
+# NO_MKDOCS_2_WARNING: Material's start-up banner about MkDocs 2, not about this site.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache site

@@ -55,7 +55,7 @@ def test_two_hosts_two_ranks_each(cluster, tmp_path):
                          (2, "node2", 0, 2, 1, 2), (3, "node2", 1, 2, 1, 2)]
 
 
-# The README's recipe, character for character (README: "Several nodes: mpirun
+# The docs' recipe, character for character (docs/virtual-cluster.md: "mpirun
 # with a host file"). The test runs it in a directory holding the host file and
 # a link to train.py, with the venv first on PATH, and adds only the run
 # directory to train.py's options.
@@ -73,11 +73,11 @@ mpirun -np 2 --hostfile hostfile \\
 
 
 def test_readme_recipe_matches_this_test():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    if "mpirun -np 2 --hostfile hostfile" not in readme:
-        pytest.skip("the README has no mpirun host-file recipe yet")
-    assert README_MPIRUN in readme and README_HOSTFILE in readme
+    with open(os.path.join(ROOT, "docs", "virtual-cluster.md")) as f:
+        page = f.read()
+    if "mpirun -np 2 --hostfile hostfile" not in page:
+        pytest.skip("the docs have no mpirun host-file recipe yet")
+    assert README_MPIRUN in page and README_HOSTFILE in page
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)

@@ -1,0 +1,204 @@
+"""The docs site builds in strict mode, and its measurements are the generated pages themselves.
+
+The site is built once for the module (``python -m mkdocs build --strict``, a few seconds: MkDocs is
+not a launch), into a temporary directory, never into the repository's ``site/``.
+"""
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from benchmarks import defaults_report
+from tests.helpers import ROOT
+from tools import tf_matrix
+
+pytestmark = pytest.mark.unit
+
+DOCS = os.path.join(ROOT, "docs")
+CONFIG = os.path.join(ROOT, "mkdocs.yml")
+# The generated pages the site shows, each with the render that writes it from committed results.
+RENDERED_PAGES = {
+    "default-collectives.md": defaults_report.render,
+    "defaults-at-n-ranks.md": defaults_report.render_training,
+    "supported-versions.md": tf_matrix.render,
+}
+# Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
+# to call here: benchmarks.rated_links wrote it from a results.json that is not committed.
+INCLUDED = {"benchmarks.md": "benchmarks/figures/topology_results.md"}
+
+
+def _mkdocs_build(config, site_dir):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", config,
+                           "--site-dir", str(site_dir)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _load_config(path):
+    # mkdocs.yml may hold !!python tags (none today); the plain loader is enough for what is read here.
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _nav_files(nav):
+    for entry in nav:
+        for value in entry.values() if isinstance(entry, dict) else [entry]:
+            if isinstance(value, list):
+                yield from _nav_files(value)
+            else:
+                yield value
+
+
+def _table_rows(text):
+    return [line for line in text.splitlines() if line.startswith("|") and not re.match(r"^\|[-:| ]+\|$", line)]
+
+
+def _cells(row):
+    for cell in row.strip().strip("|").split("|"):
+        for part in cell.split("<br>"):
+            part = part.strip().replace("`", "").replace("**", "")
+            if part:
+                yield part
+
+
+def _visible_text(page_html):
+    text = re.sub(r"<[^>]+>", "", page_html)
+    return html.unescape(text)
+
+
+def _hand_written():
+    """README.md and every docs page that no render writes."""
+    generated = set(RENDERED_PAGES)
+    paths = [os.path.join(ROOT, "README.md")]
+    paths += [os.path.join(DOCS, n) for n in sorted(os.listdir(DOCS)) if n.endswith(".md") and n not in generated]
+    paths += [os.path.join(DOCS, "api", n) for n in sorted(os.listdir(os.path.join(DOCS, "api")))]
+    return paths
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    site_dir = tmp_path_factory.mktemp("site")
+    result = _mkdocs_build(CONFIG, site_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return site_dir, result
+
+
+def test_the_site_builds_in_strict_mode_with_no_warning(site):
+    site_dir, result = site
+    assert "WARNING" not in result.stderr, result.stderr[-3000:]
+    for page in ("index.html", "strategies/index.html", "api/strategies/index.html"):
+        assert (site_dir / page).is_file(), page
+    # The API reference is generated from the docstrings, not written: EASGD's own parameters are there.
+    api = (site_dir / "api" / "strategies" / "index.html").read_text()
+    assert "hvd_easgd.strategies.easgd.EASGD" in api and "communication_period" in api
+    # The committed figures join the site from benchmarks/figures/ (docs/hooks/figures.py).
+    assert (site_dir / "figures" / "topology_time_to_accuracy.png").is_file()
+
+
+@pytest.mark.parametrize("bad_text,named", [
+    ("See [the missing page](no-such-page.md).", "no-such-page.md"),
+    ("See [a missing API object][hvd_easgd.strategies.easgd.NoSuchStrategy].",
+     "hvd_easgd.strategies.easgd.NoSuchStrategy"),
+], ids=["link", "api-reference"])
+def test_strict_mode_fails_on_a_page_with_a_broken_link_or_reference(tmp_path, bad_text, named):
+    docs_copy = tmp_path / "docs"
+    shutil.copytree(DOCS, docs_copy, ignore=shutil.ignore_patterns("results"))
+    with open(docs_copy / "index.md", "a") as f:
+        f.write(f"\n\n{bad_text}\n")
+    config = _load_config(CONFIG)
+    # The copy's paths, absolute: everything but the docs folder is the repository's own.
+    config["docs_dir"] = str(docs_copy)
+    config["hooks"] = [os.path.join(ROOT, h) for h in config["hooks"]]
+    for ext in config["markdown_extensions"]:
+        if isinstance(ext, dict) and "pymdownx.snippets" in ext:
+            ext["pymdownx.snippets"]["base_path"] = [ROOT]
+    for plugin in config["plugins"]:
+        if isinstance(plugin, dict) and "mkdocstrings" in plugin:
+            plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [ROOT]
+    config_copy = tmp_path / "mkdocs.yml"
+    config_copy.write_text(yaml.safe_dump(config, allow_unicode=True))
+
+    result = _mkdocs_build(str(config_copy), tmp_path / "site")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert named in output and "Aborted with 1 warnings in strict mode" in output, output[-3000:]
+
+
+@pytest.mark.parametrize("page", sorted(RENDERED_PAGES))
+def test_a_generated_page_is_in_the_nav_and_equals_its_render_from_the_committed_results(page, site):
+    # The site shows the file itself (a nav entry), so what it shows is the render, not a copy of it.
+    assert page in set(_nav_files(_load_config(CONFIG)["nav"]))
+    rendered = RENDERED_PAGES[page]()
+    with open(os.path.join(DOCS, page)) as f:
+        assert f.read() == rendered
+    site_dir, _ = site
+    shown = _visible_text((site_dir / page[:-3] / "index.html").read_text())
+    rows = _table_rows(rendered)
+    assert rows
+    for row in rows:
+        for cell in _cells(row):
+            assert cell in shown, (page, cell)
+
+
+@pytest.mark.parametrize("page", sorted(INCLUDED))
+def test_an_included_report_is_included_verbatim_not_copied(page, site):
+    source = INCLUDED[page]
+    with open(os.path.join(DOCS, page)) as f:
+        assert f'--8<-- "{source}"' in f.read()
+    with open(os.path.join(ROOT, source)) as f:
+        report = f.read()
+    site_dir, _ = site
+    shown = _visible_text((site_dir / page[:-3] / "index.html").read_text())
+    rows = _table_rows(report)
+    assert len(rows) > 20
+    for row in rows:
+        for cell in _cells(row):
+            assert cell in shown, (page, cell)
+
+
+def test_no_hand_written_page_copies_a_row_of_a_generated_table():
+    generated = []
+    for page in RENDERED_PAGES:
+        with open(os.path.join(DOCS, page)) as f:
+            generated += [(page, row) for row in _table_rows(f.read()) if not row.startswith("| ---")]
+    for source in INCLUDED.values():
+        with open(os.path.join(ROOT, source)) as f:
+            generated += [(source, row) for row in _table_rows(f.read())]
+    # Header rows (| configuration | 1gbit | 100mbit |) may recur in prose tables; a data row may not.
+    data_rows = [(origin, row) for origin, row in generated if re.search(r"\d", row)]
+    assert data_rows
+    for path in _hand_written():
+        with open(path) as f:
+            text = f.read()
+        copied = [(origin, row) for origin, row in data_rows if row in text]
+        assert not copied, (os.path.relpath(path, ROOT), copied[:3])
+
+
+def test_the_tree_map_names_every_module():
+    with open(os.path.join(DOCS, "development.md")) as f:
+        page = f.read()
+    tree = page[page.index("## Where things live"):page.index("## Tests")]
+    missing = []
+    for top in ("hvd_easgd", "tools", "benchmarks"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in files:
+                if name.endswith(".py") and not (name == "__init__.py" and folder != os.path.join(ROOT, top)):
+                    if name not in tree:
+                        missing.append(os.path.relpath(os.path.join(folder, name), ROOT))
+    for helper in ("tests/helpers.py", "tests/reference.py", "tests/conftest.py", "train.py"):
+        if helper not in tree:
+            missing.append(helper)
+    assert not missing, missing
+
+
+def test_the_readme_is_at_most_12_kb_and_names_every_strategy():
+    with open(os.path.join(ROOT, "README.md"), "rb") as f:
+        readme = f.read()
+    assert len(readme) <= 12 * 1024, len(readme)
+    for name in ("SyncAverage", "EASGD", "GradientAccumulation", "PeriodicAverage", "DiLoCo", "Hierarchical"):
+        assert f"| `{name}" in readme.decode(), name
