@@ -10,10 +10,12 @@ virtual cluster or 8 ranks are only parsed here; the multiproc tier runs the REA
 import os
 import re
 import shlex
+import sys
 
 import pytest
 
 from hvd_easgd.app import cli
+from hvd_easgd.strategies import registry
 from hvd_easgd.app.errors import UsageError
 from tests.helpers import ROOT
 
@@ -86,12 +88,32 @@ def doc_commands():
     return found
 
 
+def plugin_recipe():
+    """``(module name, source)`` of docs/plugins.md's recipe: its first Python block, which opens
+    with ``# <module>.py``."""
+    with open(os.path.join(ROOT, "docs", "plugins.md")) as f:
+        text = f.read()
+    source = re.search(r"```python\n(# (\w+)\.py.*?)```", text, re.S)
+    return source.group(2), source.group(1)
+
+
 @pytest.fixture
-def parse(monkeypatch):
+def parse(monkeypatch, tmp_path):
     """cli.parse_args, with the files a --resume or --config names standing in as empty: the flags are
-    what is checked, not a run directory the reader does not have."""
+    what is checked, not a run directory the reader does not have. The plugin recipe of
+    docs/plugins.md is importable, as the page tells the reader to make it, so its commands parse
+    with the strategy it registers (the registry restored afterwards)."""
     monkeypatch.setattr(cli, "_saved_config", lambda run_dir: {})
     monkeypatch.setattr(cli, "_load_yaml", lambda path, parser: {})
+    module, source = plugin_recipe()
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    # Another test's plugin may have registered the recipe's strategy name already.
+    for name, entry in list(registry._REGISTRY.items()):
+        if entry["cls"].__module__ not in ("builtins",) and not entry["cls"].__module__.startswith("hvd_easgd"):
+            del registry._REGISTRY[name]
 
     def parse_args(args):
         try:
