@@ -5,8 +5,11 @@ GPU): ``SyncAverage`` averages gradients every step, ``EASGD`` takes an
 elastic-averaging step every τ steps against a center replicated on every
 rank, ``PeriodicAverage`` (local SGD) averages the weights every τ steps,
 ``DiLoCo`` takes an outer optimizer step on the averaged pseudo-gradient every
-τ steps, and ``GradientAccumulation`` runs k backward passes per update on top
-of any of them.
+τ steps, ``Hierarchical`` runs one strategy inside each group of ranks (a
+host) and another across the groups, ``GradientAccumulation`` runs k backward
+passes per update on top of any of them, and ``WarmUp`` runs SyncAverage
+first. Strategies defined outside the package register with
+``registry.register`` (docs/plugins.md).
 
 The names below load on first use (PEP 562), so ``import hvd_easgd.slurm``
 from a batch script costs the standard library only, not TensorFlow's

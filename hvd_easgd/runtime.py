@@ -144,7 +144,7 @@ def choose_collectives(environ=None, gpu=None, direct_ops=None):
 
     The direct path applies to a CPU job under an MPI launch whose ops are built
     for the running TensorFlow, MPI and Python: there it runs SyncAverage at
-    about 1.4-1.7x Horovod's samples/s at np = 2 (README, benchmarks). Horovod's
+    about 1.4-1.7x Horovod's samples/s at np = 2 (docs/default-collectives.md). Horovod's
     path stays for Gloo launches (no MPI to use), one process without a launcher
     (nothing to reduce), GPUs (Horovod reduces on the device with NCCL; the
     direct ops are CPU-only) and Horovod's own tools (timeline, autotune, elastic).

@@ -22,7 +22,7 @@ and a quiet one (0.83 over MPI, 4 pairs; 0.96 over Gloo, 2), while
 SyncAverage gained only when quiet (1.35x MPI, 1.29x Gloo; loaded: 0.64x,
 0.44x). So the cycle, the response cache,
 the fusion threshold and the thread affinity stay at Horovod's values
-(README "Horovod settings hvd_easgd chooses" has the benchmark rows; set
+(docs/collectives.md, "Horovod settings hvd_easgd chooses"; set
 ``HOROVOD_CYCLE_TIME=0.1`` yourself where every rank has a core to spare).
 
 What hvd_easgd sets is how MPI waits: Open MPI busy-polls inside the
@@ -111,7 +111,7 @@ def horovod_defaults(device, controller, environ):
         # Also under Gloo when mpirun started the ranks: MPI is initialised
         # then and polls the same way.
         chosen["OMPI_MCA_mpi_yield_when_idle"] = OMPI_YIELD_WHEN_IDLE
-    # Left at Horovod's values, measured (README, benchmarks/studies/tuning_ab.py):
+    # Left at Horovod's values, measured (benchmarks/studies/tuning_ab.py):
     # HOROVOD_CYCLE_TIME (0.1 ms cut the latency of a small allreduce 11x but
     # cost every row's throughput on cores the ranks already fill),
     # HOROVOD_CACHE_CAPACITY (the cache turns every repeated negotiation into

@@ -1,6 +1,6 @@
 """Does Horovod's in-process elastic mode (``hvd.elastic``) carry hvd_easgd's state from 3 ranks to 2?
 
-The evidence behind the README's "restart from a checkpoint, not hvd.elastic" (issue 17).
+The evidence behind the docs' (docs/checkpoints.md) "restart from a checkpoint, not hvd.elastic" (issue 17).
 One trial: ``horovodrun --gloo -np 3 --min-np 2 --host-discovery-script D`` starts 3 workers on two
 "hosts" that are both this machine (``localhost:2`` and ``127.0.0.1:1``: Horovod's elastic driver
 blacklists the *host* of a failed worker, so the killed worker must be alone on its host name). Once

@@ -18,7 +18,7 @@ the strategy's rule (``--scale-lr auto``: ``auto_scales``), and with no
 ``--epochs`` for ``default_epochs(updates per epoch)`` epochs: the default
 10, lengthened to at least ``MIN_UPDATES`` optimizer updates when many ranks
 (or ``--accumulate``) leave few updates in an epoch. Measured on digits
-(1,437 training samples, per-rank batch 32; the figures are in the README):
+(1,437 training samples, per-rank batch 32; the figures are in docs/defaults-at-n-ranks.md):
 at 8 ranks an epoch holds 5 updates, and 10 epochs at the unscaled rate end
 at 0.881; 20 epochs alone (×1) at 0.953; the rule alone (×5.66, 10 epochs)
 at 0.972 and 0.967 (seeds 0, 1); both (×5.66, 20 epochs = 100 updates) at

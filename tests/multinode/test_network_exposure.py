@@ -2,7 +2,7 @@
 
 The cluster of this test gets a second network (tools/vcluster_public.py):
 every host has public0 on 198.19.0.0/24, and an outsider namespace sits on that
-network alone. A job runs across node1 and node2 with the settings the README
+network alone. A job runs across node1 and node2 with the settings docs/network-exposure.md
 documents for keeping traffic on the cluster network (Gloo:
 ``--network-interface cluster0``; Open MPI: ``btl_tcp_if_include`` and
 ``oob_tcp_if_include cluster0``). While it trains, every listening socket in the
@@ -46,7 +46,7 @@ def _job(cluster, controller, run_dir):
     args = ["--run-dir", run_dir, "--threads-per-rank", "1", "--epochs", "400"]  # outlives the measurement
     if controller == "gloo":
         return popen(cluster, horovodrun_on_hosts("node1:1,node2:1", "gloo", args, np=2))
-    # The README's mpirun recipe, with the cluster's host file.
+    # docs/network-exposure.md's mpirun recipe, with the cluster's host file.
     cmd = shlex.split(README_MPIRUN.replace("\\\n", " ").replace("--hostfile hostfile", f"--hostfile {cluster.hostfile}"))
     cmd = [PYTHON if word == "python" else word for word in cmd]
     env = multinode_env(PATH=f"{os.path.dirname(PYTHON)}:{os.environ['PATH']}",

@@ -1,7 +1,7 @@
 """Keras code as people write it, under horovodrun -np 2 (issue 13).
 
 Each script (tests/multiproc/scripts/guide_*.py) follows one Keras guide's
-pattern, changed only as the README says (init, wrap the optimizers, add the
+pattern, changed only as docs/keras.md says (init, wrap the optimizers, add the
 callbacks, shard the data); one launch per script, alternating --gloo and
 --mpi. The assertions read what each rank recorded.
 """

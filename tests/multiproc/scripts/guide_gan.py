@@ -1,6 +1,6 @@
 """Runs under `horovodrun -np 2`: a GAN written as Keras's "customizing fit"
 guide writes one (a custom compile with two optimizers, a train_step that
-calls each optimizer's apply), distributed only as the README says: init,
+calls each optimizer's apply), distributed only as docs/keras.md says: init,
 wrap both optimizers, add the callbacks, shard the data.
 
 The discriminator trains under SyncAverage, the generator under EASGD. Each
