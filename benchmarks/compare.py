@@ -67,6 +67,9 @@ def parse_args(argv=None, prog=PROG):
                         f"least {MIN_REPEATS}: {default_repeats(len(CUSTOM_LOOP))} for the {len(CUSTOM_LOOP)} "
                         f"custom-loop configurations, {default_repeats(len(FIT))} for the {len(FIT)} model.fit ones "
                         "and MWMS; quick: 3)")
+    p.add_argument("--plugin", metavar="MODULE", action="append", default=[],
+                   help="import MODULE in every worker first (as train.py --plugin does): the strategies it "
+                        "registers run as configurations of their own, beside the built-in ones")
     p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per timed repeat")
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--steps-per-call", type=int, default=20,
@@ -196,6 +199,8 @@ def worker_command(args, np_, controller, out_json, tta):
             "--steps-per-call", str(args.steps_per_call)]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
+    for module in args.plugin:
+        cmd += ["--plugin", module]
     if not args.no_fit:
         cmd.append("--fit")
     if not args.no_allreduce:
@@ -350,7 +355,7 @@ def method_notes(args, tta=None):
     if tta:
         notes.append(f"Time to accuracy: each configuration trains at the learning rate train.py --lr "
                      f"{tta['base_lr']} --scale-lr uses for it, {tta['base_lr']} × "
-                     "hvd_easgd.app.lr_scaling.lr_scale(np, accumulation k, strategy), the function train.py calls, so "
+                     "the strategy's lr_scale_factor(np, accumulation k), the method train.py asks, so "
                      "accumulation is scaled by train.py's rule"
                      + ("; MWMS at SyncAverage's" if "mwms_fit" in tta["per_config"] else "")
                      + ". Each row's learning rate is in the table.")

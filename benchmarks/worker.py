@@ -46,9 +46,10 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per timed repeat")
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--wide-mlp-steps", type=int, default=20, help="wide-MLP (5.4 M parameters) steps per timed repeat")
-    p.add_argument("--configs", default=",".join(CUSTOM_LOOP),
+    p.add_argument("--configs",
                    help=f"comma-separated custom-loop configurations, from {','.join(ALL_CUSTOM_LOOP)}, or the "
-                        "name of a strategy a --plugin registers (with its defaults)")
+                        "name of a strategy a --plugin registers (with its defaults); default: "
+                        f"{','.join(CUSTOM_LOOP)} and every strategy the --plugin modules register")
     p.add_argument("--plugin", metavar="MODULE", action="append", default=[],
                    help="import MODULE first (as train.py --plugin does): its strategies become configurations")
     p.add_argument("--interface", metavar="NAME",
@@ -64,8 +65,9 @@ def parse_args(argv=None):
     p.add_argument("--tta-seeds", type=int, default=0, help="time-to-accuracy seeds (0: skip)")
     p.add_argument("--tta-epochs", type=int, default=20)
     p.add_argument("--tta-target", type=float, default=0.95)
-    p.add_argument("--tta-configs", default=",".join(STRATEGIES),
-                   help="comma-separated configurations the time to accuracy trains")
+    p.add_argument("--tta-configs",
+                   help=f"comma-separated configurations the time to accuracy trains (default: {','.join(STRATEGIES)} "
+                        "and the --plugin strategies)")
     p.add_argument("--tta-lr", type=float, default=None,
                    help="time-to-accuracy base learning rate, scaled as train.py --scale-lr does "
                         "(default: train.py's --lr)")
@@ -85,6 +87,13 @@ def parse_args(argv=None):
     except ValueError as err:
         p.error(f"--plugin: {err}")
     plugged = [name for name in registry.available() if name not in BY_NAME]
+    # Run by default: the suite's own configurations and what the plugins brought (not the bare
+    # built-in strategy names, which the suite already runs under their configurations' names).
+    from_plugins = [name for name in plugged if not registry.get(name).__module__.startswith("hvd_easgd.")]
+    if args.configs is None:
+        args.configs = ",".join(CUSTOM_LOOP + tuple(from_plugins))
+    if args.tta_configs is None:
+        args.tta_configs = ",".join(STRATEGIES + tuple(from_plugins))
     args.config_list = args.configs.split(",")
     if not args.config_list or set(args.config_list) - set(ALL_CUSTOM_LOOP + tuple(plugged)):
         p.error(f"--configs must be chosen from {','.join(ALL_CUSTOM_LOOP + tuple(plugged))}. "

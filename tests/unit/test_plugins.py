@@ -197,3 +197,15 @@ def test_the_benchmark_suite_runs_a_plugin_configuration(plugin_path):
 
     for account in cluster.run(train):
         assert (account["bytes"], account["calls"]) == (2 * (weights + 4), 2)
+
+
+def test_the_suite_driver_hands_its_plugins_to_every_worker(plugin_path):
+    # python -m benchmarks compare --plugin M: each worker imports M, so its strategies join the default
+    # configurations (the worker test above shows what a worker does with them).
+    from benchmarks import compare, worker
+
+    args = compare.parse_args(["--quick", "--plugin", "fast_periodic"])
+    command, _, _ = compare.worker_command(args, 2, "mpi", "out.json", tta=False)
+    worker_args = worker.parse_args(command[command.index("benchmarks.worker") + 1:])
+    assert worker_args.plugin == ["fast_periodic"]
+    assert worker_args.config_list[-1] == "fast_periodic" and worker_args.tta_config_list[-1] == "fast_periodic"
