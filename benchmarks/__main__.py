@@ -24,7 +24,7 @@ class Subcommand(NamedTuple):
 SUBCOMMANDS = {
     "compare": Subcommand("benchmarks.compare", "the suite: the strategies side by side against raw Horovod, "
                                                 "MWMS and no communication, on this host or a rated virtual cluster"),
-    "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the pages behind the defaults "
+    "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the docs pages generated "
                                                                 "from the committed results in docs/results/"),
 }
 PROG = "python -m benchmarks"

@@ -25,6 +25,7 @@ CONFIG = os.path.join(ROOT, "mkdocs.yml")
 RENDERED_PAGES = {
     "default-collectives.md": defaults_report.render,
     "defaults-at-n-ranks.md": defaults_report.render_training,
+    "benchmark-suite.md": defaults_report.render_suite,
     "supported-versions.md": tf_matrix.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
