@@ -48,6 +48,7 @@ class GradientAccumulation(SyncStrategy):
 
     name = "accumulate"
     description = "k micro-batches per update, composed with another strategy"
+    contained_config_keys = ("strategy",)
 
     def __init__(self, k, average=True, strategy=None):
         super().__init__()
@@ -130,14 +131,7 @@ class GradientAccumulation(SyncStrategy):
                                inner.ranks_per_group)
 
     def get_config(self):
-        return {"k": self.k, "average": self.average,
-                "strategy": keras.saving.serialize_keras_object(self.strategy)}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["strategy"] = keras.saving.deserialize_keras_object(config["strategy"])
-        return cls(**config)
+        return {"k": self.k, "average": self.average, **self.contained_config()}
 
     def __repr__(self):
         return f"GradientAccumulation(k={self.k}, average={self.average}, strategy={self.strategy!r})"

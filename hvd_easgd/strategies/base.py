@@ -58,6 +58,7 @@ work wherever a built-in does (docs/plugins.md).
 """
 from dataclasses import dataclass
 
+import keras
 import tensorflow as tf
 
 from .. import validation
@@ -501,7 +502,19 @@ class SyncStrategy:
 
     @classmethod
     def from_config(cls, config):
+        config = dict(config)
+        for key in cls.contained_config_keys:
+            config[key] = keras.saving.deserialize_keras_object(config[key])
         return cls(**config)
+
+    # The get_config keys that hold contained strategies (a composite's children),
+    # serialised through keras.saving (``contained_config``) and restored by from_config.
+    contained_config_keys = ()
+
+    def contained_config(self):
+        """``{key: serialised strategy}`` for ``contained_config_keys``: the part of a
+        composite's ``get_config`` that its children are."""
+        return {key: keras.saving.serialize_keras_object(getattr(self, key)) for key in self.contained_config_keys}
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())

@@ -113,6 +113,7 @@ class Hierarchical(SyncStrategy):
 
     name = "hierarchical"
     description = "sync within each host (or --ranks-per-group ranks) every step, --inter across them"
+    contained_config_keys = ("intra", "inter")
     cli_options = (
         CliOption("--inter", "inter", "the strategy across groups; it takes its own options (default easgd)",
                   strategies_where=_runs_across_groups),
@@ -284,16 +285,7 @@ class Hierarchical(SyncStrategy):
 
     # --- configuration ---------------------------------------------------------------------
     def get_config(self):
-        return {"intra": keras.saving.serialize_keras_object(self.intra),
-                "inter": keras.saving.serialize_keras_object(self.inter),
-                "ranks_per_group": self.ranks_per_group}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["intra"] = keras.saving.deserialize_keras_object(config["intra"])
-        config["inter"] = keras.saving.deserialize_keras_object(config["inter"])
-        return cls(**config)
+        return {**self.contained_config(), "ranks_per_group": self.ranks_per_group}
 
     def __repr__(self):
         return f"Hierarchical(intra={self.intra!r}, inter={self.inter!r}, ranks_per_group={self.ranks_per_group!r})"

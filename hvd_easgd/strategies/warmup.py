@@ -96,6 +96,7 @@ class WarmUp(SyncStrategy):
 
     name = "warmup"
     description = "a warm-up strategy (SyncAverage) for the first steps, then another strategy"
+    contained_config_keys = ("strategy", "warmup")
 
     def __init__(self, strategy, steps, warmup=None):
         super().__init__()
@@ -149,15 +150,8 @@ class WarmUp(SyncStrategy):
 
     # --- configuration (serialised through keras.saving) -----------------------
     def get_config(self):
-        return {"strategy": keras.saving.serialize_keras_object(self.strategy), "steps": self.steps,
-                "warmup": keras.saving.serialize_keras_object(self.warmup)}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["strategy"] = keras.saving.deserialize_keras_object(config["strategy"])
-        config["warmup"] = keras.saving.deserialize_keras_object(config["warmup"])
-        return cls(**config)
+        config = self.contained_config()
+        return {"strategy": config["strategy"], "steps": self.steps, "warmup": config["warmup"]}
 
     def __repr__(self):
         return f"WarmUp(strategy={self.strategy!r}, steps={self.steps!r}, warmup={self.warmup!r})"
