@@ -36,7 +36,8 @@ Example::
     auto_scales(DiLoCo, "momentum", False)   # False: DiLoCo has no rule
 """
 import inspect
-import numbers
+
+from .. import validation
 
 # train.py's --lr and --epochs when not given (see "The defaults" above).
 DEFAULT_LR = 0.02
@@ -89,8 +90,5 @@ def default_epochs(updates_per_epoch):
         default_epochs(44)  # 10: one rank on digits, 440 updates
         default_epochs(5)   # 20: 8 ranks on digits, 5 updates an epoch
     """
-    if not isinstance(updates_per_epoch, numbers.Integral) or isinstance(updates_per_epoch, bool) \
-            or updates_per_epoch < 1:
-        raise ValueError("`updates_per_epoch` must be an integer >= 1. "
-                         f"Received: updates_per_epoch={updates_per_epoch!r}")
-    return max(DEFAULT_EPOCHS, -(-MIN_UPDATES // int(updates_per_epoch)))
+    updates_per_epoch = validation.integer("updates_per_epoch", updates_per_epoch, minimum=1)
+    return max(DEFAULT_EPOCHS, -(-MIN_UPDATES // updates_per_epoch))
