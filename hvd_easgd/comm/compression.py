@@ -13,6 +13,11 @@ class _NoCompression:
     def decompress(tensor, original_dtype):
         return tensor
 
+    @staticmethod
+    def wire_itemsize(dtype):
+        """The bytes one element of ``dtype`` takes on the wire."""
+        return tf.as_dtype(dtype).size
+
 
 class _FP16Compression:
     """Halves the bytes of fp32/fp64 tensors; other dtypes travel unchanged."""
@@ -28,6 +33,12 @@ class _FP16Compression:
     @staticmethod
     def decompress(tensor, original_dtype):
         return tensor if original_dtype is None else tf.cast(tensor, original_dtype)
+
+    @staticmethod
+    def wire_itemsize(dtype):
+        """The bytes one element of ``dtype`` takes on the wire: 2 for a float, as ``compress`` sends it."""
+        dtype = tf.as_dtype(dtype)
+        return 2 if dtype.is_floating else dtype.size
 
 
 class Compression:

@@ -62,7 +62,7 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from ..comm import LocalCommunicator
+from ..comm import Compression, LocalCommunicator
 
 
 @dataclass(frozen=True)
@@ -130,23 +130,22 @@ class ExpectedTraffic:
         return self.within_group + self.across_groups
 
 
-def payload_bytes(variables, itemsize=None):
-    """Σ elements · itemsize over ``variables`` (anything with ``shape`` and
-    ``dtype``), each in its own dtype unless ``itemsize`` overrides it (what a
-    compressed wire format sends)."""
+def payload_bytes(variables, compression=Compression.none):
+    """Σ elements · bytes per element over ``variables`` (anything with ``shape``
+    and ``dtype``), each element as ``compression`` puts its dtype on the wire."""
     total = 0
     for v in variables:
         elements = 1
         for dim in v.shape:
             elements *= int(dim)
-        total += elements * (itemsize or tf.as_dtype(v.dtype).size)
+        total += elements * compression.wire_itemsize(v.dtype)
     return total
 
 
-def element_bytes(variables):
-    """The bytes of one element of the first variable's dtype: what a flag or
-    a sample count riding in the same grouped call costs."""
-    return tf.as_dtype(variables[0].dtype).size
+def element_bytes(variables, compression=Compression.none):
+    """The bytes of one element of the first variable's dtype on the wire: what a
+    flag or a sample count riding in the same grouped call costs."""
+    return compression.wire_itemsize(variables[0].dtype)
 
 
 def as_dense(grad, variable):

@@ -127,10 +127,9 @@ class SyncAverage(SyncStrategy):
         compression), plus the sample count in their dtype when one is passed."""
         if hosts * ranks_per_host == 1:
             return ExpectedTraffic()
-        itemsize = 2 if self.compression_name == "fp16" else None
-        sent = payload_bytes(trainable_variables, itemsize)
+        sent = payload_bytes(trainable_variables, self.compression)
         if sample_counts:
-            sent += itemsize or element_bytes(trainable_variables)
+            sent += element_bytes(trainable_variables, self.compression)
         return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0))
 
     def get_config(self):
