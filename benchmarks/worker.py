@@ -81,7 +81,7 @@ def parse_args(argv=None):
     multiple = configurations.STEP_MULTIPLE
     if args.steps_per_call % multiple:
         p.error(f"--steps-per-call must be a multiple of {multiple} (whole EASGD periods and accumulation windows)")
-    args.plugin = [m for value in args.plugin for m in value.split(",") if m]
+    args.plugin = registry.plugin_modules(args.plugin)
     try:
         registry.import_plugins(args.plugin)
     except ValueError as err:

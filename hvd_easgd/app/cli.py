@@ -244,18 +244,6 @@ def _saved_config(run_dir):
     return manifest["config"]
 
 
-def _plugin_modules(values):
-    """``--plugin`` values (each a module or a comma-separated list; a config's
-    may be one string or a list) as one list of module names, first seen first."""
-    modules = []
-    for value in values or ():
-        for name in ([value] if isinstance(value, str) else list(value)):
-            for module in str(name).split(","):
-                if module.strip() and module.strip() not in modules:
-                    modules.append(module.strip())
-    return modules
-
-
 def _import_plugins(argv):
     """Imports the plugins of the command line, of ``--resume``'s saved config
     and of ``--config``'s file, before the parser is built: their strategies
@@ -276,7 +264,7 @@ def _import_plugins(argv):
             loaded = None  # _load_yaml reports it
         if isinstance(loaded, dict):
             found.append(loaded.get("plugin"))
-    modules = _plugin_modules([m for m in found if m] + (first.plugin or []))
+    modules = registry.plugin_modules([m for m in found if m] + (first.plugin or []))
     try:
         registry.import_plugins(modules)
     except ValueError as err:
@@ -300,9 +288,8 @@ def parse_args(argv=None):
     Raises:
       UsageError: bad input, in one line.
     """
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    plugins = _import_plugins(argv)
+    plugins = _import_plugins(argv)  # first: the parser offers what they register
     parser = build_parser()
     first, _ = parser.parse_known_args(argv)
     defaults = {}

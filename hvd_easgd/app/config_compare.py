@@ -16,6 +16,7 @@ RESUMABLE_KEYS = frozenset({
     "plugin",  # the modules imported: what they register is compared as --strategy
 })
 
+
 def config_differences(saved, current):
     """Keys (other than the resumable ones) whose values differ, sorted."""
     keys = (set(saved) | set(current)) - RESUMABLE_KEYS

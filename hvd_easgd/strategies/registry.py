@@ -49,6 +49,19 @@ def register(cls, name=None, description=None):
     return cls
 
 
+def plugin_modules(values):
+    """``--plugin`` values (each a module or a comma-separated list; a saved
+    config's may be one string or a list) as one list of module names, first
+    seen first, each once."""
+    modules = []
+    for value in values or ():
+        for name in ([value] if isinstance(value, str) else list(value)):
+            for module in str(name).split(","):
+                if module.strip() and module.strip() not in modules:
+                    modules.append(module.strip())
+    return modules
+
+
 def import_plugins(modules):
     """Imports each module of ``modules`` (importable names, e.g. through
     PYTHONPATH); importing one registers its strategies.
