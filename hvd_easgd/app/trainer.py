@@ -57,7 +57,7 @@ def train(config, dataset, strategy):
     optimizer = _compile(model, config, strategy, comm, updates_per_epoch=steps // config.accumulate)
     placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
     if comm.rank == 0:
-        _write_run_config(run_dir, effective, comm.size, placement, _rank_groups(strategy),
+        _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
                           learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
                                                               resume_from))
     start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
@@ -265,12 +265,6 @@ def _compile(model, config, strategy, comm, updates_per_epoch):
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
     return optimizer
-
-
-
-def _rank_groups(strategy):
-    """The groups of ranks a strategy combines in (Hierarchical's), or None."""
-    return strategy.process_groups()
 
 
 def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, learning_rate=None):
