@@ -22,7 +22,7 @@ import yaml
 from .. import _compat, atomic, callbacks, checkpoint, preemption, runtime
 from . import models
 from .config_compare import resume_mismatches
-from .data import DataError, steps_per_epoch, test_dataset, training_dataset
+from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from ..kept_model import save_kept_model
 from .lr_scaling import default_epochs
@@ -60,7 +60,8 @@ def train(config, dataset, strategy):
         _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
                           learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
                                                               resume_from))
-    start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
+    start_epoch, start_step, previous_epochs, rest = _restore(resume_from, run_dir, model, optimizer, comm, steps,
+                                                               config, len(dataset.y_train))
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
                                      steps, previous_epochs=previous_epochs, write=comm.rank == 0)
@@ -70,7 +71,7 @@ def train(config, dataset, strategy):
         run_dir, comm, effective, config.checkpoint_every, config.keep_checkpoints,
         every_steps=config.checkpoint_every_steps, every_minutes=config.checkpoint_every_minutes,
         steps_per_epoch=steps, initial_step=start_epoch * steps + start_step, stop_requests=stop_requests,
-        check_every=config.agree_every)
+        check_every=config.agree_every, samples_in_epoch=_samples_in_epoch(config, comm, start_epoch, start_step, rest))
     test_ds = _test_dataset(dataset, comm)
     exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
     chosen = _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer,
@@ -79,7 +80,7 @@ def train(config, dataset, strategy):
     # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
     # the rest of that epoch alone, then the epochs after it.
     for first_epoch, first_step in _fit_parts(start_epoch, start_step, config.epochs):
-        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step)
+        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step, rest)
         model.fit(train_ds, epochs=first_epoch + 1 if first_step else config.epochs, initial_epoch=first_epoch,
                   steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=config.eval_every,
                   shuffle=False, callbacks=chosen, verbose=_verbosity(config, comm))
@@ -230,11 +231,8 @@ def _learning_rate(config, size, updates_per_epoch):
 def _learning_rate_record(config, size, updates_per_epoch, resume_from=None):
     """config.yaml's ``learning_rate``: the rate the run trains at (after any
     warm-up), and how it follows from ``--lr``."""
+    # A resume at another size trains at this size's rate too (_rescale_learning_rate).
     rate, factor, warmup = _learning_rate(config, size, updates_per_epoch)
-    saved_size = resume_from[0]["num_ranks"] if resume_from is not None else size
-    if saved_size != size and not warmup:
-        # A constant rate is a variable of the optimizer: the checkpoint's comes back with it.
-        rate, factor, warmup = _learning_rate(config, saved_size, updates_per_epoch)
     return {"rate": rate, "factor": factor, "warmup_updates": warmup}
 
 
@@ -284,28 +282,47 @@ def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, lea
             yaml.safe_dump(run, f, sort_keys=True)
 
 
-def _restore(resume_from, run_dir, model, optimizer, comm, steps):
+def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_train):
     """Loads every rank's state from ``resume_from``; returns ``(start_epoch,
-    start_step, metrics rows up to start_epoch)``, ``(0, 0, [])`` for a fresh run."""
+    start_step, metrics rows up to start_epoch, rest)``, ``(0, 0, [], None)``
+    for a fresh run. ``rest`` is None where the epoch continues as the saving
+    run laid it out, else ``samples_done``: the rest of the epoch, after that
+    prefix of its order, is split over this run's ranks (``data.rest_of_epoch``),
+    and ``start_step`` is the step of an epoch at this size it starts at."""
     if resume_from is None:
-        return 0, 0, []
+        return 0, 0, [], None
     manifest, directory = resume_from
-    start_step = manifest.get("step_in_epoch", 0)
-    if start_step and manifest.get("steps_per_epoch") != steps:
-        raise UsageError(f"--resume {run_dir}: the checkpoint was taken at micro-batch {start_step} of epochs of "
-                         f"{manifest.get('steps_per_epoch')} micro-batches; this run's epochs hold {steps}")
+    start_epoch, start_step = manifest["epoch"], manifest.get("step_in_epoch", 0)
+    resized = manifest["num_ranks"] != comm.size
+    rest = None
+    if start_step:
+        # Written by a run that split this epoch as a whole: p ranks, s micro-batches of b each.
+        done = manifest.get("samples_in_epoch", manifest["num_ranks"] * start_step * config.batch_size)
+        if resized or done != comm.size * start_step * config.batch_size:
+            try:
+                left, start_step = rest_of_epoch(num_train, config.batch_size, comm.size, done,
+                                                 manifest["step_in_epoch"], config.accumulate, steps)
+            except DataError as err:
+                raise UsageError(f"--resume {run_dir}: {err}") from None
+            rest = done
+            if not left:  # nothing left of that epoch at this size (its window, if any, was closed)
+                start_epoch, start_step, rest = start_epoch + 1, 0, None
+        elif manifest.get("steps_per_epoch") != steps:
+            raise UsageError(f"--resume {run_dir}: the checkpoint was taken at micro-batch {start_step} of epochs "
+                             f"of {manifest.get('steps_per_epoch')} micro-batches; this run's epochs hold {steps}")
     optimizer.attach(model)
     optimizer.build(model.trainable_variables)
     checkpoint.restore(directory, manifest, model, optimizer, comm)
-    start_epoch = manifest["epoch"]
-    if manifest["num_ranks"] != comm.size and comm.rank == 0:
-        print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
+    if resized:
+        _rescale_learning_rate(config, optimizer, comm.size, steps // config.accumulate)
+        if comm.rank == 0:
+            print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
     previous = []
     metrics_path = os.path.join(run_dir, "metrics.json")
     if os.path.isfile(metrics_path):
         with open(metrics_path) as f:
-            previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
-    return start_epoch, start_step, previous
+            previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= manifest["epoch"]]
+    return start_epoch, start_step, previous, rest
 
 
 def _resize_notice(manifest, strategy, size):
@@ -328,13 +345,43 @@ def _fit_parts(start_epoch, start_step, epochs):
     return [(start_epoch, start_step)] + ([(start_epoch + 1, 0)] if start_epoch + 1 < epochs else [])
 
 
-def _training_dataset(config, dataset, comm, start_epoch, steps, start_step):
+def _training_dataset(config, dataset, comm, start_epoch, steps, start_step, rest=None):
     """This rank's training pipeline from micro-batch ``start_step`` of ``start_epoch`` on
-    (to the end of that epoch only, when it starts mid-epoch)."""
+    (to the end of that epoch only, when it starts mid-epoch). With ``rest`` (the
+    samples of ``start_epoch`` seen before a resume that splits its rest anew,
+    ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches."""
+    if start_step and rest is not None:
+        return rest_of_epoch_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
+                                     rest, steps - start_step)
     last = start_epoch + 1 if start_step else config.epochs
     train_ds, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
                                    last, steps, start_step=start_step)
     return train_ds
+
+
+def _samples_in_epoch(config, comm, start_epoch, start_step, rest):
+    """For the step checkpoints: ``(epoch, step) -> the prefix of that epoch's order
+    seen``, where ``rest`` (the seen prefix a resume started ``start_epoch`` from,
+    at its step ``start_step``) makes it differ from step · b · ranks; else None."""
+    if rest is None:
+        return None
+    batch = config.batch_size * comm.size
+
+    def samples(epoch, step):
+        return rest + (step - start_step) * batch if epoch == start_epoch else step * batch
+
+    return samples
+
+
+def _rescale_learning_rate(config, optimizer, size, updates_per_epoch):
+    """With ``--scale-lr`` and a constant rate, the rate of the resized run is the
+    strategy's rule at ``size`` (a warm-up schedule already targets it): the
+    checkpoint brought back the saving run's rate with the optimizer's variables. Without ``--scale-lr`` the rate is ``--lr`` at any size."""
+    if not config.scale_lr:
+        return
+    rate, _, warmup = _learning_rate(config, size, updates_per_epoch)
+    if not warmup:
+        optimizer.learning_rate = rate
 
 
 def _test_dataset(dataset, comm):
