@@ -211,9 +211,8 @@ def resize_rules(model, optimizer):
     rules = {}
     for name, variables in state_groups(model, optimizer).items():
         for i, variable in enumerate(variables):
-            ref = variable.ref() if hasattr(variable, "ref") else None
-            if ref is not None and ref in declared:
-                rules[f"{name}/{i:05d}"] = declared[ref]
+            if id(variable) in declared:
+                rules[f"{name}/{i:05d}"] = declared[id(variable)]
     return rules
 
 

@@ -282,7 +282,8 @@ class SyncStrategy:
         # gradients a step receives are then multiplied by that scale, and the
         # inner optimizer takes the overflow decision itself (see _apply_if).
         self.loss_scale = None
-        # {variable.ref(): resize rule} for the state whose rule is not resize.DEFAULT (set_resize_rule).
+        # {id(variable): (variable, resize rule)} for the state whose rule is not resize.DEFAULT
+        # (set_resize_rule); by id, as Keras variables are not hashable by value, and holding the variable.
         self._resize_rules = {}
 
     # --- the tree of strategies -----------------------------------------------
@@ -411,12 +412,12 @@ class SyncStrategy:
         error-feedback residual, ``SUM_ON_FIRST`` for a partial sum, ...).
         State without a declared rule follows ``resize.DEFAULT``."""
         for variable in variables if isinstance(variables, (list, tuple)) else [variables]:
-            self._resize_rules[variable.ref()] = rule
+            self._resize_rules[id(variable)] = (variable, rule)
 
     def resize_rules(self):
-        """``{variable.ref(): rule}`` for this strategy's and its children's state
+        """``{id(variable): rule}`` for this strategy's and its children's state
         whose rule is not ``resize.DEFAULT`` (``checkpoint.resize_rules`` keys them)."""
-        rules = dict(self._resize_rules)
+        rules = {key: rule for key, (_, rule) in self._resize_rules.items()}
         for child in self.children():
             rules.update(child.resize_rules())
         return rules
