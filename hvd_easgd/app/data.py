@@ -233,7 +233,8 @@ def rest_of_epoch(num_train, batch_size, size, samples_done, step_in_epoch, accu
     the same way (rank r takes positions samples_done + r, + r + q, ...), so
     no sample of the epoch is seen twice or skipped but for the remainder
     every epoch drops (fewer than q·b samples, plus at most k − 1 micro-batches
-    so that an open accumulation window closes at the epoch's end).
+    so that an open accumulation window closes at the epoch's end, and k more
+    where the rest would fill a whole epoch at q).
 
     Args:
       num_train: N, the training samples.
@@ -247,14 +248,15 @@ def rest_of_epoch(num_train, batch_size, size, samples_done, step_in_epoch, accu
 
     Returns:
       ``(rest, first_step)``: micro-batches left per rank (a multiple of k
-      away from the window's phase, at most ``steps``), and ``steps − rest``,
+      away from the window's phase, fewer than ``steps``), and ``steps − rest``,
       the step of an epoch at q the rest starts at (the checkpoint callback
       counts from there, so the epoch ends where epochs at q end). ``rest`` is
       0 when nothing is left.
     """
     rest = ((num_train - samples_done) // size) // batch_size
     rest -= (step_in_epoch + rest) % accumulate
-    while rest > steps:
+    # Fewer than a whole epoch at q, so that the rest starts at a step > 0 of one.
+    while rest >= steps:
         rest -= accumulate
     if rest < 0 or (rest == 0 and step_in_epoch % accumulate):
         raise DataError(f"the rest of the epoch ({num_train - samples_done} samples over {size} ranks) holds fewer "

@@ -231,8 +231,11 @@ def _learning_rate(config, size, updates_per_epoch):
 def _learning_rate_record(config, size, updates_per_epoch, resume_from=None):
     """config.yaml's ``learning_rate``: the rate the run trains at (after any
     warm-up), and how it follows from ``--lr``."""
-    # A resume at another size trains at this size's rate too (_rescale_learning_rate).
     rate, factor, warmup = _learning_rate(config, size, updates_per_epoch)
+    saved_size = resume_from[0]["num_ranks"] if resume_from is not None else size
+    if saved_size != size and not warmup:
+        # A constant rate is a variable of the optimizer: the checkpoint's comes back with it.
+        rate, factor, warmup = _learning_rate(config, saved_size, updates_per_epoch)
     return {"rate": rate, "factor": factor, "warmup_updates": warmup}
 
 
@@ -313,10 +316,8 @@ def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_tr
     optimizer.attach(model)
     optimizer.build(model.trainable_variables)
     checkpoint.restore(directory, manifest, model, optimizer, comm)
-    if resized:
-        _rescale_learning_rate(config, optimizer, comm.size, steps // config.accumulate)
-        if comm.rank == 0:
-            print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
+    if resized and comm.rank == 0:
+        print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
     previous = []
     metrics_path = os.path.join(run_dir, "metrics.json")
     if os.path.isfile(metrics_path):
@@ -371,17 +372,6 @@ def _samples_in_epoch(config, comm, start_epoch, start_step, rest):
         return rest + (step - start_step) * batch if epoch == start_epoch else step * batch
 
     return samples
-
-
-def _rescale_learning_rate(config, optimizer, size, updates_per_epoch):
-    """With ``--scale-lr`` and a constant rate, the rate of the resized run is the
-    strategy's rule at ``size`` (a warm-up schedule already targets it): the
-    checkpoint brought back the saving run's rate with the optimizer's variables. Without ``--scale-lr`` the rate is ``--lr`` at any size."""
-    if not config.scale_lr:
-        return
-    rate, _, warmup = _learning_rate(config, size, updates_per_epoch)
-    if not warmup:
-        optimizer.learning_rate = rate
 
 
 def _test_dataset(dataset, comm):

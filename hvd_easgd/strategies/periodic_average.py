@@ -168,7 +168,8 @@ class PeriodicAverage(SyncStrategy):
         phase, is kept: the next average falls on the step it would have. The
         inner optimizer's slots, local as in PyTorch, are the mean of the p
         ranks'. Nothing is rescaled: the average divides by the communicator's
-        size, q; ``--scale-lr``'s rate is this rule's at q (train.py)."""
+        size, q; under ``--scale-lr`` the saved constant rate comes back with
+        the optimizer's variables (train.py)."""
         return None
 
     def resize_notice(self, saved_ranks, ranks):

@@ -120,8 +120,9 @@ class SyncAverage(SyncStrategy):
     def resize_refusal(self, saved_ranks, ranks):
         """None: every rank saved the same state, so every variable keeps it
         (``resize.DEFAULT``: the weights, the optimizer's slots and counters,
-        the step counter). Nothing is rescaled in the strategy; ``--scale-lr``'s
-        rate is this rule's at the new size (train.py). Mid-epoch, the epoch's
+        the step counter). Nothing is rescaled in the strategy; under
+        ``--scale-lr`` the saved constant rate comes back with the optimizer's
+        variables (train.py; docs/checkpoints.md). Mid-epoch, the epoch's
         samples not yet seen are split over the new ranks (``data.rest_of_epoch``)."""
         return None
 
