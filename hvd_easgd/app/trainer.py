@@ -60,8 +60,8 @@ def train(config, dataset, strategy):
         _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
                           learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
                                                               resume_from))
-    start_epoch, start_step, previous_epochs, rest = _restore(resume_from, run_dir, model, optimizer, comm, steps,
-                                                               config, len(dataset.y_train))
+    start_epoch, start_step, previous_epochs, samples_done = _restore(resume_from, run_dir, model, optimizer, comm,
+                                                                       steps, config, len(dataset.y_train))
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
                                      steps, previous_epochs=previous_epochs, write=comm.rank == 0)
@@ -71,7 +71,8 @@ def train(config, dataset, strategy):
         run_dir, comm, effective, config.checkpoint_every, config.keep_checkpoints,
         every_steps=config.checkpoint_every_steps, every_minutes=config.checkpoint_every_minutes,
         steps_per_epoch=steps, initial_step=start_epoch * steps + start_step, stop_requests=stop_requests,
-        check_every=config.agree_every, samples_in_epoch=_samples_in_epoch(config, comm, start_epoch, start_step, rest))
+        check_every=config.agree_every,
+        samples_in_epoch=_samples_in_epoch(config, comm, start_epoch, start_step, samples_done))
     test_ds = _test_dataset(dataset, comm)
     exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
     chosen = _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer,
@@ -80,7 +81,7 @@ def train(config, dataset, strategy):
     # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
     # the rest of that epoch alone, then the epochs after it.
     for first_epoch, first_step in _fit_parts(start_epoch, start_step, config.epochs):
-        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step, rest)
+        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step, samples_done)
         model.fit(train_ds, epochs=first_epoch + 1 if first_step else config.epochs, initial_epoch=first_epoch,
                   steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=config.eval_every,
                   shuffle=False, callbacks=chosen, verbose=_verbosity(config, comm))
@@ -287,17 +288,17 @@ def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, lea
 
 def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_train):
     """Loads every rank's state from ``resume_from``; returns ``(start_epoch,
-    start_step, metrics rows up to start_epoch, rest)``, ``(0, 0, [], None)``
-    for a fresh run. ``rest`` is None where the epoch continues as the saving
-    run laid it out, else ``samples_done``: the rest of the epoch, after that
-    prefix of its order, is split over this run's ranks (``data.rest_of_epoch``),
-    and ``start_step`` is the step of an epoch at this size it starts at."""
+    start_step, metrics rows up to start_epoch, samples_done)``, ``(0, 0, [], None)``
+    for a fresh run. ``samples_done`` is None where the epoch continues as the
+    saving run laid it out, else the prefix of its order already seen: the rest
+    of the epoch is split over this run's ranks (``data.rest_of_epoch``), and
+    ``start_step`` is the step of an epoch at this size it starts at."""
     if resume_from is None:
         return 0, 0, [], None
     manifest, directory = resume_from
     start_epoch, start_step = manifest["epoch"], manifest.get("step_in_epoch", 0)
     resized = manifest["num_ranks"] != comm.size
-    rest = None
+    samples_done = None
     if start_step:
         # Written by a run that split this epoch as a whole: p ranks, s micro-batches of b each.
         done = manifest.get("samples_in_epoch", manifest["num_ranks"] * start_step * config.batch_size)
@@ -307,9 +308,9 @@ def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_tr
                                                  manifest["step_in_epoch"], config.accumulate, steps)
             except DataError as err:
                 raise UsageError(f"--resume {run_dir}: {err}") from None
-            rest = done
+            samples_done = done
             if not left:  # nothing left of that epoch at this size (its window, if any, was closed)
-                start_epoch, start_step, rest = start_epoch + 1, 0, None
+                start_epoch, start_step, samples_done = start_epoch + 1, 0, None
         elif manifest.get("steps_per_epoch") != steps:
             raise UsageError(f"--resume {run_dir}: the checkpoint was taken at micro-batch {start_step} of epochs "
                              f"of {manifest.get('steps_per_epoch')} micro-batches; this run's epochs hold {steps}")
@@ -323,7 +324,7 @@ def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_tr
     if os.path.isfile(metrics_path):
         with open(metrics_path) as f:
             previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= manifest["epoch"]]
-    return start_epoch, start_step, previous, rest
+    return start_epoch, start_step, previous, samples_done
 
 
 def _resize_notice(manifest, strategy, size):
@@ -346,30 +347,30 @@ def _fit_parts(start_epoch, start_step, epochs):
     return [(start_epoch, start_step)] + ([(start_epoch + 1, 0)] if start_epoch + 1 < epochs else [])
 
 
-def _training_dataset(config, dataset, comm, start_epoch, steps, start_step, rest=None):
+def _training_dataset(config, dataset, comm, start_epoch, steps, start_step, samples_done=None):
     """This rank's training pipeline from micro-batch ``start_step`` of ``start_epoch`` on
-    (to the end of that epoch only, when it starts mid-epoch). With ``rest`` (the
-    samples of ``start_epoch`` seen before a resume that splits its rest anew,
-    ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches."""
-    if start_step and rest is not None:
+    (to the end of that epoch only, when it starts mid-epoch). With ``samples_done``
+    (the prefix of ``start_epoch``'s order seen before a resume that splits its
+    rest anew, ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches."""
+    if start_step and samples_done is not None:
         return rest_of_epoch_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
-                                     rest, steps - start_step)
+                                     samples_done, steps - start_step)
     last = start_epoch + 1 if start_step else config.epochs
     train_ds, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
                                    last, steps, start_step=start_step)
     return train_ds
 
 
-def _samples_in_epoch(config, comm, start_epoch, start_step, rest):
+def _samples_in_epoch(config, comm, start_epoch, start_step, samples_done):
     """For the step checkpoints: ``(epoch, step) -> the prefix of that epoch's order
-    seen``, where ``rest`` (the seen prefix a resume started ``start_epoch`` from,
-    at its step ``start_step``) makes it differ from step · b · ranks; else None."""
-    if rest is None:
+    seen``, where ``samples_done`` (the seen prefix a resume started ``start_epoch``
+    from, at its step ``start_step``) makes it differ from step · b · ranks; else None."""
+    if samples_done is None:
         return None
     batch = config.batch_size * comm.size
 
     def samples(epoch, step):
-        return rest + (step - start_step) * batch if epoch == start_epoch else step * batch
+        return samples_done + (step - start_step) * batch if epoch == start_epoch else step * batch
 
     return samples
 

@@ -421,3 +421,19 @@ def test_diloco_resumes_mid_epoch_at_another_number_of_ranks_without_a_launcher(
     assert (rest["num_ranks"], rest["global_step"], rest["samples_in_epoch"]) == (1, 64, 640)
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3]
+
+
+@pytest.mark.timeout(300)
+def test_periodic_resumes_mid_epoch_at_more_ranks(uninterrupted, tmp_path):
+    # saved at np=2 after 22 + 3 micro-batches (tau 4: mid-period); at np=3 the rest of epoch 2 is
+    # (1437 - 192) // 3 // 32 = 12 micro-batches per rank, steps 2..13 of an epoch of 14
+    run_dir = stopped_at(uninterrupted("periodic"), MID_EPOCH["periodic"], str(tmp_path / "run"))
+    out = horovodrun([TRAIN, "--resume", run_dir], np=3, timeout=200)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("resuming at 3 ranks from a checkpoint of 2 (epoch 1): the update count continues, the data are "
+            "resharded for 3 ranks; the weights are the mean of the 2 saved ranks' (their last average, at an "
+            "average), optimizer slots too; the tau phase continues") in out.stdout, out.stdout[-2000:]
+    manifest, _ = checkpoint.latest(run_dir)
+    assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (2, 3, 14)
+    for rank in range(3):
+        assert iterations(run_dir, "epoch-000002", rank) == strategy_steps(run_dir, "epoch-000002", rank) == 25 + 12
