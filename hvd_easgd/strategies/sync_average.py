@@ -118,7 +118,12 @@ class SyncAverage(SyncStrategy):
         return LINEAR_UP_TO * math.sqrt(batches / LINEAR_UP_TO)
 
     def resize_refusal(self, saved_ranks, ranks):
-        """None: every rank saved the same state."""
+        """None: every rank saved the same state, so every variable keeps it
+        (``resize.DEFAULT``: the weights, the optimizer's slots and counters,
+        the step counter). Nothing is rescaled in the strategy; under
+        ``--scale-lr`` the saved constant rate comes back with the optimizer's
+        variables (train.py; docs/checkpoints.md). Mid-epoch, the epoch's
+        samples not yet seen are split over the new ranks (``data.rest_of_epoch``)."""
         return None
 
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
