@@ -163,7 +163,8 @@ class EASGD(SyncStrategy):
         self.rho = validation.number("rho", rho, minimum=0)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         self.overlap = bool(overlap)
-        self.warmup_strategy = SyncAverage(compression=self.compression.name)
+        # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
+        self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
         self._checked_size = None
 
     def children(self):

@@ -113,7 +113,8 @@ class PeriodicAverage(SyncStrategy):
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
                           "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
-        self.warmup_strategy = SyncAverage(compression=self.compression.name)
+        # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
+        self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
         self.synced = None
         self.error_feedback = None
 
