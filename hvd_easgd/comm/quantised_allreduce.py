@@ -34,8 +34,9 @@ At p = 2 the two are equal, and the allgather form is used: one call
 instead of two, and no second quantisation (the sum is exact in fp32, not
 re-encoded). From p = 3 on alltoall + allgather, which stays under 2·S_q
 while the allgather grows with p. A communicator without an alltoall
-(the direct MPI path, until it has an ``MpiDirectAlltoall`` op) uses the
-allgather form at every p, and its account says so.
+(``has_alltoall`` False) uses the allgather form at every p, and its
+account says so; SimulatedCluster, Horovod (``hvd.alltoall``, uint8 over
+Gloo and MPI) and the direct MPI path (``MpiDirectAlltoall``) have one.
 
 Message layout (uint8): the encoded blocks (``compression.encode``), then
 the *exact values*, float32: the tensors of one element (a non-finite flag,

@@ -1,6 +1,6 @@
 """Compressed payloads across real ranks (issue 24, section B): the quantised allreduce
 and DiLoCo int8 under horovodrun --gloo at np = 3 (Horovod's alltoall + allgather form)
-and on the direct MPI path under mpirun at np = 2 (the allgather form), one launch each;
+and on the direct MPI path under mpirun at np = 3 (MpiDirectAlltoall), one launch each;
 and train.py on digits with --strategy diloco --compression int8 through Horovod under
 horovodrun --mpi (the allgather form at np = 2).
 """
@@ -15,7 +15,7 @@ from tests import reference as ref
 from tests.helpers import ROOT, launch, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
-LAUNCHES = [("gloo", "horovod", 3), ("mpirun", "mpi-direct", 2)]
+LAUNCHES = [("gloo", "horovod", 3), ("mpirun", "mpi-direct", 3)]
 
 
 @pytest.mark.parametrize("launcher, collectives, size", LAUNCHES, ids=[f"{l}-{c}-np{n}" for l, c, n in LAUNCHES])
@@ -59,4 +59,4 @@ def test_train_py_diloco_int8_on_digits_reaches_095_with_its_wire_formula(tmp_pa
     steps = 22  # per epoch at np=2: 220 steps, 22 synchronisations
     for key in ("bytes_sent_per_step", "wire_bytes_per_step"):  # equal at p = 2: (p-1) * S for an allgather
         assert sum(row[key] * steps for row in metrics["epochs"]) == pytest.approx(22 * message, rel=1e-12)
-    assert np.isclose(message / (4 * (38282 + 1)), 0.2546, atol=1e-4)  # of fp32 DiLoCo's wire bytes
+    assert round(message / (4 * (38282 + 1)), 4) == 0.2547  # of fp32 DiLoCo's wire bytes (goal: <= 0.30)
