@@ -116,3 +116,55 @@ def resized_state_reference(states, ranks, rank, sum_on_first=(), weights_from=N
     for weight, source in (weights_from or {}).items():
         out[weight] = out[source]
     return out
+
+
+# --- compression: the formats and the quantised allreduce, from comm/compression's docstrings ----
+BLOCK = 256
+LEVELS = {"int8": 127, "int4": 7}
+
+
+def quantise_reference(x, name):
+    """What a rank's flat float32 payload ``x`` stands for once encoded by format ``name``
+    (none, fp16, bf16, int8, int4): blocks of 256, s = max|x|/Q, q = round(x/s) (ties to
+    even), x̂ = q·s; fp16/bf16 round to nearest even."""
+    x = np.asarray(x, np.float32)
+    if name == "none":
+        return x.copy()
+    if name == "fp16":
+        return x.astype(np.float16).astype(np.float32)
+    if name == "bf16":
+        import ml_dtypes  # TF's own bfloat16 for NumPy
+
+        return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+    levels = np.float32(LEVELS[name])
+    n = x.size
+    blocks = np.pad(x, (0, -n % BLOCK)).reshape(-1, BLOCK)
+    scales = (np.abs(blocks).max(axis=1) / levels).astype(np.float32)
+    safe = np.where(scales > 0, scales, np.float32(1))[:, None]
+    codes = np.clip(np.where(scales[:, None] > 0, np.round(blocks / safe), 0), -levels, levels).astype(np.float32)
+    return (codes * scales[:, None]).reshape(-1)[:n]
+
+
+def quantised_allreduce_reference(payloads, name):
+    """Σ over ranks of the flat float32 ``payloads`` as the quantised allreduce computes it:
+    every rank's decoded payload added in fp32 in rank order; from p = 3 on (alltoall +
+    allgather) that sum is encoded and decoded once more. fp16 (summable) is added in fp16."""
+    if name == "fp16":
+        total = np.zeros_like(np.asarray(payloads[0], np.float16))
+        for x in payloads:
+            total = (total + np.asarray(x, np.float32).astype(np.float16)).astype(np.float16)
+        return total.astype(np.float32)
+    total = np.zeros(np.asarray(payloads[0]).shape, np.float32)
+    for x in payloads:
+        total = total + quantise_reference(x, name)
+    return total if len(payloads) <= 2 or name == "none" else quantise_reference(total, name)
+
+
+def quantised_message_bytes(elements, exact_values, name, p):
+    """One message of the quantised allreduce: blocks (bytes each: int8 256+4, int4 128+4, bf16 2 per
+    element) then 4 bytes per exact value; from p = 3 on, a 1/p chunk of ceil(blocks/p) blocks."""
+    block, block_bytes = {"int8": (256, 260), "int4": (256, 132), "bf16": (1, 2)}[name]
+    blocks = -(-elements // block)
+    if p > 2:
+        blocks = -(-blocks // p)
+    return blocks * block_bytes + 4 * exact_values

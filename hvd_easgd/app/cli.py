@@ -5,6 +5,7 @@ Horovod starts wherever possible (so no rank waits in a collective for a
 rank that has already left); see hvd_easgd.errors.
 """
 import argparse
+import inspect
 import os
 import sys
 
@@ -15,6 +16,7 @@ from . import data
 from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
+from ..comm.compression import COMPRESSIONS
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, auto_scales, rule_help
 from .models import MODELS
@@ -83,6 +85,15 @@ def build_parser():
     acc.add_argument("--accumulate", type=int, metavar="K", help="micro-batches per optimizer update")
     acc.add_argument("--accumulate-reduction", choices=("mean", "sum"),
                      help="apply the mean (as Keras and optax do) or the sum of the accumulated gradients")
+
+    packed = parser.add_argument_group(
+        "compression (of what the strategy sends: gradients, elastic differences, weight differences, "
+        "pseudo-gradients; under --strategy hierarchical, of its inter level)")
+    packed.add_argument("--compression", choices=COMPRESSIONS,
+                        help="none: fp32; fp16, bf16: 2 bytes an element; int8, int4: block-scaled (a float32 scale "
+                             "per 256 elements), with error feedback; powersgd: rank-R factors, --strategy sync only. "
+                             "--fp16-allreduce is --compression fp16")
+    packed.add_argument("--powersgd-rank", type=int, metavar="R", help="the rank of --compression powersgd's factors")
 
     train = parser.add_argument_group("model, data and optimizer")
     train.add_argument("--model", help=f"{' | '.join(MODELS)}; not given: {DEFAULT_MODEL}, or "
@@ -326,7 +337,8 @@ def _validate(args, options):
     _resolve_lr(args)
     positive = {"--batch-size": args.batch_size, "--lr": args.lr,
                 "--accumulate": args.accumulate, "--num-classes": args.num_classes,
-                "--eval-every": args.eval_every, "--max-bad-steps": args.max_bad_steps}
+                "--eval-every": args.eval_every, "--max-bad-steps": args.max_bad_steps,
+                "--powersgd-rank": args.powersgd_rank}
     if args.epochs is not None:  # None: the default, resolved once the ranks are known
         positive["--epochs"] = args.epochs
     for flag, value in positive.items():
@@ -411,8 +423,10 @@ def make_strategy(config):
         kwargs = strategy_kwargs(config)
         delegate = _delegate(registry.get(config.strategy), config.strategy_options)
         if delegate is not None:  # the contained strategy is built first, from its own options
-            kwarg, name = delegate
-            kwargs[kwarg] = registry.create(name, **strategy_kwargs(config, name))
+            kwarg, name = delegate  # and it is what --compression applies to (the inter level)
+            kwargs[kwarg] = registry.create(name, **_with_compression(config, name, strategy_kwargs(config, name)))
+        else:
+            kwargs = _with_compression(config, config.strategy, kwargs)
         strategy = registry.create(config.strategy, **kwargs)
         if config.accumulate > 1:
             strategy = GradientAccumulation(config.accumulate, average=config.accumulate_reduction == "mean",
@@ -420,6 +434,26 @@ def make_strategy(config):
     except ValueError as err:
         raise UsageError(str(err)) from None
     return strategy
+
+
+def _with_compression(config, name, kwargs):
+    """``kwargs`` for strategy ``name`` with ``--compression`` in them (``--fp16-allreduce``
+    is its alias); a strategy that takes no ``compression`` is refused unless it is none."""
+    chosen = config.compression
+    alias = kwargs.get("compression")  # --fp16-allreduce
+    if alias is not None and chosen not in ("none", alias):
+        raise UsageError(f"--fp16-allreduce is --compression fp16; give one of them. "
+                         f"Received: --compression {chosen} --fp16-allreduce")
+    chosen = alias or chosen
+    if chosen == "none":
+        return kwargs
+    parameters = inspect.signature(registry.get(name)).parameters
+    if "compression" not in parameters:
+        raise UsageError(f"--compression must be none for --strategy {name}: it takes no compression. "
+                         f"Received: --compression {chosen}")
+    # The strategy refuses a format that does not apply to it (powersgd outside sync).
+    extra = {"powersgd_rank": config.powersgd_rank} if chosen == "powersgd" and "powersgd_rank" in parameters else {}
+    return {**kwargs, "compression": chosen, **extra}
 
 
 def effective_config(config):

@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Union
 
 from .. import preemption, runtime
 from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
+from ..comm.compression import POWERSGD_DEFAULT_RANK
 from .data import SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
 
 # The per-rank batch when --batch-size is not given, and for images of different sizes (they cannot be stacked).
@@ -56,6 +57,9 @@ class TrainConfig:
     strategy_options: Mapping[str, object] = dataclasses.field(default_factory=dict)
     accumulate: int = 1
     accumulate_reduction: str = "mean"
+    # What the strategy sends, job-wide (hvd_easgd.comm.compression); Hierarchical: its inter level.
+    compression: str = "none"
+    powersgd_rank: int = POWERSGD_DEFAULT_RANK
     model: Optional[str] = None
     data: str = "digits"
     image_shape: str = ",".join(map(str, SYNTHETIC_IMAGE_SHAPE))  # H,W,C as the flag takes it

@@ -17,8 +17,14 @@ RESUMABLE_KEYS = frozenset({
 })
 
 
+# Options added after runs were saved without them: a saved config that lacks
+# one ran with this value (the option's default, which is what it did then).
+ADDED_LATER = {"compression": "none", "powersgd_rank": 4}
+
+
 def config_differences(saved, current):
     """Keys (other than the resumable ones) whose values differ, sorted."""
+    saved = {**{k: v for k, v in ADDED_LATER.items() if k in current}, **saved}
     keys = (set(saved) | set(current)) - RESUMABLE_KEYS
     return sorted(k for k in keys if saved.get(k) != current.get(k))
 

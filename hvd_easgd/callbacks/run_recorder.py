@@ -9,7 +9,8 @@ from .. import atomic
 class RunRecorder(keras.callbacks.Callback):
     """Records loss/accuracy (already averaged across ranks by ``MetricAverage``,
     which must run first), samples/s over all ranks, and the communicator's
-    bytes and collective calls per training step, each epoch.
+    bytes and collective calls per training step, and the wire bytes (what each
+    rank sent under the collectives' algorithms), each epoch.
 
     Training time is measured from the epoch's start to the start of its
     validation (or its end), so evaluation does not dilute samples/s.
@@ -28,7 +29,7 @@ class RunRecorder(keras.callbacks.Callback):
         self._account_train = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._account0 = self.comm.account()
+        self._account0 = self.comm.account(wire=True)
         self._account_train = None
         self._train_seconds = None
         self._t0 = time.perf_counter()
@@ -36,7 +37,7 @@ class RunRecorder(keras.callbacks.Callback):
     def _end_of_training_part(self):
         if self._train_seconds is None:
             self._train_seconds = time.perf_counter() - self._t0
-            self._account_train = self.comm.account()
+            self._account_train = self.comm.account(wire=True)
 
     def on_test_begin(self, logs=None):
         if self._t0 is not None:
@@ -55,6 +56,8 @@ class RunRecorder(keras.callbacks.Callback):
             "samples_per_sec": steps * self.global_batch / self._train_seconds,
             "bytes_sent_per_step": (self._account_train["bytes"] - self._account0["bytes"]) / steps,
             "collective_calls_per_step": (self._account_train["calls"] - self._account0["calls"]) / steps,
+            # what each rank sent under the collectives' algorithms (comm/communicator.py)
+            "wire_bytes_per_step": (self._account_train["wire_bytes"] - self._account0["wire_bytes"]) / steps,
             "seconds": self._train_seconds,
         }
         self.epochs.append(row)

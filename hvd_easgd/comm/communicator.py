@@ -6,9 +6,25 @@ kept in TF variables that the collectives update *inside* the traced step:
 a Python counter inside ``tf.function`` would count traces, not steps.
 Strategies are compared by these figures, so they must be exact.
 
-Subclasses implement three primitives on already-compressed tensors:
-``_grouped_allreduce``, ``_broadcast`` and ``_allgather``, and
-``_sub_communicator`` for ``split``.
+Subclasses implement the primitives on already-compressed tensors:
+``_grouped_allreduce``, ``_broadcast``, ``_allgather`` and, where the
+transport has one (``has_alltoall``), ``_alltoall``; and
+``_sub_communicator`` for ``split``. Formats that cannot be summed as they
+travel (bf16, int8, int4) reduce through ``quantised_allreduce``, built on
+the alltoall and the allgather.
+
+Wire bytes: the account also keeps the bytes each rank sends under the
+collective's algorithm, for a payload of S bytes handed to it at p ranks::
+
+    allreduce          2(p−1)/p · S     (ring: reduce-scatter, then allgather)
+    allgather          (p−1) · S        (S is this rank's part)
+    alltoall           (p−1)/p · S      (S holds one part per rank; one stays)
+    reducescatter      (p−1)/p · S
+    broadcast          (p−1)/p · S      (the root's S reaches p−1 ranks: p−1
+                                         sends of S, shared by the p ranks)
+
+The account is one float64 variable: bytes and calls stay exact integers
+(to 2^53), and the wire figure has the fractions these formulas give.
 
 Sub-communicators (``split``): a communicator over some of the ranks, with
 its own ``rank`` and ``size`` (among those ranks) and its own account. What
@@ -28,8 +44,18 @@ import numpy as np
 import tensorflow as tf
 
 from .compression import Compression
+from .quantised_allreduce import quantised_allreduce
 
 REDUCE_OPS = ("average", "sum")
+
+# Bytes each rank sends per payload byte handed to the collective, at p ranks (module docstring).
+WIRE_FACTORS = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: p - 1,
+    "alltoall": lambda p: (p - 1) / p,
+    "reducescatter": lambda p: (p - 1) / p,
+    "broadcast": lambda p: (p - 1) / p,
+}
 
 
 class RanksDisagreeError(RuntimeError):
@@ -55,13 +81,15 @@ class Communicator:
     cross_size = 1
     # Every host runs the same number of ranks (Horovod's is_homogeneous).
     homogeneous = True
+    # Whether the transport has an alltoall (``_alltoall``): the quantised allreduce's p > 2 form needs one.
+    has_alltoall = False
 
     def __init__(self, parent=None):
-        # [payload bytes, collective calls], in one variable so that a step
-        # pays one update for its account. Created eagerly (not in a trace)
-        # so that a step function can update it.
+        # [payload bytes, collective calls, wire bytes], in one variable so
+        # that a step pays one update for its account. Created eagerly (not
+        # in a trace) so that a step function can update it.
         with tf.init_scope():
-            self._account = tf.Variable([0, 0], dtype=tf.int64, trainable=False, name="comm_account")
+            self._account = tf.Variable([0.0, 0.0, 0.0], dtype=tf.float64, trainable=False, name="comm_account")
         self.parent = parent
         self._ranks = None
         self._splits = {}
@@ -79,22 +107,30 @@ class Communicator:
             comm = comm.parent
 
     # --- the account ------------------------------------------------------
-    def account(self):
-        """``{"bytes": payload bytes handed to collectives, "calls": collective calls}`` so far."""
-        sent, calls = self._account.numpy().tolist()
-        return {"bytes": int(sent), "calls": int(calls)}
+    def account(self, wire=False):
+        """``{"bytes": payload bytes handed to collectives, "calls": collective calls}`` so far;
+        with ``wire``, also ``"wire_bytes"``: the bytes this rank sent under the collectives'
+        algorithms (module docstring), a float."""
+        sent, calls, wire_bytes = self._account.numpy().tolist()
+        figures = {"bytes": int(sent), "calls": int(calls)}
+        if wire:
+            figures["wire_bytes"] = float(wire_bytes)
+        return figures
 
     def reset_account(self):
-        self._account.assign([0, 0])
+        self._account.assign([0.0, 0.0, 0.0])
 
-    def _record(self, tensors):
+    def _record(self, tensors, collective="allreduce"):
+        """Adds one call of ``collective`` on ``tensors`` (the payload handed to it) to the account."""
         total = 0
         for t in tensors:
             total = total + _nbytes(t)
+        factor = WIRE_FACTORS[collective](self.size)
         if isinstance(total, int):  # static shapes: a constant, known at trace time
-            entry = tf.constant([total, 1], tf.int64)
+            entry = tf.constant([total, 1, total * factor], tf.float64)
         else:
-            entry = tf.stack([tf.cast(total, tf.int64), tf.constant(1, tf.int64)])
+            total = tf.cast(total, tf.float64)
+            entry = tf.stack([total, tf.constant(1, tf.float64), total * factor])
         for account in self._accounts():  # this communicator's, and its parents' (the totals)
             account.assign_add(entry)
 
@@ -148,18 +184,40 @@ class Communicator:
         """Reduces a list of tensors across ranks in ONE grouped collective call.
 
         ``record=False`` leaves the call out of the account (bookkeeping such
-        as metric averaging, which is not training traffic).
+        as metric averaging, which is not training traffic). A format that
+        cannot be summed as it travels (``compression.summable`` False)
+        reduces through ``quantised_allreduce`` instead: one allgather, or
+        an alltoall and an allgather (that module's docstring).
         """
+        return self._allreduce(tensors, op, compression, record, with_errors=False)
+
+    def allreduce_with_errors(self, tensors, op="average", compression=Compression.none, record=True):
+        """``allreduce``, and this rank's compression error per tensor.
+
+        Returns:
+          ``(reduced, errors)``: what ``allreduce`` returns, and per tensor
+          the tensor minus what its compressed form stands for (zeros without
+          compression, and at one rank, where nothing is compressed): the
+          residual error feedback adds into the next payload.
+        """
+        return self._allreduce(tensors, op, compression, record, with_errors=True)
+
+    def _allreduce(self, tensors, op, compression, record, with_errors):
         if op not in REDUCE_OPS:
             raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
         tensors = [tf.convert_to_tensor(t) for t in tensors]
         if not tensors or self.size == 1:
-            return tensors
+            return (tensors, [tf.zeros_like(t) for t in tensors]) if with_errors else tensors
+        if not compression.summable:
+            return quantised_allreduce(self, tensors, op, compression, record, with_errors)
         wire, dtypes = zip(*(compression.compress(t) for t in tensors))
         if record:
             self._record(wire)
         reduced = self._grouped_allreduce(list(wire), op)
-        return [compression.decompress(r, d) for r, d in zip(reduced, dtypes)]
+        reduced = [compression.decompress(r, d) for r, d in zip(reduced, dtypes)]
+        if not with_errors:
+            return reduced
+        return reduced, [t - compression.decompress(w, d) for t, w, d in zip(tensors, wire, dtypes)]
 
     def broadcast(self, tensors, root_rank=0):
         """Returns rank ``root_rank``'s values of ``tensors`` on every rank."""
@@ -169,7 +227,7 @@ class Communicator:
                 raise ValueError(f"`root_rank` must be 0 with one process. Received: root_rank={root_rank}")
             return tensors
         for t in tensors:  # Horovod broadcasts tensor by tensor: one call each.
-            self._record([t])
+            self._record([t], collective="broadcast")
         return self._broadcast(tensors, root_rank) if tensors else []
 
     def allgather(self, tensor):
@@ -177,7 +235,7 @@ class Communicator:
         tensor = tf.convert_to_tensor(tensor)
         if self.size == 1:
             return tensor
-        self._record([tensor])
+        self._record([tensor], collective="allgather")
         return self._allgather(tensor)
 
     # --- eager helpers built on the collectives -------------------------------
@@ -228,4 +286,9 @@ class Communicator:
         raise NotImplementedError
 
     def _allgather(self, tensor):
+        raise NotImplementedError
+
+    def _alltoall(self, tensor):
+        """Rank j receives part j of every rank's ``tensor`` (p equal parts along axis 0),
+        concatenated in rank order. Only where ``has_alltoall``."""
         raise NotImplementedError

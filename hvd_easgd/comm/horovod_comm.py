@@ -57,6 +57,13 @@ class HorovodCommunicator(Communicator):
     def _allgather(self, tensor):
         return hvd.allgather(tensor, process_set=self.process_set)
 
+    # hvd.alltoall takes uint8 over Gloo and MPI (the quantised allreduce sends bytes).
+    has_alltoall = True
+
+    def _alltoall(self, tensor):
+        # Without splits Horovod cuts axis 0 into size equal parts.
+        return hvd.alltoall(tensor, process_set=self.process_set)
+
     def _sub_communicators(self, groups):
         if self.parent is not None:
             raise NotImplementedError("a Horovod sub-communicator cannot be split again; split the global one")

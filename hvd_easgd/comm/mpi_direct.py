@@ -145,6 +145,11 @@ class DirectMPICommunicator(Communicator):
     def _allgather(self, tensor):
         return self._ops.mpi_direct_allgather(tensor, comm=self._handle, stall_seconds=self.stall_seconds)
 
+    has_alltoall = True  # MpiDirectAlltoall: the quantised allreduce's p > 2 form
+
+    def _alltoall(self, tensor):
+        return self._ops.mpi_direct_alltoall(tensor, comm=self._handle, stall_seconds=self.stall_seconds)
+
     def _sub_communicators(self, groups):
         # One MPI_Comm_split of this communicator (a collective of all its
         # ranks): a rank's color is its group, or none.

@@ -6,7 +6,8 @@ has rank r and size p) that share one rendezvous. ``cluster.run(fn)`` calls
 results by rank. A collective waits until all p ranks have called it, then
 returns to each rank the combination of the p inputs: the allreduce adds
 them in rank order (so every rank gets the same bits, as from a real ring),
-broadcast returns the root's, allgather concatenates them. Each
+broadcast returns the root's, allgather concatenates them, alltoall hands
+rank j part j of every rank's input. Each
 communicator keeps its own exact byte/call account, as a real rank does.
 ``comm.split(groups)`` gives sub-communicators whose collectives meet only
 their group's ranks (as Horovod's process sets), and ``ranks_per_host``
@@ -186,6 +187,8 @@ class SimulatedCommunicator(Communicator):
     """One rank of a ``SimulatedCluster``; get it from ``cluster.communicators``
     (or ``split`` one of those)."""
 
+    has_alltoall = True
+
     def __init__(self, cluster, rank, ranks=None, parent=None):
         super().__init__(parent=parent)
         self._cluster = cluster
@@ -241,3 +244,9 @@ class SimulatedCommunicator(Communicator):
         # Only the leading dimension may differ between ranks.
         signature = ("allgather", tuple(tensor.shape.as_list()[1:]), tensor.dtype.name)
         return tf.concat(self._exchange(signature, tensor), axis=0)
+
+    def _alltoall(self, tensor):
+        signature = ("alltoall", tuple(tensor.shape.as_list()), tensor.dtype.name)
+        per_rank = self._exchange(signature, tensor)
+        part = int(tensor.shape[0]) // self.size
+        return tf.concat([t[self.rank * part:(self.rank + 1) * part] for t in per_rank], axis=0)

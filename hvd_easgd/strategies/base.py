@@ -68,6 +68,8 @@ import tensorflow as tf
 
 from .. import validation
 from ..comm import Compression, LocalCommunicator
+from ..comm import quantised_allreduce
+from ..comm.communicator import WIRE_FACTORS
 
 
 @dataclass(frozen=True)
@@ -97,18 +99,20 @@ class NoScaleRule(ValueError):
 @dataclass(frozen=True)
 class Traffic:
     """One rank's collective traffic per training step (one call of ``step``):
-    payload bytes and collective calls, averaged over the strategy's period
-    (τ steps, k micro-batches) once any warm-up is over."""
+    payload bytes, collective calls and wire bytes (what the rank sends under
+    the collectives' algorithms: ``comm/communicator.py``), averaged over the
+    strategy's period (τ steps, k micro-batches) once any warm-up is over."""
 
     bytes: float = 0.0
     calls: float = 0.0
+    wire_bytes: float = 0.0
 
     def __add__(self, other):
-        return Traffic(self.bytes + other.bytes, self.calls + other.calls)
+        return Traffic(self.bytes + other.bytes, self.calls + other.calls, self.wire_bytes + other.wire_bytes)
 
     def per(self, steps):
         """This traffic spread over ``steps`` training steps (once every ``steps``)."""
-        return Traffic(self.bytes / steps, self.calls / steps)
+        return Traffic(self.bytes / steps, self.calls / steps, self.wire_bytes / steps)
 
 
 NO_TRAFFIC = Traffic()
@@ -145,6 +149,39 @@ def payload_bytes(variables, compression=Compression.none):
             elements *= int(dim)
         total += elements * compression.wire_itemsize(v.dtype)
     return total
+
+
+def allreduce_traffic(variables, size, compression=Compression.none, exact_values=0, has_alltoall=True):
+    """One allreduce of tensors shaped like ``variables`` plus ``exact_values``
+    one-element tensors (a flag, a sample count) of the first one's dtype, at
+    ``size`` ranks, as ``Communicator.allreduce`` sends it with ``compression``.
+
+    Returns:
+      A ``Traffic``: one call of ``payload_bytes`` and its ring figure
+      2(p−1)/p on the wire for a summable format; the quantised allreduce's
+      figures (``comm/quantised_allreduce.py``) for bf16, int8 and int4.
+    """
+    if compression.summable:
+        sent = payload_bytes(variables, compression) + exact_values * element_bytes(variables, compression)
+        return Traffic(float(sent), 1.0, sent * WIRE_FACTORS["allreduce"](size))
+    elements, exact = quantised_allreduce.split_payload([v.shape for v in variables])
+    sent, calls, wire = quantised_allreduce.expected_traffic(elements, exact + exact_values, compression, size,
+                                                             has_alltoall)
+    return Traffic(float(sent), float(calls), float(wire))
+
+
+def compression_for(compression, kind, strategy_name):
+    """The format ``compression`` (a name or a format) for a strategy sending ``kind``.
+
+    Raises the Keras-form ``ValueError`` when the format does not apply to
+    that kind of payload (``powersgd`` outside SyncAverage).
+    """
+    choice = Compression.by_name(compression) if isinstance(compression, str) else compression
+    if kind not in choice.applies_to:
+        raise ValueError(f"`compression` must be a format that applies to {kind} (what --strategy {strategy_name} "
+                         f"sends); {choice.name} applies to {', '.join(sorted(choice.applies_to))} only. "
+                         f"Received: compression={choice.name!r}")
+    return choice
 
 
 def element_bytes(variables, compression=Compression.none):

@@ -35,6 +35,13 @@ one element of its dtype for the non-finite flag, in one call::
                               = 4 · (trainable elements + 1) in float32
 
 and zero bytes and calls on the τ − 1 steps between: 1/τ of that per step.
+Compressed (``compression``): Δ_i travels as fp16, bf16, int8 or int4
+(INTELLECT-1 all-reduces int8 pseudo-gradients, Streaming DiLoCo 4-bit
+ones), and with bf16, int8 and int4 each rank keeps its quantisation
+residual e_i and sends Δ_i + e_i next time (``error_feedback.py``); the
+outer optimizer steps on the decoded mean. The bytes are those of
+``allreduce_traffic`` (the flag an exact value of the quantised allreduce).
+
 Floating non-trainable state (BatchNorm's moving statistics) is not part of
 the outer step (it is no gradient's weight): it follows the one rule of every
 strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
@@ -44,8 +51,10 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, check_count, element_bytes, \
-    payload_bytes, state_variable_name
+from ..comm.compression.kinds import PSEUDO_GRADIENTS
+from .error_feedback import ErrorFeedback, error_feedback_wanted
+from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
+    compression_for, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
@@ -93,6 +102,7 @@ class DiLoCo(SyncStrategy):
     """
 
     name = "diloco"
+    payload_kind = PSEUDO_GRADIENTS
     description = ("DiLoCo: tau local steps, then an outer Nesterov step on the averaged pseudo-gradient "
                    "(one grouped allreduce)")
     cli_options = (
@@ -105,12 +115,14 @@ class DiLoCo(SyncStrategy):
     )
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
-                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0):
+                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none"):
         super().__init__()
         self.period = check_period(period)
+        self.compression = compression_for(compression, self.payload_kind, self.name)
+        self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         # A child only with a warm-up: a DiLoCo without one keeps the state layout of its older checkpoints.
-        self.warmup_strategy = SyncAverage() if self.warmup_steps else None
+        self.warmup_strategy = SyncAverage(compression=self.compression.name) if self.warmup_steps else None
         validation.number("outer_learning_rate", outer_learning_rate, minimum=0, min_inclusive=False)
         validation.number("outer_momentum", outer_momentum, minimum=0, maximum=1, max_inclusive=False)
         if outer_optimizer is not None:
@@ -148,9 +160,12 @@ class DiLoCo(SyncStrategy):
                        for v in trainable_variables]
         self.outer_optimizer.build(self.synced)
         self.skipped_outer_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_skipped_outer_steps")
+        if error_feedback_wanted(self.compression):
+            self.error_feedback = ErrorFeedback(self, "diloco_residual", trainable_variables)
 
     def _extra_state(self):
-        return self.synced + list(self.outer_optimizer.variables) + [self.skipped_outer_steps]
+        residuals = self.error_feedback.residuals if self.error_feedback is not None else []
+        return self.synced + list(self.outer_optimizer.variables) + [self.skipped_outer_steps] + residuals
 
     def on_initial_state_synced(self):
         super().on_initial_state_synced()
@@ -188,7 +203,13 @@ class DiLoCo(SyncStrategy):
 
     def _outer_step(self):
         pseudo_gradients = [s - v for s, v in zip(self.synced, self.variables)]
-        sums, bad_ranks = allreduce_unless_non_finite(self.comm, pseudo_gradients)
+        if self.error_feedback is not None:
+            pseudo_gradients = self.error_feedback.add(pseudo_gradients)
+        if self.compression.name == "none":
+            sums, bad_ranks = allreduce_unless_non_finite(self.comm, pseudo_gradients)
+        else:
+            sums, bad_ranks, errors = allreduce_unless_non_finite(self.comm, pseudo_gradients, self.compression,
+                                                                  with_errors=True)
 
         def apply():
             size = tf.cast(self.comm.size, sums[0].dtype)
@@ -200,6 +221,8 @@ class DiLoCo(SyncStrategy):
             return tf.no_op()
 
         tf.cond(tf.equal(bad_ranks, 0), apply, skip)
+        if self.error_feedback is not None:
+            self.error_feedback.keep(errors, tf.equal(bad_ranks, 0))
         # Every rank restarts from θ: the new one, or after a skip the unchanged one.
         for v, s in zip(self.variables, self.synced):
             v.assign(s)
@@ -239,17 +262,20 @@ class DiLoCo(SyncStrategy):
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """On every τ-th step ONE call: Δ and the non-finite flag (module docstring)."""
-        if hosts * ranks_per_host == 1:
+        size = hosts * ranks_per_host
+        if size == 1:
             return ExpectedTraffic()
-        sent = payload_bytes(trainable_variables) + element_bytes(trainable_variables)
-        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
+        has_alltoall = self.comm.has_alltoall if self.comm is not None else True
+        sent = allreduce_traffic(trainable_variables, size, self.compression, 1, has_alltoall)
+        return ExpectedTraffic(across_groups=sent.per(self.period))
 
     def get_config(self):
         outer = self._outer_optimizer_arg
         return {"period": self.period, "outer_learning_rate": self.outer_learning_rate,
                 "outer_momentum": self.outer_momentum,
                 "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
-                "warmup_steps": self.warmup_steps}
+                "warmup_steps": self.warmup_steps,
+                **({"compression": self.compression.name} if self.compression.name != "none" else {})}
 
     @classmethod
     def from_config(cls, config):

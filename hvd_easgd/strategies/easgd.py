@@ -37,6 +37,15 @@ So the gap shrinks iff |1 − (p+1)α| < 1, that is 0 < α < 2/(p+1):
 The default α = β/p with β = 0.9 (the paper's choice) gives pα = 0.9: no
 warning. TF1 defaulted to 0.9/(τ·p).
 
+Compressed (``compression``): the elastic differences d_i travel encoded
+(fp16, bf16, int8, int4), and each rank subtracts what the center received
+from it, d̂_i = d_i − e_i (e_i its quantisation error), not d_i: then
+x̃ + Σ_i x_i is conserved exactly, as without compression, and e_i stays in
+x_i − x̃, so the next elastic step sends α of it again. That is error
+feedback carried by the state itself; no residual variable is needed, and
+so nothing per rank beyond the local weights (the resize rule is unchanged).
+The NaN/Inf flag is checked before encoding and travels exactly.
+
 ``overlap=True`` computes d_i from x_i and x̃ as they stand at the *start*
 of a communication step and issues the allreduce before the inner update,
 so the runtime can overlap it with the step's compute; x_i ← x_i − d_i and
@@ -49,8 +58,8 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes, \
-    state_variable_name
+from ..comm.compression.kinds import ELASTIC_DIFFERENCES
+from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
@@ -97,6 +106,9 @@ class EASGD(SyncStrategy):
         ``WarmUp(EASGD(...), steps)`` computes the same).
       overlap: start the allreduce of a communication step before that step's
         inner update (one-step-stale pull).
+      compression: the format of the elastic differences: ``"none"``
+        (default), ``"fp16"``, ``"bf16"``, ``"int8"`` or ``"int4"`` (module
+        docstring); the warm-up's SyncAverage sends its gradients in it too.
       communication_period: TF1's ``ElasticAverageOptimizer`` name for
         ``period``, accepted as an alias (give one of the two); model.keras
         files written before the rename hold it.
@@ -124,9 +136,12 @@ class EASGD(SyncStrategy):
     )
     across_groups = True
 
+    payload_kind = ELASTIC_DIFFERENCES
+
     def __init__(self, period=None, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0, overlap=False,
-                 communication_period=None):
+                 communication_period=None, compression="none"):
         super().__init__()
+        self.compression = compression_for(compression, self.payload_kind, self.name)
         if period is not None and communication_period is not None:
             raise ValueError("`period` and `communication_period` are one argument, tau (`communication_period` "
                              "is TF1's name for it): give one of them. "
@@ -148,7 +163,8 @@ class EASGD(SyncStrategy):
         self.rho = validation.number("rho", rho, minimum=0)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         self.overlap = bool(overlap)
-        self.warmup_strategy = SyncAverage()
+        # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
+        self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
         self._checked_size = None
 
     def children(self):
@@ -263,8 +279,13 @@ class EASGD(SyncStrategy):
         # A non-finite d never goes on the wire; the flag tells every rank to
         # skip this elastic step, in the same grouped call. (The unmasked d
         # is only ever applied when no rank raised it.)
-        diff_sums, bad_ranks = allreduce_unless_non_finite(self.comm, diffs)
-        return diffs, diff_sums, bad_ranks
+        if self.compression.name == "none":
+            diff_sums, bad_ranks = allreduce_unless_non_finite(self.comm, diffs)
+            return diffs, diff_sums, bad_ranks
+        diff_sums, bad_ranks, errors = allreduce_unless_non_finite(self.comm, diffs, self.compression,
+                                                                   with_errors=True)
+        # What the center received from this rank (module docstring).
+        return [d - e for d, e in zip(diffs, errors)], diff_sums, bad_ranks
 
     def _no_elastic(self):
         zeros = [tf.zeros_like(v) for v in self.variables]
@@ -336,11 +357,16 @@ class EASGD(SyncStrategy):
         """On every τ-th step ONE call: the elastic differences and the
         non-finite flag (one element of their dtype). BatchNorm statistics are
         averaged outside the account (``hvd_easgd.statistics``)."""
-        if hosts * ranks_per_host == 1:
+        size = hosts * ranks_per_host
+        if size == 1:
             return ExpectedTraffic()
-        sent = payload_bytes(trainable_variables) + element_bytes(trainable_variables)
-        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
+        has_alltoall = self.comm.has_alltoall if self.comm is not None else True
+        sent = allreduce_traffic(trainable_variables, size, self.compression, 1, has_alltoall)
+        return ExpectedTraffic(across_groups=sent.per(self.period))
 
     def get_config(self):
-        return {"period": self.period, "moving_rate": self._moving_rate_arg,
-                "beta": self.beta, "rho": self.rho, "warmup_steps": self.warmup_steps, "overlap": self.overlap}
+        config = {"period": self.period, "moving_rate": self._moving_rate_arg,
+                  "beta": self.beta, "rho": self.rho, "warmup_steps": self.warmup_steps, "overlap": self.overlap}
+        if self.compression.name != "none":
+            config["compression"] = self.compression.name
+        return config

@@ -7,6 +7,7 @@ import math
 import tensorflow as tf
 
 from .. import validation
+from ..comm import Compression
 from .base import all_finite, as_dense, check_count, count_as, zeros_unless
 
 
@@ -66,14 +67,24 @@ def local_step(strategy, grad_sums, variables, apply_update, sample_count, mean,
     strategy.step_counter.assign_add(1)
 
 
-def allreduce_unless_non_finite(comm, tensors):
+def allreduce_unless_non_finite(comm, tensors, compression=Compression.none, with_errors=False):
     """``(Σ over ranks of tensors, ranks whose tensors held NaN/Inf)``, in ONE grouped Sum allreduce.
 
     A non-finite contribution never reaches the wire: it is sent as zeros,
     and a flag (one element of the first tensor's dtype) counts it in the same
     call, so every rank learns the same count and takes the same decision.
+    The check comes before any quantisation (``compression``): one Inf would
+    poison its block's scale. The flag is a one-element tensor, which the
+    quantised allreduce carries exactly.
+
+    With ``with_errors`` a third value: this rank's compression error per
+    tensor (``Communicator.allreduce_with_errors``), for error feedback.
     """
     finite = all_finite(tensors)
     flag = tf.reshape(tf.cast(tf.logical_not(finite), tensors[0].dtype), [1])
-    summed = comm.allreduce(zeros_unless(finite, lambda: tensors) + [flag], op="sum")
+    payload = zeros_unless(finite, lambda: tensors) + [flag]
+    if with_errors:
+        summed, errors = comm.allreduce_with_errors(payload, op="sum", compression=compression)
+        return summed[:-1], summed[-1][0], errors[:-1]
+    summed = comm.allreduce(payload, op="sum", compression=compression)
     return summed[:-1], summed[-1][0]

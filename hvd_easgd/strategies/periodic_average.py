@@ -30,6 +30,18 @@ non-finite flag, in one call::
 and zero bytes and calls on the τ − 1 steps between, so 1/τ of that per step
 on average (SyncAverage's per step during a warm-up).
 
+Compressed (``compression``): a quantiser on raw weights would lose their
+low bits (a block's scale follows its largest weight, and every weight is
+rounded to a step of that size), so the ranks send instead how far they
+moved since the last average, Δ_i = x_i − x̄ (x̄: the last synchronised
+weights and statistics, a copy every rank holds alike), with error feedback
+(``error_feedback.py``)::
+
+    u_i = Δ_i + e_i;   x̄ ← x̄ + (1/p) Σ_j Q(u_j);   x_i ← x̄;   e_i ← u_i − Q(u_i)
+
+Without compression the weights travel as before (no copy is kept). The
+bytes are those of ``allreduce_traffic`` on the same tensors.
+
 The statistics ride in the weights' allreduce because they are state the
 average must leave identical: averaging the weights alone would leave each
 rank's BatchNorm normalising with its own statistics. They are still averaged
@@ -42,8 +54,10 @@ import keras
 import tensorflow as tf
 
 from .. import validation
+from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
-from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes
+from .error_feedback import ErrorFeedback, error_feedback_wanted
+from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
@@ -58,6 +72,9 @@ class PeriodicAverage(SyncStrategy):
       period: τ, optimizer steps between averages (an integer >= 1; 1 warns).
       warmup_steps: SyncAverage for this many steps first (post-local SGD),
         then t counts from there.
+      compression: ``"none"`` (default: the weights travel), or ``"fp16"``,
+        ``"bf16"``, ``"int8"``, ``"int4"``: the differences from the last
+        synchronised weights travel in that format (module docstring).
 
     The kept model (``kept_variables()`` is None): right after an average
     every rank holds the same weights, and that is the model. Between two
@@ -86,14 +103,20 @@ class PeriodicAverage(SyncStrategy):
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
     )
 
-    def __init__(self, period=10, warmup_steps=0):
+    payload_kind = WEIGHT_DIFFERENCES
+
+    def __init__(self, period=10, warmup_steps=0, compression="none"):
         super().__init__()
+        self.compression = compression_for(compression, self.payload_kind, self.name)
         self.period = check_period(period)
         if period == 1:
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
                           "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
-        self.warmup_strategy = SyncAverage()
+        # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
+        self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
+        self.synced = None
+        self.error_feedback = None
 
     def children(self):
         return (self.warmup_strategy,)
@@ -103,9 +126,32 @@ class PeriodicAverage(SyncStrategy):
         # What an average replaces: the weights, then the floating state (statistics.py's rule).
         self.averaged_variables = list(trainable_variables) + floating(non_trainable_variables)
         self.skipped_averages = tf.Variable(0, dtype=tf.int64, trainable=False, name="periodic_skipped_averages")
+        if self.compression.name != "none":
+            self.synced = [tf.Variable(v, trainable=False, name=state_variable_name("periodic_synced", v))
+                           for v in self.averaged_variables]
+            if error_feedback_wanted(self.compression):
+                self.error_feedback = ErrorFeedback(self, "periodic_residual", self.averaged_variables)
 
     def _extra_state(self):
-        return [self.skipped_averages]
+        own = [self.skipped_averages]
+        if self.synced is not None:
+            own += self.synced
+        if self.error_feedback is not None:
+            own += self.error_feedback.residuals
+        return own
+
+    def on_initial_state_synced(self):
+        super().on_initial_state_synced()
+        self._sync_to_weights()
+
+    def on_warmup_end(self):
+        super().on_warmup_end()
+        self._sync_to_weights()
+
+    def _sync_to_weights(self):
+        """x̄ ← x: every rank holds the same weights here (after the broadcast, after the warm-up)."""
+        for s, v in zip(self.synced or (), self.averaged_variables):
+            s.assign(v)
 
     def local_steps(self):
         """t: optimizer steps since the warm-up ended (the τ counter)."""
@@ -125,6 +171,8 @@ class PeriodicAverage(SyncStrategy):
         return tf.constant(0)
 
     def _average(self):
+        if self.synced is not None:
+            return self._average_differences()
         sums, bad_ranks = allreduce_unless_non_finite(self.comm, [tf.convert_to_tensor(v)
                                                                   for v in self.averaged_variables])
 
@@ -138,6 +186,29 @@ class PeriodicAverage(SyncStrategy):
             return tf.no_op()
 
         tf.cond(tf.equal(bad_ranks, 0), replace, skip)
+        return tf.no_op()
+
+    def _average_differences(self):
+        """x̄ ← x̄ + mean_j Q(Δ_j + e_j), x ← x̄ (module docstring)."""
+        deltas = [v - s for v, s in zip(self.averaged_variables, self.synced)]
+        if self.error_feedback is not None:
+            deltas = self.error_feedback.add(deltas)
+        sums, bad_ranks, errors = allreduce_unless_non_finite(self.comm, deltas, self.compression, with_errors=True)
+        took_effect = tf.equal(bad_ranks, 0)
+
+        def replace():
+            for s, v, total in zip(self.synced, self.averaged_variables, sums):
+                s.assign_add(total / tf.cast(self.comm.size, total.dtype))
+                v.assign(s)
+            return tf.no_op()
+
+        def skip():
+            self.skipped_averages.assign_add(1)
+            return tf.no_op()
+
+        tf.cond(took_effect, replace, skip)
+        if self.error_feedback is not None:
+            self.error_feedback.keep(errors, took_effect)
         return tf.no_op()
 
     # --- the hooks (base.py) ----------------------------------------------------------
@@ -180,11 +251,16 @@ class PeriodicAverage(SyncStrategy):
                          sample_counts=False):
         """On every τ-th step ONE call: the weights, the floating non-trainable
         state and the non-finite flag (module docstring)."""
-        if hosts * ranks_per_host == 1:
+        size = hosts * ranks_per_host
+        if size == 1:
             return ExpectedTraffic()
-        sent = (payload_bytes(trainable_variables) + payload_bytes(floating(list(non_trainable_variables)))
-                + element_bytes(trainable_variables))
-        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0).per(self.period))
+        has_alltoall = self.comm.has_alltoall if self.comm is not None else True
+        averaged = list(trainable_variables) + floating(list(non_trainable_variables))
+        sent = allreduce_traffic(averaged, size, self.compression, 1, has_alltoall)
+        return ExpectedTraffic(across_groups=sent.per(self.period))
 
     def get_config(self):
-        return {"period": self.period, "warmup_steps": self.warmup_steps}
+        config = {"period": self.period, "warmup_steps": self.warmup_steps}
+        if self.compression.name != "none":
+            config["compression"] = self.compression.name
+        return config

@@ -3,6 +3,17 @@
 Every rank applies the same reduced gradient, so the ranks' weights stay
 bit-identical. All gradients travel in ONE grouped allreduce per step: the
 per-step collective latency, not bandwidth, is the main cost at small scale.
+
+Compressed (``compression``): fp16 is summed as it travels; bf16, int8 and
+int4 go through the quantised allreduce (``comm/quantised_allreduce.py``)
+with error feedback (``error_feedback.py``: the gradient sums plus each
+rank's residual are sent, the residual keeps what quantisation cut). Their
+NaN/Inf check runs before quantising: a rank with a non-finite gradient
+sends zeros and a flag in the same call, and every rank then sees the
+step as non-finite (the usual skip rule, or the loss scale's). Clipping by
+global norm applies to the decoded, reduced gradients. The collective
+completes inside the step, so a checkpoint between steps never meets one in
+flight.
 """
 import math
 
@@ -10,10 +21,12 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from ..comm import Compression
 from ..comm.communicator import REDUCE_OPS
-from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, all_finite, as_dense, check_count, \
-    count_on_the_wire, element_bytes, payload_bytes
+from ..comm.compression import GRADIENTS, POWERSGD_DEFAULT_RANK, Compression
+from .error_feedback import ErrorFeedback, error_feedback_wanted
+from .base import CliOption, ExpectedTraffic, SyncStrategy, all_finite, allreduce_traffic, as_dense, check_count, \
+    compression_for, count_on_the_wire
+from .local_updates import allreduce_unless_non_finite
 
 # The batches per update up to which --scale-lr's rule is linear (measured; see lr_scale_factor).
 LINEAR_UP_TO = 4
@@ -27,7 +40,10 @@ class SyncAverage(SyncStrategy):
       reduce_op: ``"average"`` (default) or ``"sum"`` across ranks.
       clip_norm: clip the reduced gradients to this global norm. Clipping
         after the reduction means every rank takes the same decision.
-      compression: ``"none"`` or ``"fp16"`` (what crosses the wire; cast back after).
+      compression: what crosses the wire: ``"none"``, ``"fp16"``, ``"bf16"``,
+        ``"int8"``, ``"int4"`` (``hvd_easgd.comm.compression``) or
+        ``"powersgd"`` (rank ``powersgd_rank`` factors).
+      powersgd_rank: R of ``compression="powersgd"`` (default 4).
 
     Example::
 
@@ -46,14 +62,31 @@ class SyncAverage(SyncStrategy):
     )
     across_groups = True
 
-    def __init__(self, reduce_op="average", clip_norm=None, compression="none"):
+    payload_kind = GRADIENTS
+
+    def __init__(self, reduce_op="average", clip_norm=None, compression="none", powersgd_rank=POWERSGD_DEFAULT_RANK):
         super().__init__()
         self.reduce_op = validation.one_of("reduce_op", reduce_op, REDUCE_OPS)
         validation.number("clip_norm", clip_norm, minimum=0, min_inclusive=False, allow_none=True,
                           condition=" or None")
         self.clip_norm = clip_norm
-        self.compression_name = compression
-        self.compression = Compression.by_name(compression)
+        self.compression = compression_for(Compression.by_name(compression, rank=powersgd_rank)
+                                           if compression == "powersgd" else compression, self.payload_kind, self.name)
+        self.compression_name = self.compression.name
+        self.powersgd_rank = powersgd_rank
+        if self.compression_name == "powersgd":
+            # The compressor is hvd_easgd/comm/powersgd.py's PowerSGD, wired into this class at merge.
+            raise ValueError("`compression` 'powersgd' is not available in this build yet (its compressor, "
+                             "hvd_easgd.comm.powersgd, is not part of it); use one of none, fp16, bf16, int8, int4. "
+                             "Received: compression='powersgd'")
+        self.error_feedback = None
+
+    def _build_state(self, trainable_variables, non_trainable_variables):
+        if error_feedback_wanted(self.compression):
+            self.error_feedback = ErrorFeedback(self, "sync_residual", trainable_variables)
+
+    def _extra_state(self):
+        return self.error_feedback.residuals if self.error_feedback is not None else []
 
     def reduce(self, grad_sums, variables, sample_count=None, mean=True):
         """Returns ``(reduced_grads, apply_wanted)``, identical on every rank.
@@ -67,6 +100,8 @@ class SyncAverage(SyncStrategy):
         skipped everywhere.
         """
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
+        if not self.compression.summable:
+            return self._reduce_quantised(grads, sample_count, mean)
         if sample_count is None:
             reduced = self.comm.allreduce(grads, op=self.reduce_op, compression=self.compression)
             wanted = tf.constant(True)
@@ -85,12 +120,43 @@ class SyncAverage(SyncStrategy):
             reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
         return reduced, wanted
 
+    def _reduce_quantised(self, grads, sample_count, mean):
+        """``reduce`` through the quantised allreduce: NaN/Inf kept off the wire, the
+        count exact, error feedback (the module docstring)."""
+        self._pending_errors = None
+        if not self.built:  # used as another strategy's warm-up before that one built it
+            raise RuntimeError("a compressed SyncAverage must be built before it reduces")
+        payload = self.error_feedback.add(grads)
+        if sample_count is not None:
+            payload.append(count_on_the_wire(sample_count, grads[0].dtype))
+        sums, bad_ranks, errors = allreduce_unless_non_finite(self.comm, payload, self.compression,
+                                                              with_errors=True)
+        if sample_count is not None:
+            total, sums, errors = sums[-1][0], sums[:-1], errors[:-1]
+            reduced = [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in sums] if mean else sums
+            wanted = total > 0
+        else:
+            reduced, wanted = sums, tf.constant(True)
+        if (sample_count is None or not mean) and self.reduce_op == "average":
+            reduced = [g / self.comm.size for g in reduced]
+        # A rank that held NaN/Inf sent zeros: every rank sees a non-finite step,
+        # so the skip rule (or the loss scale) acts as it does without compression.
+        nan = tf.constant(float("nan"), grads[0].dtype)
+        reduced = [tf.where(bad_ranks > 0, nan, g) for g in reduced]
+        self._pending_errors = errors
+        if self.clip_norm is not None:
+            reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
+        return reduced, wanted
+
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         reduced, wanted = self.reduce(grad_sums, variables, sample_count, mean)
         # Checked after the reduction: every rank sees the same numbers and
         # takes the same decision, so a NaN on one rank cannot split them.
         finite = all_finite(reduced)
-        self._apply_if(tf.logical_and(wanted, finite), finite, apply_update, reduced)
+        took_effect = tf.logical_and(wanted, finite)
+        self._apply_if(took_effect, finite, apply_update, reduced)
+        if self.error_feedback is not None and self.comm.size > 1:
+            self.error_feedback.keep(self._pending_errors, took_effect)
         self.step_counter.assign_add(1)
 
     # --- the hooks (base.py) ----------------------------------------------------------
@@ -120,7 +186,8 @@ class SyncAverage(SyncStrategy):
     def resize_refusal(self, saved_ranks, ranks):
         """None: every rank saved the same state, so every variable keeps it
         (``resize.DEFAULT``: the weights, the optimizer's slots and counters,
-        the step counter). Nothing is rescaled in the strategy; under
+        the step counter); a quantising format's error-feedback residuals
+        restart at zero (``ErrorFeedback``). Nothing is rescaled in the strategy; under
         ``--scale-lr`` the saved constant rate comes back with the optimizer's
         variables (train.py; docs/checkpoints.md). Mid-epoch, the epoch's
         samples not yet seen are split over the new ranks (``data.rest_of_epoch``)."""
@@ -129,13 +196,21 @@ class SyncAverage(SyncStrategy):
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """Every step, ONE call: the gradients (2 bytes an element under fp16
-        compression), plus the sample count in their dtype when one is passed."""
-        if hosts * ranks_per_host == 1:
+        compression), plus the sample count in their dtype when one is passed.
+        bf16, int8 and int4: the quantised allreduce's figures with the
+        non-finite flag (and the count) as exact values."""
+        size = hosts * ranks_per_host
+        if size == 1:
             return ExpectedTraffic()
-        sent = payload_bytes(trainable_variables, self.compression)
-        if sample_counts:
-            sent += element_bytes(trainable_variables, self.compression)
-        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0))
+        exact = int(sample_counts) + (0 if self.compression.summable else 1)
+        return ExpectedTraffic(across_groups=allreduce_traffic(trainable_variables, size, self.compression, exact,
+                                                               self._has_alltoall()))
+
+    def _has_alltoall(self):
+        return self.comm.has_alltoall if self.comm is not None else True
 
     def get_config(self):
-        return {"reduce_op": self.reduce_op, "clip_norm": self.clip_norm, "compression": self.compression_name}
+        config = {"reduce_op": self.reduce_op, "clip_norm": self.clip_norm, "compression": self.compression_name}
+        if self.compression_name == "powersgd":
+            config["powersgd_rank"] = self.powersgd_rank
+        return config

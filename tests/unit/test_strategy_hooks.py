@@ -122,9 +122,11 @@ def test_hierarchical_with_counts_and_degenerate_layouts():
     model = model_with_statistics()
     two_level = Hierarchical(intra=SyncAverage(), inter=SyncAverage())
     with_counts = expected_of(two_level, model, 2, 2, sample_counts=True)
-    assert (with_counts.within_group, with_counts.across_groups) == (Traffic(M + 4, 1.0), Traffic(M + 4, 1.0))
-    assert expected_of(two_level, model, 1, 4) == ExpectedTraffic(Traffic(M, 1.0), Traffic(), 4)  # one group
-    assert expected_of(two_level, model, 4, 1) == ExpectedTraffic(Traffic(), Traffic(M, 1.0), 1)  # groups of one
+    # wire bytes: a ring allreduce over 2 ranks sends 2(2-1)/2 S = S, over 4 ranks 2(4-1)/4 S = 1.5 S
+    assert (with_counts.within_group, with_counts.across_groups) == (Traffic(M + 4, 1.0, M + 4),
+                                                                     Traffic(M + 4, 1.0, M + 4))
+    assert expected_of(two_level, model, 1, 4) == ExpectedTraffic(Traffic(M, 1.0, 1.5 * M), Traffic(), 4)  # one group
+    assert expected_of(two_level, model, 4, 1) == ExpectedTraffic(Traffic(), Traffic(M, 1.0, 1.5 * M), 1)  # of one
     with pytest.raises(ValueError, match=r"`ranks_per_group` must divide the number of ranks p=4\. "
                                          r"Received: ranks_per_group=3"):
         expected_of(Hierarchical(ranks_per_group=3), model, 1, 4)

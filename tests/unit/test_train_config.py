@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 # manifests' keys and values as they were when the trainer still took an argparse.Namespace.
 # "plugin" joined with --plugin (issue 23): the modules imported, [] without any.
 DEFAULTS_EFFECTIVE = {
-    "config": None, "plugin": [], "strategy": "sync", "accumulate": 1, "accumulate_reduction": "mean", "model": "cnn",
+    "config": None, "plugin": [], "strategy": "sync", "accumulate": 1, "accumulate_reduction": "mean",
+    "compression": "none", "powersgd_rank": 4, "model": "cnn",
     "data": "digits", "image_shape": "32,32,3", "num_classes": 10, "optimizer": "momentum", "momentum": 0.9,
     "lr": 0.02, "batch_size": 32, "epochs": None, "seed": 0, "scale_lr": True, "lr_warmup_epochs": 0.0,
     "threads_per_rank": None, "collectives": "auto", "max_bad_steps": 25, "run_dir": None, "resume": None,

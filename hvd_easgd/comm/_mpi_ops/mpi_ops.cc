@@ -543,6 +543,33 @@ class AllgatherOp : public MpiKernel {
   }
 };
 
+// --- alltoall (the quantised allreduce's reduce-scatter phase) -----------------------
+// Rank j receives part j of every rank's tensor: axis 0 is cut into `size`
+// equal parts, which MPI_Alltoall exchanges as bytes; the output holds the
+// parts received, in rank order. Same stall guard and order digest as every
+// collective here (Begin).
+class AlltoallOp : public MpiKernel {
+ public:
+  using MpiKernel::MpiKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& in = ctx->input(0);
+    const int size = state_->size;
+    OP_REQUIRES(ctx, in.dims() >= 1 && in.dim_size(0) % size == 0,
+                absl::InvalidArgumentError("alltoall needs axis 0 divisible by the number of ranks"));
+    std::string what = "alltoall " + tensorflow::DataTypeString(in.dtype()) + " " + in.shape().DebugString();
+    std::unique_ptr<Collective> collective;
+    if (!Begin(ctx, what, &collective)) return;
+    const int64_t part_bytes = static_cast<int64_t>(in.tensor_data().size()) / size;
+    OP_REQUIRES(ctx, part_bytes <= INT32_MAX, absl::InvalidArgumentError("alltoall too large for one MPI call"));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, in.shape(), &out));
+    MPI_Alltoall(in.tensor_data().data(), static_cast<int>(part_bytes), MPI_BYTE,
+                 const_cast<char*>(out->tensor_data().data()), static_cast<int>(part_bytes), MPI_BYTE, state_->comm);
+  }
+};
+// --- end of alltoall ---------------------------------------------------------------------
+
 class OrderOp : public OpKernel {
  public:
   explicit OrderOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -607,6 +634,20 @@ REGISTER_OP("MpiDirectAllgather")
       c->set_output(0, out);
       return absl::OkStatus();
     });
+
+// The alltoall's registration, in a block of its own.
+REGISTER_OP("MpiDirectAlltoall")
+    .Input("tensor: T")
+    .Output("received: T")
+    .Attr("T: {float, double, half, bfloat16, int32, int64, int16, int8, uint8, uint16, bool}")
+    .Attr("comm: int")
+    .Attr("stall_seconds: float = 0")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    });
+REGISTER_KERNEL_BUILDER(Name("MpiDirectAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
 
 REGISTER_OP("MpiDirectOrder")
     .Output("count_and_hash: int64")

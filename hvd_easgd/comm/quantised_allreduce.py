@@ -1,0 +1,180 @@
+"""The allreduce of payloads that cannot be summed as they travel (bf16, int8, int4).
+
+A quantised code cannot be added on the way: int8 sums overflow, and two
+blocks have different scales; Horovod's TF ops take no bfloat16 at all. So
+every hop must decode, add in fp32 and encode again, or every rank must
+receive every payload. Two forms, built on the communicator's alltoall and
+allgather (so SimulatedCluster, Horovod over Gloo or MPI and the direct MPI
+path all get them):
+
+* **alltoall + allgather** (the reduce-scatter of INTELLECT-1, done as one
+  alltoall): the payload's blocks are cut into p equal chunks; rank j
+  receives every rank's chunk j, decodes them, adds them in fp32 in rank
+  order, encodes that sum again and sends it to every rank (allgather);
+  every rank decodes the p reduced chunks. Bytes per rank on the wire:
+  ``(p−1)/p·S_q + (p−1)·S_q/p = 2(p−1)/p·S_q``, the ring allreduce's figure.
+* **allgather**: every rank sends its whole encoded payload to every other
+  rank, which decodes the p payloads and adds them in rank order:
+  ``(p−1)·S_q`` per rank.
+
+S_q is the encoded payload, scales included. Wire bytes per rank, in units
+of S_q:
+
+====  ==================  ===========
+p     alltoall+allgather  allgather
+====  ==================  ===========
+2     1.00                1
+4     1.50                3
+8     1.75                7
+16    1.88                15
+64    1.97                63
+====  ==================  ===========
+
+At p = 2 the two are equal, and the allgather form is used: one call
+instead of two, and no second quantisation (the sum is exact in fp32, not
+re-encoded). From p = 3 on alltoall + allgather, which stays under 2·S_q
+while the allgather grows with p. A communicator without an alltoall
+(``has_alltoall`` False) uses the allgather form at every p, and its
+account says so; SimulatedCluster, Horovod (``hvd.alltoall``, uint8 over
+Gloo and MPI) and the direct MPI path (``MpiDirectAlltoall``) have one.
+
+Message layout (uint8): the encoded blocks (``compression.encode``), then
+the *exact values*, float32: the tensors of one element (a non-finite flag,
+a sample count), which must survive the collective exactly and are summed
+in fp32, not quantised. Every rank decodes the same bytes in the same order,
+so every rank ends with bit-identical results.
+
+Blocks run over the concatenation of the tensors of more than one element,
+flattened, in order; the last is padded with zeros, and the alltoall form
+pads to p equal chunks of ``ceil(blocks/p)`` blocks.
+"""
+import math
+
+import tensorflow as tf
+
+ALLTOALL = "alltoall"
+ALLGATHER = "allgather"
+
+
+def form(size, has_alltoall):
+    """Which form runs at ``size`` ranks (module docstring)."""
+    return ALLTOALL if size > 2 and has_alltoall else ALLGATHER
+
+
+def _elements(shape):
+    return int(math.prod(int(d) for d in shape))
+
+
+def split_payload(shapes):
+    """``(quantised elements, exact values)`` of tensors of these shapes: a
+    one-element tensor travels exact, every other one quantised."""
+    sizes = [_elements(s) for s in shapes]
+    return sum(n for n in sizes if n != 1), sum(1 for n in sizes if n == 1)
+
+
+def message_bytes(elements, exact_values, compression, size, has_alltoall=True):
+    """Bytes of one message: an alltoall chunk (and each reduced chunk), or the whole allgather payload."""
+    blocks = -(-elements // compression.block_size)
+    if form(size, has_alltoall) == ALLTOALL:
+        blocks = -(-blocks // size)
+    return blocks * compression.block_bytes + 4 * exact_values
+
+
+def expected_traffic(elements, exact_values, compression, size, has_alltoall=True):
+    """``(payload bytes, calls, wire bytes)`` per rank of one quantised allreduce (module docstring)."""
+    message = message_bytes(elements, exact_values, compression, size, has_alltoall)
+    if form(size, has_alltoall) == ALLTOALL:
+        # the alltoall hands over p messages, the allgather one
+        return (size + 1) * message, 2, 2 * (size - 1) * message
+    return message, 1, (size - 1) * message
+
+
+def _exact_bytes(values):
+    return tf.reshape(tf.bitcast(values, tf.uint8), [-1])
+
+
+def _decode_sum(messages, compression, blocks, exact_values):
+    """Σ over the rows of ``messages`` (uint8 ``[p, L]``) in row order: (fp32 ``[blocks, B]``, fp32 exact values)."""
+    coded = blocks * compression.block_bytes
+    values = exact = None
+    for r in range(messages.shape[0]):
+        v = compression.decode(messages[r, :coded], blocks)
+        e = tf.bitcast(tf.reshape(messages[r, coded:], [exact_values, 4]), tf.float32)
+        values, exact = (v, e) if values is None else (values + v, exact + e)
+    return values, exact
+
+
+def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors=False):
+    """The sum (or mean, ``op="average"``) of ``tensors`` over ``comm``'s ranks, encoded by ``compression``.
+
+    Args:
+      comm: a ``Communicator`` of more than one rank.
+      tensors: tensors of static shapes, floating.
+      op: ``"sum"`` or ``"average"``.
+      compression: a format with ``summable`` False (bf16, int8, int4).
+      record: whether the calls go in the account.
+      with_errors: also return this rank's quantisation errors.
+
+    Returns:
+      The reduced tensors, identical on every rank; with ``with_errors``,
+      ``(reduced, errors)``: also this rank's quantisation error per tensor
+      (its tensor minus what its encoded payload stands for; zero for the
+      exact values), the residual that error feedback keeps.
+    """
+    size = comm.size
+    exact_at = [i for i, t in enumerate(tensors) if _elements(t.shape) == 1]
+    coded_at = [i for i in range(len(tensors)) if i not in exact_at]
+    flat = tf.concat([tf.reshape(tf.cast(tensors[i], tf.float32), [-1]) for i in coded_at] or
+                     [tf.zeros([0], tf.float32)], axis=0)
+    exact = tf.concat([tf.reshape(tf.cast(tensors[i], tf.float32), [1]) for i in exact_at] or
+                      [tf.zeros([0], tf.float32)], axis=0)
+    elements, block = int(flat.shape[0]), compression.block_size
+    blocks = -(-elements // block)
+    chosen = form(size, comm.has_alltoall)
+    chunk = -(-blocks // size) if chosen == ALLTOALL else blocks
+    total = chunk * size if chosen == ALLTOALL else blocks
+    padded = tf.reshape(tf.pad(flat, [[0, total * block - elements]]), [total, block])
+    exact_bytes = _exact_bytes(exact)
+    own_messages = [tf.concat([compression.encode(padded[j * chunk:(j + 1) * chunk]), exact_bytes], axis=0)
+                    for j in range(total // chunk if chunk else 1)]
+    if chosen == ALLTOALL:
+        outgoing = tf.concat(own_messages, axis=0)
+        if record:
+            comm._record([outgoing], collective="alltoall")
+        incoming = tf.reshape(comm._alltoall(outgoing), [size, -1])
+        reduced_chunk, exact_sum = _decode_sum(incoming, compression, chunk, len(exact_at))
+        message = tf.concat([compression.encode(reduced_chunk), _exact_bytes(exact_sum)], axis=0)
+        if record:
+            comm._record([message], collective="allgather")
+        gathered = tf.reshape(comm._allgather(message), [size, -1])
+        coded = chunk * compression.block_bytes
+        parts = [compression.decode(gathered[r, :coded], chunk) for r in range(size)]
+        values = tf.reshape(tf.concat(parts, axis=0), [-1])
+        exact_total = tf.bitcast(tf.reshape(gathered[0, coded:], [len(exact_at), 4]), tf.float32)
+    else:
+        message = own_messages[0]
+        if record:
+            comm._record([message], collective="allgather")
+        gathered = tf.reshape(comm._allgather(message), [size, -1])
+        summed, exact_total = _decode_sum(gathered, compression, blocks, len(exact_at))
+        values = tf.reshape(summed, [-1])
+    if op == "average":
+        values, exact_total = values / size, exact_total / size
+    if with_errors:
+        # What this rank's payload stands for once decoded: the error it leaves behind.
+        sent = tf.concat([tf.reshape(compression.decode(m[:chunk * compression.block_bytes], chunk), [-1])
+                          for m in own_messages], axis=0)
+    reduced, errors = [None] * len(tensors), [None] * len(tensors)
+    start = 0
+    for i in coded_at:
+        t = tensors[i]
+        n = _elements(t.shape)
+        reduced[i] = tf.cast(tf.reshape(values[start:start + n], t.shape), t.dtype)
+        if with_errors:
+            errors[i] = t - tf.cast(tf.reshape(sent[start:start + n], t.shape), t.dtype)
+        start += n
+    for k, i in enumerate(exact_at):
+        t = tensors[i]
+        reduced[i] = tf.cast(tf.reshape(exact_total[k], t.shape), t.dtype)
+        errors[i] = tf.zeros_like(t)
+    return (reduced, errors) if with_errors else reduced
