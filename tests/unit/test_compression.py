@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import hvd_easgd
-from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage
+from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage, resize
 from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import Compression, SimulatedCluster
 from hvd_easgd.strategies.local_updates import allreduce_unless_non_finite
@@ -278,14 +278,18 @@ def test_the_command_line_option_reaches_the_strategy_or_hierarchicals_inter_str
         cli.parse_args(["--powersgd-rank", "0"])
 
 
-def test_compressed_strategies_round_trip_their_config_and_refuse_to_resize_their_residuals():
+def test_compressed_strategies_round_trip_their_config_and_restart_their_residuals_at_another_size():
     for strategy in (SyncAverage(compression="int8"), EASGD(compression="int4"), DiLoCo(compression="bf16"),
                      PeriodicAverage(compression="fp16")):
         again = type(strategy).from_config(strategy.get_config())
         assert again.compression is strategy.compression and again.get_config() == strategy.get_config()
     assert SyncAverage(compression="fp16").resize_refusal(2, 4) is None  # no residuals
-    assert SyncAverage(compression="int8").resize_refusal(2, 4) == (
-        "--compression int8 keeps a quantisation residual per rank (error feedback) that has no rule for "
-        "another number of ranks yet; resume at the saved number of ranks")
+    for strategy in (SyncAverage(compression="int8"), DiLoCo(compression="int4"), PeriodicAverage(compression="bf16")):
+        assert strategy.resize_refusal(2, 4) is None
+        weights = [tf.Variable(tf.ones([3, 2])), tf.Variable(tf.ones([2]))]
+        strategy.build(weights)
+        residuals = strategy.error_feedback.residuals
+        rules = strategy.resize_rules()
+        assert [rules[id(e)] for e in residuals] == [resize.RESTART_AT_ZERO] * 2, strategy
     assert EASGD(compression="int8").resize_refusal(2, 4) is None  # no residual: it lives in x_i - center
     assert "compression" not in DiLoCo().get_config()  # an uncompressed config as it was
