@@ -3,6 +3,8 @@
 Every rank applies the same reduced gradient, so the ranks' weights stay
 bit-identical. All gradients travel in ONE grouped allreduce per step: the
 per-step collective latency, not bandwidth, is the main cost at small scale.
+Under ``compression="powersgd"`` the gradient matrices travel as rank-R
+factors instead, in two allreduces a step (``hvd_easgd.comm.powersgd``).
 """
 import math
 
@@ -12,11 +14,13 @@ import tensorflow as tf
 from .. import validation
 from ..comm import Compression
 from ..comm.communicator import REDUCE_OPS
+from ..comm.powersgd import PowerSGD
 from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, all_finite, as_dense, check_count, \
     count_on_the_wire, element_bytes, payload_bytes
 
 # The batches per update up to which --scale-lr's rule is linear (measured; see lr_scale_factor).
 LINEAR_UP_TO = 4
+COMPRESSIONS = ("none", "fp16", "powersgd")
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -27,7 +31,14 @@ class SyncAverage(SyncStrategy):
       reduce_op: ``"average"`` (default) or ``"sum"`` across ranks.
       clip_norm: clip the reduced gradients to this global norm. Clipping
         after the reduction means every rank takes the same decision.
-      compression: ``"none"`` or ``"fp16"`` (what crosses the wire; cast back after).
+      compression: ``"none"``, ``"fp16"`` (what crosses the wire; cast back
+        after) or ``"powersgd"`` (rank-R factors with error feedback, after
+        an uncompressed warm-up; ``hvd_easgd.comm.powersgd``).
+      powersgd_rank: R, the factors' rank (default 4); only with ``"powersgd"``.
+      powersgd_warmup_steps: steps sent uncompressed first (default 10;
+        PyTorch's 1,000 is sized for runs far longer than this project's).
+      powersgd_min_compression_rate: matrices compressed less than this
+        (n·m / ((n+m)·R)) are sent whole (default 2).
 
     Example::
 
@@ -43,17 +54,43 @@ class SyncAverage(SyncStrategy):
                   switch=True, switch_value="fp16"),
         CliOption("--reduce-op", "reduce_op", "combine gradients across ranks by average (default) or sum",
                   choices=REDUCE_OPS),
+        CliOption("--powersgd", "compression", "send gradient matrices as rank-R PowerSGD factors with error "
+                  "feedback, after an uncompressed warm-up", switch=True, switch_value="powersgd"),
+        CliOption("--powersgd-rank", "powersgd_rank", "the rank R of PowerSGD's factors (default 4)", type=int),
+        CliOption("--powersgd-warmup-steps", "powersgd_warmup_steps",
+                  "steps sent uncompressed before PowerSGD starts (default 10)", type=int),
     )
     across_groups = True
 
-    def __init__(self, reduce_op="average", clip_norm=None, compression="none"):
+    def __init__(self, reduce_op="average", clip_norm=None, compression="none", powersgd_rank=None,
+                 powersgd_warmup_steps=None, powersgd_min_compression_rate=None):
         super().__init__()
         self.reduce_op = validation.one_of("reduce_op", reduce_op, REDUCE_OPS)
         validation.number("clip_norm", clip_norm, minimum=0, min_inclusive=False, allow_none=True,
                           condition=" or None")
         self.clip_norm = clip_norm
-        self.compression_name = compression
-        self.compression = Compression.by_name(compression)
+        self.compression_name = validation.one_of("compression", compression, COMPRESSIONS)
+        self._powersgd_args = {"rank": powersgd_rank, "warmup_steps": powersgd_warmup_steps,
+                               "min_compression_rate": powersgd_min_compression_rate}
+        self.powersgd = None
+        if compression == "powersgd":
+            # The warm-up steps and the steps the factors travel are told
+            # apart by step_counter (checkpointed), so a resume never repeats it.
+            self.compression = Compression.none
+            self.powersgd = PowerSGD(**{k: v for k, v in self._powersgd_args.items() if v is not None})
+        else:
+            given = next((k for k, v in self._powersgd_args.items() if v is not None), None)
+            if given is not None:
+                raise validation.refusal(f"powersgd_{given}", "None unless compression='powersgd'",
+                                         self._powersgd_args[given], gloss=f"(compression={compression!r})")
+            self.compression = Compression.by_name(compression)
+
+    def _build_state(self, trainable_variables, non_trainable_variables):
+        if self.powersgd is not None:
+            self.powersgd.build(trainable_variables, name=f"{type(self).__name__}_powersgd")
+
+    def _extra_state(self):
+        return self.powersgd.state_variables() if self.powersgd is not None else []
 
     def reduce(self, grad_sums, variables, sample_count=None, mean=True):
         """Returns ``(reduced_grads, apply_wanted)``, identical on every rank.
@@ -67,6 +104,19 @@ class SyncAverage(SyncStrategy):
         skipped everywhere.
         """
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
+        if self.powersgd is not None and self.comm.size > 1:
+            reduced, wanted = tf.cond(self.step_counter < self.powersgd.warmup_steps,
+                                      lambda: self._allreduce(grads, sample_count, mean),
+                                      lambda: self._allreduce_powersgd(grads, sample_count, mean))
+        else:
+            reduced, wanted = self._allreduce(grads, sample_count, mean)
+        if self.clip_norm is not None:
+            # Under loss scaling the gradients carry the scale: so does the norm.
+            reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
+        return reduced, wanted
+
+    def _allreduce(self, grads, sample_count, mean):
+        """The exact path: one grouped allreduce of every gradient (and the count)."""
         if sample_count is None:
             reduced = self.comm.allreduce(grads, op=self.reduce_op, compression=self.compression)
             wanted = tf.constant(True)
@@ -80,9 +130,29 @@ class SyncAverage(SyncStrategy):
             elif self.reduce_op == "average":
                 reduced = [g / self.comm.size for g in reduced]
             wanted = total > 0
-        if self.clip_norm is not None:
-            # Under loss scaling the gradients carry the scale: so does the norm.
-            reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
+        return reduced, wanted
+
+    def _allreduce_powersgd(self, grads, sample_count, mean):
+        """The compressed path: PowerSGD's sums, then divided as ``_allreduce`` divides.
+
+        The residuals and Q move on only in a step that is applied (finite, with
+        samples somewhere); a skipped step leaves them as they were, on every
+        rank, since the decision is taken on summed values."""
+        riders = [] if sample_count is None else [count_on_the_wire(sample_count, grads[0].dtype)]
+        sums, rider_sums, commit = self.powersgd.allreduce_sums(self.comm, grads, riders)
+        if sample_count is None:
+            wanted = tf.constant(True)
+            reduced = [g / self.comm.size for g in sums] if self.reduce_op == "average" else sums
+        else:
+            total = rider_sums[0][0]
+            wanted = total > 0
+            if mean:
+                reduced = [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in sums]
+            elif self.reduce_op == "average":
+                reduced = [g / self.comm.size for g in sums]
+            else:
+                reduced = sums
+        commit(tf.logical_and(wanted, all_finite(reduced)))
         return reduced, wanted
 
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
@@ -118,19 +188,44 @@ class SyncAverage(SyncStrategy):
         return LINEAR_UP_TO * math.sqrt(batches / LINEAR_UP_TO)
 
     def resize_refusal(self, saved_ranks, ranks):
-        """None: every rank saved the same state."""
+        """None: every rank saved the same state, but for PowerSGD's residuals,
+        which resume as their mean (``resize_notice``)."""
         return None
+
+    def resize_notice(self, saved_ranks, ranks):
+        """Under PowerSGD: each of the q ranks resumes with the mean of the p saved
+        residuals (``checkpoint.resized_arrays``), so an averaged step feeds
+        back mean_r e_r, exactly what the p ranks would have fed back; Q (the
+        same on every rank) and the step counter are kept, so neither the warm
+        start nor the warm-up restarts."""
+        if self.powersgd is None:
+            return None
+        return (f"PowerSGD's error-feedback residuals resume as the mean of the {saved_ranks} saved ranks'; "
+                "its factors Q and its warm-up count are kept")
 
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """Every step, ONE call: the gradients (2 bytes an element under fp16
-        compression), plus the sample count in their dtype when one is passed."""
+        compression), plus the sample count in their dtype when one is passed.
+
+        Under PowerSGD, once its warm-up is over, TWO calls a step (one if no
+        tensor is compressed) carrying ``PowerSGD.payload_bytes``: Σ over the
+        compressed matrices (n + m)·R'·4 bytes (fp32) plus the uncompressed
+        tensors' bytes, plus the sample count. The warm-up steps cost what an
+        uncompressed step costs."""
         if hosts * ranks_per_host == 1:
             return ExpectedTraffic()
-        sent = payload_bytes(trainable_variables, self.compression)
+        if self.powersgd is not None:
+            sent = self.powersgd.payload_bytes(trainable_variables)
+            calls = 1.0 + any(self.powersgd.factor_rank(v.shape) is not None for v in trainable_variables)
+        else:
+            sent, calls = payload_bytes(trainable_variables, self.compression), 1.0
         if sample_counts:
             sent += element_bytes(trainable_variables, self.compression)
-        return ExpectedTraffic(across_groups=Traffic(float(sent), 1.0))
+        return ExpectedTraffic(across_groups=Traffic(float(sent), float(calls)))
 
     def get_config(self):
-        return {"reduce_op": self.reduce_op, "clip_norm": self.clip_norm, "compression": self.compression_name}
+        config = {"reduce_op": self.reduce_op, "clip_norm": self.clip_norm, "compression": self.compression_name}
+        if self.powersgd is not None:
+            config.update({f"powersgd_{k}": v for k, v in self._powersgd_args.items()})
+        return config
