@@ -43,7 +43,7 @@ from .. import validation
 DEFAULT_RANK = 4
 # PyTorch's start_powerSGD_iter defaults to 1,000 steps, sized for runs of
 # tens of thousands; this project's runs are hundreds of steps (digits at
-# np = 2: about 28 steps an epoch), so 1,000 would never compress. A few
+# np = 2: 22 steps an epoch), so 1,000 would never compress. A few
 # exact steps first let the weights leave their random start, where the
 # gradients change fastest and a rank-R warm start has nothing to track.
 DEFAULT_WARMUP_STEPS = 10
