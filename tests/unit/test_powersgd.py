@@ -207,3 +207,41 @@ def test_powersgd_options_are_refused_in_keras_form_and_round_trip():
     assert SyncAverage().get_config() == {"reduce_op": "average", "clip_norm": None, "compression": "none"}
     assert "residuals resume as the mean of the 4 saved ranks'" in strategy.resize_notice(4, 2)
     assert SyncAverage().resize_notice(4, 2) is None
+
+
+def test_a_resume_from_the_state_variables_continues_bit_for_bit():
+    # state_variables() holds all PowerSGD needs (step counter, residuals, Q): new ranks given the
+    # weights and those values after 3 steps take the same next 2 steps, bits and all
+    grads = gradients(5)
+    cluster = SimulatedCluster(P)
+    models, opts, _ = ranks(cluster)
+    for t in range(3):
+        step_all(cluster, models, opts, grads[t])
+    saved = [([v.numpy() for v in o.strategy.state_variables()], m.get_weights()) for m, o in zip(models, opts)]
+    assert len(saved[0][0]) == 2 + 2  # the counters, one residual and one Q
+    resumed_cluster = SimulatedCluster(P)
+    resumed, resumed_opts, _ = ranks(resumed_cluster)
+    for model, opt, (state, weights) in zip(resumed, resumed_opts, saved):
+        model.set_weights(weights)
+        for variable, value in zip(opt.strategy.state_variables(), state):
+            variable.assign(value)
+    for t in range(3, 5):
+        step_all(cluster, models, opts, grads[t])
+        step_all(resumed_cluster, resumed, resumed_opts, grads[t])
+    for a, b in zip(models, resumed):
+        for x, y in zip(a.get_weights(), b.get_weights()):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_train_py_builds_powersgd_from_its_flags_and_refuses_a_rank_without_it(capsys):
+    from hvd_easgd.app import cli
+
+    strategy = cli.make_strategy(cli.parse_args(["--powersgd", "--powersgd-rank", "2",
+                                                 "--powersgd-warmup-steps", "5"]))
+    assert (strategy.compression_name, strategy.powersgd.rank, strategy.powersgd.warmup_steps) == ("powersgd", 2, 5)
+    assert cli.make_strategy(cli.parse_args(["--powersgd"])).powersgd.rank == 4
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--powersgd-rank", "2"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    assert "`powersgd_rank` (compression='none') must be None unless compression='powersgd'" in lines[0]
