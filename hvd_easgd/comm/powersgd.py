@@ -176,9 +176,10 @@ class PowerSGD:
         # then NaN, so the summed P is NaN on every rank and SyncAverage skips
         # the step everywhere. A matmul would spread an Inf too, but 0·Inf and
         # Inf−Inf are the only way it does: say it outright instead.
-        local_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(grads[i])) for i in compressed] or [True])
-        left = tf.cond(local_finite, lambda: [tf.identity(p) for p in left],
-                       lambda: [tf.fill(tf.shape(p), tf.constant(np.nan, p.dtype)) for p in left])
+        if compressed:
+            local_finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(grads[i])) for i in compressed])
+            left = tf.cond(local_finite, lambda: [tf.identity(p) for p in left],
+                           lambda: [tf.fill(tf.shape(p), tf.constant(np.nan, p.dtype)) for p in left])
         riders = list(riders)
         first = comm.allreduce(left + [grads[i] for i in plain] + riders, op="sum")
         left_sums, plain_sums = first[:len(compressed)], first[len(compressed):len(compressed) + len(plain)]

@@ -245,3 +245,27 @@ def test_train_py_builds_powersgd_from_its_flags_and_refuses_a_rank_without_it(c
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exc.value.code == 2 and len(lines) == 1, lines
     assert "`powersgd_rank` (compression='none') must be None unless compression='powersgd'" in lines[0]
+
+
+def test_a_model_with_nothing_to_compress_sends_everything_whole_in_one_call():
+    cluster = SimulatedCluster(P)
+    models, opts = [], []
+    for comm in cluster.communicators:
+        models.append(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))  # (4, 2): rate 8/12
+        opts.append(hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(1.0), make_strategy(powersgd_warmup_steps=0),
+                                                   comm=comm))
+    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    before = models[0].get_weights()
+    grads = [[np.full((4, 2), r + 1.0), np.full((2,), 2.0 * r)] for r in range(P)]
+
+    def step(r):
+        opts[r].apply([tf.constant(g, tf.float32) for g in grads[r]], models[r].trainable_variables)
+
+    for comm in cluster.communicators:
+        comm.reset_account()
+    cluster.run(step)
+    np.testing.assert_array_equal(models[0].get_weights()[0], before[0] - 2.0)  # mean of 1, 2, 3
+    np.testing.assert_array_equal(models[0].get_weights()[1], before[1] - 2.0)  # mean of 0, 2, 4
+    assert cluster.communicators[0].account() == {"bytes": 4 * 10, "calls": 1}
+    traffic = opts[0].strategy.expected_traffic(models[0].trainable_variables, ranks_per_host=P)
+    assert (traffic.total.bytes, traffic.total.calls) == (40.0, 1.0)
