@@ -101,7 +101,9 @@ class SyncAverage(SyncStrategy):
         per-sample mean. With it: S_r and n_r travel in the SAME Sum
         allreduce, and the result is ΣS_r / Σn_r (``mean``), else ΣS_r
         combined by ``reduce_op``. A step in which no rank saw a sample is
-        skipped everywhere.
+        skipped everywhere. Under PowerSGD, once its warm-up is over, ΣS_r
+        is PowerSGD's rank-R approximation (``PowerSGD.allreduce_sums``),
+        divided the same way.
         """
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
         if self.powersgd is not None and self.comm.size > 1:
@@ -124,36 +126,32 @@ class SyncAverage(SyncStrategy):
             summed = self.comm.allreduce(grads + [count_on_the_wire(sample_count, grads[0].dtype)], op="sum",
                                          compression=self.compression)
             total = summed[-1][0]
-            reduced = summed[:-1]
-            if mean:
-                reduced = [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in reduced]
-            elif self.reduce_op == "average":
-                reduced = [g / self.comm.size for g in reduced]
+            reduced = self._divided(summed[:-1], total, mean)
             wanted = total > 0
         return reduced, wanted
 
     def _allreduce_powersgd(self, grads, sample_count, mean):
-        """The compressed path: PowerSGD's sums, then divided as ``_allreduce`` divides.
+        """The compressed path: PowerSGD's sums, divided as ``_allreduce`` divides.
 
         The residuals and Q move on only in a step that is applied (finite, with
         samples somewhere); a skipped step leaves them as they were, on every
         rank, since the decision is taken on summed values."""
         riders = [] if sample_count is None else [count_on_the_wire(sample_count, grads[0].dtype)]
         sums, rider_sums, commit = self.powersgd.allreduce_sums(self.comm, grads, riders)
-        if sample_count is None:
-            wanted = tf.constant(True)
-            reduced = [g / self.comm.size for g in sums] if self.reduce_op == "average" else sums
-        else:
-            total = rider_sums[0][0]
-            wanted = total > 0
-            if mean:
-                reduced = [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in sums]
-            elif self.reduce_op == "average":
-                reduced = [g / self.comm.size for g in sums]
-            else:
-                reduced = sums
+        total = None if sample_count is None else rider_sums[0][0]
+        reduced = self._divided(sums, total, mean)
+        wanted = tf.constant(True) if total is None else total > 0
         commit(tf.logical_and(wanted, all_finite(reduced)))
         return reduced, wanted
+
+    def _divided(self, sums, total, mean):
+        """ΣS_r as applied: / Σn_r (``mean`` with a count ``total``), / p (``reduce_op``
+        average), or as it is (sum)."""
+        if total is not None and mean:
+            return [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in sums]
+        if self.reduce_op == "average":
+            return [g / self.comm.size for g in sums]
+        return sums
 
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         reduced, wanted = self.reduce(grad_sums, variables, sample_count, mean)
