@@ -192,10 +192,9 @@ class SyncAverage(SyncStrategy):
 
     def resize_notice(self, saved_ranks, ranks):
         """Under PowerSGD: each of the q ranks resumes with the mean of the p saved
-        residuals (``checkpoint.resized_arrays``), so an averaged step (no
-        sample counts) feeds back mean_r e_r, exactly what the p ranks would
-        have fed back (a summed or count-weighted one q/p of it: still error
-        feedback, none of it lost for good); Q (the
+        residuals (``checkpoint.resized_arrays``). An averaged step then feeds
+        back Σ_q mean_r e_r / q = mean_r e_r, what the p ranks' step would have
+        fed back (a summed step, ``reduce_op="sum"``, q/p of their total); Q (the
         same on every rank) and the step counter are kept, so neither the warm
         start nor the warm-up restarts."""
         if self.powersgd is None:
