@@ -24,6 +24,8 @@ class Subcommand(NamedTuple):
 SUBCOMMANDS = {
     "compare": Subcommand("benchmarks.compare", "the suite: the strategies side by side against raw Horovod, "
                                                 "MWMS and no communication, on this host or a rated virtual cluster"),
+    "accuracy": Subcommand("benchmarks.accuracy", "train.py's compressed variants and their fp32 twins over "
+                                                  "seeds: final accuracy and wire bytes per step, goals checked"),
     "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the docs pages generated "
                                                                 "from the committed results in docs/results/"),
 }

@@ -30,7 +30,7 @@ from tools.vcluster import parse_rate
 
 from . import machine, mwms, plots, rated_links, report, runner
 from .curves import mean_over_seeds, summarise
-from .names import CUSTOM_LOOP, FIT
+from .names import BASELINES, BY_NAME, CUSTOM_LOOP, FIT
 from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
 from .runner import REPO_ROOT, local_launch, report_failed_launch, run_local
 
@@ -100,6 +100,14 @@ def parse_args(argv=None, prog=PROG):
                        help="wide-MLP (5.4 M parameters) steps per timed repeat (with --link-rates)")
     rated.add_argument("--link-probe-mb", type=float, default=32,
                        help="MB of the allreduce that measures each link (with --link-rates)")
+    rated.add_argument("--configs", metavar="NAMES",
+                       help="with --link-rates: comma-separated configurations to run instead of the suite's "
+                            "(benchmarks/names.py), e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
+    rated.add_argument("--models", metavar="NAMES",
+                       help="with --link-rates: comma-separated, from cnn,wide_mlp (default both; quick: cnn)")
+    rated.add_argument("--collectives", choices=("horovod", "auto"), default="horovod",
+                       help="with --link-rates: hvd_easgd's collectives in the launches (auto: what a job gets by "
+                            "default, the direct MPI path; horovod: Horovod's, which raw Horovod's rows need)")
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                    help="before each launch, wait up to this long for other processes to leave the CPUs idle")
     args = p.parse_args(argv)
@@ -118,6 +126,8 @@ def parse_args(argv=None, prog=PROG):
     args.launch_timeout = args.launch_timeout or (170 if quick else (2400 if args.topology else 1200) if args.link_rates
                                                  else 600)
     args.link_rate_list = args.link_rates.split(",") if args.link_rates else []
+    if args.link_rates is None and (args.configs or args.models or args.collectives != "horovod"):
+        p.error("--configs, --models and --collectives choose what runs across a rated link: give --link-rates too")
     if args.topology and args.link_rates is None:
         p.error("--topology compares strategies across hosts: give it --link-rates (e.g. 1gbit,100mbit)")
     if args.ranks_per_host is None:
@@ -131,7 +141,16 @@ def parse_args(argv=None, prog=PROG):
                 parse_rate(rate)
             except ValueError as err:
                 p.error(str(err))
-        args.rated_models = ["cnn"] if quick else ["cnn", "wide_mlp"]
+        args.rated_models = (args.models.split(",") if args.models else ["cnn"] if quick else ["cnn", "wide_mlp"])
+        if set(args.rated_models) - set(rated_links.MODELS):
+            p.error(f"--models must be chosen from {','.join(rated_links.MODELS)}. Received: --models={args.models}")
+        if args.configs is not None:
+            unknown = set(args.configs.split(",")) - set(BY_NAME)
+            if unknown:
+                p.error(f"--configs must be chosen from {','.join(BY_NAME)}. Received: --configs={args.configs}")
+            if args.collectives != "horovod" and set(args.configs.split(",")) & set(BASELINES) - {"no_comm"}:
+                p.error("--collectives auto cannot run raw Horovod's configurations (they call Horovod, which the "
+                        f"direct path does not start). Received: --configs={args.configs}")
         # At 100 Mbit/s one SyncAverage step of the wide MLP takes ~2.3 s: 3 repeats of 20 steps (not a
         # whole Williams design of 6) keep the run of both rates under about 15 minutes.
         args.repeats = args.repeats or RATED_REPEATS

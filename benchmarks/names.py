@@ -91,6 +91,20 @@ TABLE = (
     Configuration("diloco_tau10", "hvd_easgd DiLoCo tau=10 (outer Nesterov SGD, hvd_easgd's defaults)",
                   lambda: hvd_easgd.DiLoCo(period=10), train_py=("--strategy", "diloco", "--tau", "10"),
                   groups=("topology",)),
+    # What crosses the wire (docs/compression.md): the compressed twins of the rows above.
+    Configuration("sync_int8", "hvd_easgd SyncAverage, int8 gradients (block-scaled, error feedback)",
+                  lambda: hvd_easgd.SyncAverage(compression="int8"),
+                  train_py=("--strategy", "sync", "--compression", "int8"), groups=("compression",)),
+    Configuration("sync_powersgd4", "hvd_easgd SyncAverage, PowerSGD rank 4 (after its uncompressed warm-up)",
+                  lambda: hvd_easgd.SyncAverage(compression="powersgd", powersgd_rank=4),
+                  train_py=("--strategy", "sync", "--compression", "powersgd", "--powersgd-rank", "4"),
+                  groups=("compression",)),
+    Configuration("diloco_tau10_int8", "hvd_easgd DiLoCo tau=10, int8 pseudo-gradients",
+                  lambda: hvd_easgd.DiLoCo(period=10, compression="int8"),
+                  train_py=("--strategy", "diloco", "--tau", "10", "--compression", "int8"), groups=("compression",)),
+    Configuration("diloco_tau10_int4", "hvd_easgd DiLoCo tau=10, int4 pseudo-gradients",
+                  lambda: hvd_easgd.DiLoCo(period=10, compression="int4"),
+                  train_py=("--strategy", "diloco", "--tau", "10", "--compression", "int4"), groups=("compression",)),
     Configuration("raw_horovod_fit", "model.fit with an SGD whose apply calls hvd.grouped_allreduce first",
                   sends_like=_sync, groups=("fit",)),
     Configuration("sync_fit", "model.fit with hvd_easgd's DistributedOptimizer(SyncAverage)", _sync,
@@ -112,7 +126,9 @@ CUSTOM_LOOP = BASELINES + STRATEGIES
 # Hierarchical strategy has one group and is SyncAverage.
 HIERARCHICAL = group("hierarchical")  # they split the ranks into groups (process sets)
 TOPOLOGY = HIERARCHICAL + group("topology")
-ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY
+# Compressed payloads: run across rated links with --configs (benchmarks/wire.py's suites).
+COMPRESSION = group("compression")
+ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY + COMPRESSION
 # What a --topology run compares: the flat references, then the topology strategies.
 TOPOLOGY_SUITE = group("topology_suite") + TOPOLOGY
 FIT = group("fit")

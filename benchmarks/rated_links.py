@@ -57,6 +57,8 @@ def slowest_rate(rates):
 
 
 def configs_of(args):
+    if getattr(args, "configs", None):
+        return tuple(args.configs.split(","))
     return TOPOLOGY_SUITE if args.topology else CONFIGS
 
 
@@ -72,7 +74,7 @@ def worker_command(args, out_json, tta=False):
            "--models", ",".join(args.rated_models), "--configs", ",".join(configs_of(args)),
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
            "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb),
-           "--interface", INTERFACE]
+           "--interface", INTERFACE, "--collectives", getattr(args, "collectives", "horovod")]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
     if tta:
@@ -207,7 +209,7 @@ def main(args, out_dir, command, stamp):
                             "np": args.hosts * args.ranks_per_host, "interface": INTERFACE,
                             "launcher": "node1", "shaping": "tc tbf on the egress of every host's " + INTERFACE},
                "horovod_settings": horovod_settings(env), "models": list(args.rated_models),
-               "configs": list(configs_of(args)),
+               "configs": list(configs_of(args)), "collectives": getattr(args, "collectives", "horovod"),
                "settings": {"steps": args.steps, "wide_mlp_steps": args.wide_mlp_steps,
                             "steps_per_call": args.steps_per_call, "repeats": args.repeats,
                             "link_probe_mb": args.link_probe_mb},

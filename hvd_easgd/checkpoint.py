@@ -33,14 +33,17 @@ a checkpoint of another format is refused with a message naming both:
   format-1 run resumed under these rules would silently train another model.
   Step checkpoints kept format 2: they add the manifest fields
   ``step_in_epoch``, ``global_step`` and ``steps_per_epoch`` (read as 0 and
-  absent when missing) but the shards mean what they meant; a mid-epoch
+  absent when missing; ``samples_in_epoch`` only where it is not
+  ``step_in_epoch`` · batch · ranks) but the shards mean what they meant; a mid-epoch
   shard simply holds the state at that micro-batch (mid-window accumulators,
   EASGD's step counter and so its tau phase).
 
 A checkpoint saved at p ranks resumes at q != p where the strategy's
-``resize_refusal`` allows it (from an epoch end): ``restore`` then gives every
-rank the same state, mapped from the p shards (``resized_arrays``), and an
-EASGD rank's local weights restart from the center.
+``resize_refusal`` allows it, at an epoch end or mid-epoch: ``restore`` then
+maps the p shards to this rank's state by the rules the strategy declares for
+its state (``resize_rules``; ``hvd_easgd.resize``), and the weights restart
+from the variables the strategy names (``resized_weights``: EASGD's center).
+``load_resized`` does the same from in-memory per-rank states.
 """
 import json
 import os
@@ -48,7 +51,7 @@ import shutil
 
 import numpy as np
 
-from . import atomic
+from . import atomic, resize
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2
@@ -90,11 +93,14 @@ def _position(name):
     return None
 
 
-def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0, steps_per_epoch=None):
+def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0, steps_per_epoch=None,
+         samples_in_epoch=None):
     """Writes this rank's shard; rank 0 writes the manifest after every rank has.
 
     ``epoch`` whole epochs and ``step_in_epoch`` micro-batches are done; a
     mid-epoch checkpoint needs ``steps_per_epoch`` (micro-batches per epoch).
+    ``samples_in_epoch``: the prefix of the epoch's order seen, where it is not
+    ``step_in_epoch`` · batch · ranks (a run resumed mid-epoch at another size).
     """
     if step_in_epoch and not steps_per_epoch:
         raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for a mid-epoch checkpoint. "
@@ -112,6 +118,7 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
                     "steps_per_epoch": steps_per_epoch,
                     "global_step": epoch * steps_per_epoch + step_in_epoch if steps_per_epoch else None,
                     "num_ranks": comm.size,
+                    **({"samples_in_epoch": samples_in_epoch} if samples_in_epoch is not None else {}),
                     "shards": [f"rank-{r['rank']:05d}.npz" for r in ok], "config": config}
         atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
         outdated = _outdated_checkpoints(run_dir, keep)
@@ -170,9 +177,8 @@ def restore(directory, manifest, model, optimizer, comm):
 
     At the number of ranks that saved it, each rank loads its own shard. At
     another number (the strategy's ``resize_refusal`` says where that is
-    allowed; the trainer checks it first), every rank loads the same state,
-    mapped from the p saved shards by ``resized_arrays``, so the q ranks start
-    alike, as a fresh run does after its initial broadcast.
+    allowed; the trainer checks it first), every rank reads the p saved shards
+    and takes its state by the strategy's rules (``load_resized``).
     """
     groups = state_groups(model, optimizer)
     if manifest["num_ranks"] == comm.size:
@@ -183,16 +189,54 @@ def restore(directory, manifest, model, optimizer, comm):
         _strategy_state_restored(optimizer)
         return
     paths = [os.path.join(directory, f"rank-{r:05d}.npz") for r in range(manifest["num_ranks"])]
-    shards = [np.load(path) for path in paths]
-    try:
-        for path, shard in zip(paths, shards):
+    states = []
+    for path in paths:
+        with np.load(path) as shard:
             _check_fits(path, shard.files, groups)
-        _assign(paths[0], groups, resized_arrays(shards, _keys(groups)))
-    finally:
-        for shard in shards:
-            shard.close()
+            states.append({key: shard[key] for key in shard.files})
+    load_resized(states, model, optimizer, comm.size, comm.rank, source=directory)
+
+
+def state_arrays(model, optimizer):
+    """This rank's state as ``{key: array}``, the keys of a checkpoint's shard
+    (what ``load_resized`` takes, one mapping per rank)."""
+    return _shard_arrays(state_groups(model, optimizer))
+
+
+def resize_rules(model, optimizer):
+    """``{key: rule}`` for the state whose rule is not ``resize.DEFAULT``: the
+    strategy's declared rules (``SyncStrategy.resize_rules``), by shard key."""
+    strategy = getattr(optimizer, "strategy", None)
+    declared = strategy.resize_rules() if strategy is not None else {}
+    rules = {}
+    for name, variables in state_groups(model, optimizer).items():
+        for i, variable in enumerate(variables):
+            if id(variable) in declared:
+                rules[f"{name}/{i:05d}"] = declared[id(variable)]
+    return rules
+
+
+def load_resized(states, model, optimizer, ranks, rank, source="the saved state"):
+    """Gives this rank (``rank`` of ``ranks``) its state, mapped from the p per-rank ``states``.
+
+    Args:
+      states: p mappings ``{key: array}`` in rank order (``state_arrays`` of
+        each saved or surviving rank; a checkpoint's shards).
+      model, optimizer: this rank's, built, with the strategy bound at
+        ``ranks`` ranks (its process groups are those of the new layout).
+      ranks: q, the number of ranks the run continues at.
+      rank: this rank, 0 <= rank < q.
+      source: what ``states`` came from, for error messages.
+
+    Every variable follows the rule its strategy declares (``resize_rules``),
+    else ``resize.DEFAULT``; then the strategy reads its restored state
+    (``on_state_restored``) and the weights restart from ``resized_weights()``
+    where the strategy names some.
+    """
+    groups = state_groups(model, optimizer)
+    _assign(source, groups, resize.resized_state(states, resize_rules(model, optimizer), ranks, rank))
     _strategy_state_restored(optimizer)
-    _restart_local_weights_from_kept_model(model, optimizer)
+    _restart_weights(model, optimizer)
 
 
 def _strategy_state_restored(optimizer):
@@ -225,44 +269,18 @@ def _assign(path, groups, arrays):
 
 
 def resized_arrays(shards, keys):
-    """One state for every rank of a resized run, from the p saved ``shards``
-    (mappings of key -> array), per array:
-
-    - where every shard holds the same value (SyncAverage's whole state;
-      EASGD's center, step counter and so its tau phase; the update count;
-      BatchNorm statistics, averaged at the epoch end): that value, exactly;
-    - else, floating arrays: their mean over the p ranks. These are EASGD's
-      per-rank local weights (replaced by the center afterwards, see
-      ``restore``) and optimizer slots. The mean, because the local weights
-      restart from the center, which tracks the workers' mean: SGD momentum
-      is linear in the gradients, so the mean of the p velocities is the
-      velocity of the workers' mean (for Adam's second moment the mean is an
-      approximation). Taking rank r mod p's slots instead would pair a
-      velocity built along one worker's path with weights it never had, and
-      resetting them would restart every moment estimate from zero;
-    - else (integer counters that differ per rank: per-rank skip counts):
-      rank 0's.
-    """
-    arrays = {}
-    for key in keys:
-        first = shards[0][key]
-        others = [shard[key] for shard in shards[1:]]
-        if all(np.array_equal(first, other) for other in others) or not np.issubdtype(first.dtype, np.floating):
-            arrays[key] = first
-        else:
-            total = np.asarray(first, np.float64).copy()
-            for other in others:
-                total += other
-            arrays[key] = (total / len(shards)).astype(first.dtype)
-    return arrays
+    """One state for every rank from the p saved ``shards`` (mappings of key ->
+    array), every key by ``resize.DEFAULT``: kept where the shards agree, else
+    the mean of floating arrays, else rank 0's (``resize``'s module docstring)."""
+    return resize.resized_state([{key: shard[key] for key in keys} for shard in shards], {}, 1, 0)
 
 
-def _restart_local_weights_from_kept_model(model, optimizer):
-    """Every rank's trainable weights <- the kept model (EASGD's center), where
-    the strategy keeps one apart from the weights (None: the weights are it)."""
+def _restart_weights(model, optimizer):
+    """Every rank's trainable weights <- the strategy's ``resized_weights()``
+    (EASGD's center), where it names some (None: the weights keep their rule's values)."""
     strategy = getattr(optimizer, "strategy", None)
-    kept = strategy.kept_variables() if strategy is not None else None
-    if kept is None:
+    start = strategy.resized_weights() if strategy is not None else None
+    if start is None:
         return
-    for variable, center in zip(model.trainable_variables, kept):
-        variable.assign(center)
+    for variable, value in zip(model.trainable_variables, start):
+        variable.assign(value)

@@ -127,3 +127,24 @@ def powersgd_step(grads_by_rank, residuals_by_rank, q):
     q_new = sum(shares)
     residuals = [m - basis @ s.T for m, s in zip(ms, shares)]
     return basis @ q_new.T, residuals, q_new
+
+
+def resized_state_reference(states, ranks, rank, sum_on_first=(), weights_from=None):
+    """Rank ``rank`` of ``ranks``' state after a resize, from the p saved ``states``
+    ({key: array} per rank), written from the rules alone: a value every rank
+    shares is kept; else floating values are averaged, integers are rank 0's;
+    the keys in ``sum_on_first`` are summed onto rank 0 (zeros elsewhere); and
+    ``weights_from`` ({weight key: key}) restarts weights from another variable."""
+    out = {}
+    for key in states[0]:
+        values = [np.asarray(s[key]) for s in states]
+        if key in sum_on_first:
+            total = np.sum(np.stack(values).astype(np.float64), axis=0).astype(values[0].dtype)
+            out[key] = total if rank == 0 else np.zeros_like(values[0])
+        elif all(np.array_equal(values[0], v) for v in values) or not np.issubdtype(values[0].dtype, np.floating):
+            out[key] = values[0]
+        else:
+            out[key] = np.mean(np.stack(values).astype(np.float64), axis=0).astype(values[0].dtype)
+    for weight, source in (weights_from or {}).items():
+        out[weight] = out[source]
+    return out

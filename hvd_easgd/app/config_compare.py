@@ -27,21 +27,15 @@ def resize_refusal(manifest, strategy, num_ranks):
     """Why the checkpoint described by ``manifest`` cannot resume at ``num_ranks``
     ranks (another number than it was saved at), or None when it can.
 
-    The strategy answers for its state (``strategy.resize_refusal``: SyncAverage
-    and EASGD, with or without accumulation, resume; EASGD refuses a fixed
-    ``--moving-rate`` exactly where ``EASGD(...)`` itself would at the new size).
-    Only from an epoch end, whatever the strategy: mid-epoch, each rank's shard
-    of that epoch's order depends on the number of ranks, and an accumulation
-    window may be open.
+    The strategy answers for its state (``strategy.resize_refusal``: every
+    built-in resumes; EASGD refuses a fixed ``--moving-rate`` exactly where
+    ``EASGD(...)`` itself would at the new size, Hierarchical a
+    ``--ranks-per-group`` that does not divide it). At an epoch end and
+    mid-epoch alike: the rest of a started epoch is split over the new ranks
+    (``data.rest_of_epoch``), and an open accumulation window carries its
+    partial sums (``GradientAccumulation.resize_refusal``).
     """
-    reason = strategy.resize_refusal(manifest["num_ranks"], num_ranks)
-    if reason:
-        return reason
-    step = manifest.get("step_in_epoch", 0)
-    if step:
-        return (f"the checkpoint is mid-epoch (micro-batch {step} of epoch {manifest['epoch'] + 1}), and the "
-                "epoch's shards depend on the number of ranks; resume from an epoch-end checkpoint (epoch-E)")
-    return None
+    return strategy.resize_refusal(manifest["num_ranks"], num_ranks) or None
 
 
 def resume_mismatches(manifest, config, num_ranks, strategy):

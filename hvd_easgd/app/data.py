@@ -221,6 +221,61 @@ def epoch_indices(num_train, seed, epoch, rank, size, steps, batch_size):
     return order[rank::size][: steps * batch_size]
 
 
+def rest_of_epoch(num_train, batch_size, size, samples_done, step_in_epoch, accumulate, steps):
+    """Micro-batches each of ``size`` ranks runs to finish an epoch whose first
+    ``samples_done`` positions are seen, and the step the rest starts at.
+
+    Why this is the whole rule: rank r of p visits positions r, r+p, r+2p, ...
+    of the epoch's permutation, which depends on (seed, epoch) alone, never on
+    p (``epoch_indices``). After s micro-batches of b on every rank the ranks
+    have seen positions 0 .. p·s·b − 1: a prefix of the epoch's order. At q
+    ranks the rest of the epoch is that order from ``samples_done`` on, split
+    the same way (rank r takes positions samples_done + r, + r + q, ...), so
+    no sample of the epoch is seen twice or skipped but for the remainder
+    every epoch drops (fewer than q·b samples, plus at most k − 1 micro-batches
+    so that an open accumulation window closes at the epoch's end, and k more
+    where the rest would fill a whole epoch at q).
+
+    Args:
+      num_train: N, the training samples.
+      batch_size: b, samples per micro-batch.
+      size: q, the ranks that continue.
+      samples_done: D, the prefix of the epoch's order already seen.
+      step_in_epoch: micro-batches the saving run had done in the epoch; its
+        value mod ``accumulate`` is the open window's phase.
+      accumulate: k, micro-batches per window.
+      steps: micro-batches of a whole epoch at q ranks (a multiple of k).
+
+    Returns:
+      ``(rest, first_step)``: micro-batches left per rank (a multiple of k
+      away from the window's phase, fewer than ``steps``), and ``steps − rest``,
+      the step of an epoch at q the rest starts at (the checkpoint callback
+      counts from there, so the epoch ends where epochs at q end). ``rest`` is
+      0 when nothing is left.
+    """
+    rest = ((num_train - samples_done) // size) // batch_size
+    rest -= (step_in_epoch + rest) % accumulate
+    # Fewer than a whole epoch at q, so that the rest starts at a step > 0 of one.
+    while rest >= steps:
+        rest -= accumulate
+    if rest < 0 or (rest == 0 and step_in_epoch % accumulate):
+        raise DataError(f"the rest of the epoch ({num_train - samples_done} samples over {size} ranks) holds fewer "
+                        f"than the {accumulate - step_in_epoch % accumulate} micro-batches of {batch_size} that "
+                        "would close the open accumulation window; resume from an epoch-end checkpoint")
+    return rest, steps - rest
+
+
+def rest_of_epoch_dataset(data, batch_size, seed, rank, size, epoch, samples_done, rest):
+    """This rank's ``rest`` micro-batches of ``epoch`` after its first
+    ``samples_done`` positions (``rest_of_epoch``): positions samples_done + rank,
+    + rank + size, ... of the epoch's order, as batches of (float32 images,
+    int64 labels)."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(data.y_train))
+    index = order[samples_done + rank::size][: rest * batch_size].astype(np.int64).reshape(rest, batch_size)
+    batches = tf.data.Dataset.from_tensor_slices(index)
+    return _read_batches(batches, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size)).prefetch(2)
+
+
 def accumulation_windows(shard_sizes, k):
     """Windows of k micro-batches every rank must run so that all agree without
     communicating: enough for the largest shard. Windows do not span epochs."""

@@ -22,7 +22,7 @@ import yaml
 from .. import _compat, atomic, callbacks, checkpoint, preemption, runtime
 from . import models
 from .config_compare import resume_mismatches
-from .data import DataError, steps_per_epoch, test_dataset, training_dataset
+from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from ..kept_model import save_kept_model
 from .lr_scaling import default_epochs
@@ -60,7 +60,8 @@ def train(config, dataset, strategy):
         _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
                           learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
                                                               resume_from))
-    start_epoch, start_step, previous_epochs = _restore(resume_from, run_dir, model, optimizer, comm, steps)
+    start_epoch, start_step, previous_epochs, samples_done = _restore(resume_from, run_dir, model, optimizer, comm,
+                                                                       steps, config, len(dataset.y_train))
 
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
                                      steps, previous_epochs=previous_epochs, write=comm.rank == 0)
@@ -70,7 +71,8 @@ def train(config, dataset, strategy):
         run_dir, comm, effective, config.checkpoint_every, config.keep_checkpoints,
         every_steps=config.checkpoint_every_steps, every_minutes=config.checkpoint_every_minutes,
         steps_per_epoch=steps, initial_step=start_epoch * steps + start_step, stop_requests=stop_requests,
-        check_every=config.agree_every)
+        check_every=config.agree_every,
+        samples_in_epoch=_samples_in_epoch(config, comm, start_epoch, start_step, samples_done))
     test_ds = _test_dataset(dataset, comm)
     exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
     chosen = _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer,
@@ -79,7 +81,7 @@ def train(config, dataset, strategy):
     # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
     # the rest of that epoch alone, then the epochs after it.
     for first_epoch, first_step in _fit_parts(start_epoch, start_step, config.epochs):
-        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step)
+        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step, samples_done)
         model.fit(train_ds, epochs=first_epoch + 1 if first_step else config.epochs, initial_epoch=first_epoch,
                   steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=config.eval_every,
                   shuffle=False, callbacks=chosen, verbose=_verbosity(config, comm))
@@ -284,28 +286,45 @@ def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, lea
             yaml.safe_dump(run, f, sort_keys=True)
 
 
-def _restore(resume_from, run_dir, model, optimizer, comm, steps):
+def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_train):
     """Loads every rank's state from ``resume_from``; returns ``(start_epoch,
-    start_step, metrics rows up to start_epoch)``, ``(0, 0, [])`` for a fresh run."""
+    start_step, metrics rows up to start_epoch, samples_done)``, ``(0, 0, [], None)``
+    for a fresh run. ``samples_done`` is None where the epoch continues as the
+    saving run laid it out, else the prefix of its order already seen: the rest
+    of the epoch is split over this run's ranks (``data.rest_of_epoch``), and
+    ``start_step`` is the step of an epoch at this size it starts at."""
     if resume_from is None:
-        return 0, 0, []
+        return 0, 0, [], None
     manifest, directory = resume_from
-    start_step = manifest.get("step_in_epoch", 0)
-    if start_step and manifest.get("steps_per_epoch") != steps:
-        raise UsageError(f"--resume {run_dir}: the checkpoint was taken at micro-batch {start_step} of epochs of "
-                         f"{manifest.get('steps_per_epoch')} micro-batches; this run's epochs hold {steps}")
+    start_epoch, start_step = manifest["epoch"], manifest.get("step_in_epoch", 0)
+    resized = manifest["num_ranks"] != comm.size
+    samples_done = None
+    if start_step:
+        # Written by a run that split this epoch as a whole: p ranks, s micro-batches of b each.
+        done = manifest.get("samples_in_epoch", manifest["num_ranks"] * start_step * config.batch_size)
+        if resized or done != comm.size * start_step * config.batch_size:
+            try:
+                left, start_step = rest_of_epoch(num_train, config.batch_size, comm.size, done,
+                                                 manifest["step_in_epoch"], config.accumulate, steps)
+            except DataError as err:
+                raise UsageError(f"--resume {run_dir}: {err}") from None
+            samples_done = done
+            if not left:  # nothing left of that epoch at this size (its window, if any, was closed)
+                start_epoch, start_step, samples_done = start_epoch + 1, 0, None
+        elif manifest.get("steps_per_epoch") != steps:
+            raise UsageError(f"--resume {run_dir}: the checkpoint was taken at micro-batch {start_step} of epochs "
+                             f"of {manifest.get('steps_per_epoch')} micro-batches; this run's epochs hold {steps}")
     optimizer.attach(model)
     optimizer.build(model.trainable_variables)
     checkpoint.restore(directory, manifest, model, optimizer, comm)
-    start_epoch = manifest["epoch"]
-    if manifest["num_ranks"] != comm.size and comm.rank == 0:
+    if resized and comm.rank == 0:
         print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
     previous = []
     metrics_path = os.path.join(run_dir, "metrics.json")
     if os.path.isfile(metrics_path):
         with open(metrics_path) as f:
-            previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= start_epoch]
-    return start_epoch, start_step, previous
+            previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= manifest["epoch"]]
+    return start_epoch, start_step, previous, samples_done
 
 
 def _resize_notice(manifest, strategy, size):
@@ -328,13 +347,32 @@ def _fit_parts(start_epoch, start_step, epochs):
     return [(start_epoch, start_step)] + ([(start_epoch + 1, 0)] if start_epoch + 1 < epochs else [])
 
 
-def _training_dataset(config, dataset, comm, start_epoch, steps, start_step):
+def _training_dataset(config, dataset, comm, start_epoch, steps, start_step, samples_done=None):
     """This rank's training pipeline from micro-batch ``start_step`` of ``start_epoch`` on
-    (to the end of that epoch only, when it starts mid-epoch)."""
+    (to the end of that epoch only, when it starts mid-epoch). With ``samples_done``
+    (the prefix of ``start_epoch``'s order seen before a resume that splits its
+    rest anew, ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches."""
+    if start_step and samples_done is not None:
+        return rest_of_epoch_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
+                                     samples_done, steps - start_step)
     last = start_epoch + 1 if start_step else config.epochs
     train_ds, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
                                    last, steps, start_step=start_step)
     return train_ds
+
+
+def _samples_in_epoch(config, comm, start_epoch, start_step, samples_done):
+    """For the step checkpoints: ``(epoch, step) -> the prefix of that epoch's order
+    seen``, where ``samples_done`` (the seen prefix a resume started ``start_epoch``
+    from, at its step ``start_step``) makes it differ from step · b · ranks; else None."""
+    if samples_done is None:
+        return None
+    batch = config.batch_size * comm.size
+
+    def samples(epoch, step):
+        return samples_done + (step - start_step) * batch if epoch == start_epoch else step * batch
+
+    return samples
 
 
 def _test_dataset(dataset, comm):

@@ -22,6 +22,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         agreed at the next check, as stop requests are.
       steps_per_epoch: micro-batches per epoch (needed for step checkpoints).
       initial_step: global micro-batch the run starts at (a resume's position).
+      samples_in_epoch: ``(epoch, step) -> samples of the epoch's order seen``,
+        where that is not step · batch · ranks (a resume that split the rest of
+        an epoch over another number of ranks); None otherwise.
       stop_requests: a ``preemption.StopRequests``; on a request every rank
         checkpoints at the same step and training stops.
       check_every: micro-batches between agreements on stop requests and the
@@ -34,7 +37,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     """
 
     def __init__(self, run_dir, comm, config, every=1, keep=3, every_steps=0, every_minutes=0.0,
-                 steps_per_epoch=None, initial_step=0, stop_requests=None, check_every=10):
+                 steps_per_epoch=None, initial_step=0, stop_requests=None, check_every=10, samples_in_epoch=None):
         super().__init__()
         if (every_steps or every_minutes or stop_requests) and not steps_per_epoch:
             raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for step checkpoints. "
@@ -43,6 +46,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.every, self.keep = every, keep
         self.every_steps, self.every_minutes = every_steps, every_minutes
         self.steps_per_epoch, self.global_step = steps_per_epoch, initial_step
+        self.samples_in_epoch = samples_in_epoch
         self.stop_requests = stop_requests or StopRequests()
         self.check_every = check_every
         self.stopped_at = None  # (epoch, step_in_epoch) of the checkpoint a stop request made
@@ -94,7 +98,9 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
     def _save(self, epoch, step_in_epoch):
         with LocalWeights(self.model):
             checkpoint.save(self.run_dir, epoch, self.model, self.model.optimizer, self.comm, self.config,
-                            keep=self.keep, step_in_epoch=step_in_epoch, steps_per_epoch=self.steps_per_epoch)
+                            keep=self.keep, step_in_epoch=step_in_epoch, steps_per_epoch=self.steps_per_epoch,
+                            samples_in_epoch=self.samples_in_epoch(epoch, step_in_epoch)
+                            if self.samples_in_epoch is not None and step_in_epoch else None)
         self._due = False
         self._last_save = time.monotonic()
 

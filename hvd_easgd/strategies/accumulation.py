@@ -21,7 +21,7 @@ not span epoch boundaries when the caller counts windows per epoch
 import keras
 import tensorflow as tf
 
-from .. import validation
+from .. import resize, validation
 from .base import ExpectedTraffic, SyncStrategy, as_dense, count_as, state_variable_name
 from .sync_average import SyncAverage
 
@@ -71,6 +71,8 @@ class GradientAccumulation(SyncStrategy):
                              for v in trainable_variables]
         self.accumulated_samples = tf.Variable(0, dtype=tf.int64, trainable=False, name="accumulated_samples")
         self.micro_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="micro_steps")
+        # An open window's partial sums count once at another number of ranks (resize_refusal).
+        self.set_resize_rule(resize.SUM_ON_FIRST, self.accumulators + [self.accumulated_samples])
         self.strategy.build(trainable_variables, non_trainable_variables)
 
     def _extra_state(self):
@@ -120,6 +122,17 @@ class GradientAccumulation(SyncStrategy):
         return self.strategy.lr_scale_factor(size, accumulate * self.k)
 
     def resize_refusal(self, saved_ranks, ranks):
+        """The wrapped strategy's verdict. The window's rule at p -> q ranks: a
+        checkpoint inside a window (micro_steps mod k = j > 0) holds on each
+        rank the partial sums S_r and counts n_r of its j micro-batches. Rank 0
+        resumes with ΣS_r and Σn_r over the p ranks, the other ranks with zeros
+        (``resize.SUM_ON_FIRST``), and ``micro_steps`` (the same everywhere)
+        is kept, so the window closes after k − j more micro-batches. Every
+        sample of the window then counts exactly once: for SyncAverage the
+        window's update is ΣS/Σn over all the samples it saw at p and at q
+        alike; a local strategy's rank 0 applies the p ranks' partial window
+        with its own rest of it. At an epoch end (windows never span one) the
+        sums are zero and stay zero."""
         return self.strategy.resize_refusal(saved_ranks, ranks)
 
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,

@@ -46,6 +46,11 @@ there is none; the default refuses), ``resize_refusal(saved_ranks, ranks)``
 (why a checkpoint saved at ``saved_ranks`` cannot resume at ``ranks``, or
 None; the default refuses, as per-rank state has no rule) and
 ``resize_notice(saved_ranks, ranks)`` (what such a resume changes, or None),
+``resize_rules()`` (what each of its state variables becomes at the new size:
+``hvd_easgd.resize``'s rules, declared per variable with ``set_resize_rule``;
+the rest follow ``resize.DEFAULT``) and ``resized_weights()`` (the variables
+every rank's weights restart from after such a resume, or None: the weights
+follow their own rule, the mean of the saved ranks' where they differ),
 ``needs_process_groups()`` (whether it splits the ranks into groups, asked
 before the ranks start) and ``process_groups()`` (those groups once bound, or
 None), the class attribute ``across_groups`` (whether ``Hierarchical`` may run
@@ -277,6 +282,9 @@ class SyncStrategy:
         # gradients a step receives are then multiplied by that scale, and the
         # inner optimizer takes the overflow decision itself (see _apply_if).
         self.loss_scale = None
+        # {id(variable): (variable, resize rule)} for the state whose rule is not resize.DEFAULT
+        # (set_resize_rule); by id, as Keras variables are not hashable by value, and holding the variable.
+        self._resize_rules = {}
 
     # --- the tree of strategies -----------------------------------------------
     def children(self):
@@ -397,6 +405,30 @@ class SyncStrategy:
         epoch end is not the strategy's business (``config_compare``)."""
         return (f"--strategy {self.name} keeps state per rank that has no rule for another number of ranks "
                 "(resize_refusal)")
+
+    def set_resize_rule(self, rule, variables):
+        """Declares what ``variables`` (one variable or a list) become at another
+        number of ranks: a ``hvd_easgd.resize`` rule (``RESTART_AT_ZERO`` for an
+        error-feedback residual, ``SUM_ON_FIRST`` for a partial sum, ...).
+        State without a declared rule follows ``resize.DEFAULT``."""
+        for variable in variables if isinstance(variables, (list, tuple)) else [variables]:
+            self._resize_rules[id(variable)] = (variable, rule)
+
+    def resize_rules(self):
+        """``{id(variable): rule}`` for this strategy's and its children's state
+        whose rule is not ``resize.DEFAULT`` (``checkpoint.resize_rules`` keys them)."""
+        rules = {key: rule for key, (_, rule) in self._resize_rules.items()}
+        for child in self.children():
+            rules.update(child.resize_rules())
+        return rules
+
+    def resized_weights(self):
+        """The variables (one per trainable variable) every rank's weights restart
+        from after a resume at another number of ranks, read once the resized
+        state is in place; None: the weights follow their own rule
+        (``resize.DEFAULT``: kept where the ranks agreed, else their mean).
+        The default asks the children, the first answer wins."""
+        return next((w for w in (c.resized_weights() for c in self.children()) if w is not None), None)
 
     def resize_notice(self, saved_ranks, ranks):
         """What a resume from ``saved_ranks`` to ``ranks`` ranks changes in this

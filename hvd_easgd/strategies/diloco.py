@@ -217,6 +217,25 @@ class DiLoCo(SyncStrategy):
                           "tau steps and --outer-lr how far the synced weights follow it; no one factor on --lr "
                           "scales both. Tune --lr and --outer-lr instead")
 
+    def resize_refusal(self, saved_ranks, ranks):
+        """None. The rule at p -> q ranks: the outer state, θ and the outer
+        optimizer's slots (identical on every rank), is kept exactly, and so
+        are the step counter (the τ phase) and the skip count
+        (``resize.DEFAULT``). Every rank's local weights become the mean of
+        the p ranks' x_j, and the inner optimizer's per-rank slots their mean.
+        Why the mean and not θ: the pseudo-gradient is linear in x, so
+        θ − mean_j(x_j) = mean_j(Δ_j) is the part of the next outer step the p
+        ranks had already made since the last synchronisation; every new rank
+        carries it, and the next outer step averages it once over the q ranks.
+        Restarting from θ would drop those up to τ − 1 inner steps. At a
+        synchronisation (x_j = θ) both are θ. Nothing is rescaled: Δ is
+        averaged over the communicator's size, q."""
+        return None
+
+    def resize_notice(self, saved_ranks, ranks):
+        return (f"the synced weights and the outer optimizer are kept, the local weights and inner slots are the "
+                f"mean of the {saved_ranks} saved ranks'; the tau phase continues")
+
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """On every τ-th step ONE call: Δ and the non-finite flag (module docstring)."""

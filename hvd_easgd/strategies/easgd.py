@@ -304,8 +304,14 @@ class EASGD(SyncStrategy):
         return local_lr_factor(size, accumulate)
 
     def resize_refusal(self, saved_ranks, ranks):
-        """The center is kept and every rank's local weights restart from it
-        (``checkpoint.restore``); α is β/q again at q ranks. A ``moving_rate``
+        """The rule at p -> q ranks: the center x̃ (identical on every rank) is
+        kept, and so are the step counter (hence the τ phase: the next elastic
+        step falls where it would have) and the skip counts; every rank's local
+        weights restart from x̃ (``resized_weights``), the inner optimizer's
+        slots are the mean of the p ranks' (``resize.DEFAULT``). Restarting at
+        x̃ puts the gap e = mean(x) − x̃ of the module docstring at 0, the state
+        a fresh run starts the elastic steps from. α is β/q again at q ranks
+        (``moving_rate`` reads the communicator's size). A ``moving_rate``
         fixed by the user is refused at q exactly where ``EASGD(...)`` refuses
         it (α > 2/(q+1): the elastic step diverges) and only warned about
         where the constructor warns (q·α >= 1, or α at the bound), so a resume
@@ -316,6 +322,10 @@ class EASGD(SyncStrategy):
         return (f"--moving-rate {alpha} was fixed for {saved_ranks} ranks, and at {ranks} ranks alpha > "
                 f"2/(q+1) = {2.0 / (ranks + 1):.6g}: the elastic step diverges; resume at {most_ranks_for(alpha)} "
                 "ranks or fewer, or start a new run with --beta (alpha = beta/q)")
+
+    def resized_weights(self):
+        """x̃ (None during a warm-up, when the weights themselves are the model)."""
+        return self.kept_variables()
 
     def resize_notice(self, saved_ranks, ranks):
         return (f"every rank's local weights restart from the center, optimizer slots are the mean of the "

@@ -267,6 +267,45 @@ class Hierarchical(SyncStrategy):
     def process_groups(self):
         return self.groups
 
+    def resize_refusal(self, saved_ranks, ranks):
+        """The rule at p -> q ranks: the groups are rebuilt from the new layout
+        when the strategy is bound at q (``ranks_per_group`` must divide q, as
+        for a fresh run; by default one group per host). The state is the two
+        levels' (``resize_rules`` collects the children's rules): the intra
+        level's counters are kept; the inter strategy's state follows its own
+        rule with the G groups as its ranks. The ranks of a group held the same
+        state, so the mean over the p saved ranks is the mean over the saved
+        groups, each counted n times: the inter strategy's mean at G. The
+        weights restart from the inter strategy's kept model where the new
+        layout has several groups (EASGD's center), else they are the mean
+        (one group: the intra SyncAverage alone). The inter strategy's verdict
+        is asked at G = p/n -> q/n when ``ranks_per_group`` fixes n (EASGD's
+        fixed ``--moving-rate`` against 2/(G+1))."""
+        n = self.ranks_per_group
+        if n is not None and ranks % n:
+            return f"--ranks-per-group {n} does not divide the {ranks} ranks of the resumed run"
+        if n is not None and saved_ranks % n == 0:
+            return self.inter.resize_refusal(saved_ranks // n, ranks // n)
+        return None
+
+    def resized_weights(self):
+        """The inter strategy's where the new layout has several groups, else None (the mean).
+
+        A run saved with one group never stepped its inter strategy, whose
+        kept model is then the initial weights: it takes its start from the
+        resized weights instead, as a fresh run does after the broadcast."""
+        if not self.inter_active:
+            return self.intra.resized_weights()
+        if int(self.inter.step_counter.numpy()) == 0:
+            self.inter.on_initial_state_synced()
+            return None
+        return self.inter.resized_weights()
+
+    def resize_notice(self, saved_ranks, ranks):
+        groups = f"{len(self.groups)} groups of {len(self.groups[0])}" if self.groups is not None else "new groups"
+        inner = self.inter.resize_notice(saved_ranks, ranks) if self.inter_active else None
+        return f"the ranks form {groups}" + (f"; across them: {inner}" if inner else "")
+
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """Groups of n = ``ranks_per_group`` (default: ``ranks_per_host``), G = p/n

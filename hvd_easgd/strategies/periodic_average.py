@@ -158,6 +158,24 @@ class PeriodicAverage(SyncStrategy):
         """
         return local_lr_factor(size, accumulate)
 
+    def resize_refusal(self, saved_ranks, ranks):
+        """None. The rule at p -> q ranks (``resize.DEFAULT`` for every variable):
+        the weights x and floating state s become their mean over the p ranks,
+        which at an average (t ≡ 0 mod τ, every epoch end of an epoch that is a
+        multiple of τ) is the average every rank already holds, kept exactly,
+        and between two averages the average the next one would have given if
+        the p ranks took no more steps. The step counter, hence t and the τ
+        phase, is kept: the next average falls on the step it would have. The
+        inner optimizer's slots, local as in PyTorch, are the mean of the p
+        ranks'. Nothing is rescaled: the average divides by the communicator's
+        size, q; under ``--scale-lr`` the saved constant rate comes back with
+        the optimizer's variables (train.py)."""
+        return None
+
+    def resize_notice(self, saved_ranks, ranks):
+        return (f"the weights are the mean of the {saved_ranks} saved ranks' (their last average, at an average), "
+                "optimizer slots too; the tau phase continues")
+
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """On every τ-th step ONE call: the weights, the floating non-trainable

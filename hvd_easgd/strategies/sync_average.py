@@ -11,7 +11,7 @@ import math
 import keras
 import tensorflow as tf
 
-from .. import validation
+from .. import resize, validation
 from ..comm import Compression
 from ..comm.communicator import REDUCE_OPS
 from ..comm.powersgd import PowerSGD
@@ -88,6 +88,9 @@ class SyncAverage(SyncStrategy):
     def _build_state(self, trainable_variables, non_trainable_variables):
         if self.powersgd is not None:
             self.powersgd.build(trainable_variables, name=f"{type(self).__name__}_powersgd")
+            # The mean, not a restart at zero: see resize_notice. Q is the same on
+            # every rank and so kept by resize.DEFAULT.
+            self.set_resize_rule(resize.MEAN, [self.powersgd.residuals[i] for i in sorted(self.powersgd.residuals)])
 
     def _extra_state(self):
         return self.powersgd.state_variables() if self.powersgd is not None else []
@@ -186,13 +189,19 @@ class SyncAverage(SyncStrategy):
         return LINEAR_UP_TO * math.sqrt(batches / LINEAR_UP_TO)
 
     def resize_refusal(self, saved_ranks, ranks):
-        """None: every rank saved the same state, but for PowerSGD's residuals,
-        which resume as their mean (``resize_notice``)."""
+        """None: every rank saved the same state, so every variable keeps it
+        (``resize.DEFAULT``: the weights, the optimizer's slots and counters,
+        the step counter), but for PowerSGD's residuals, which resume as
+        their mean (``resize.MEAN``, see ``resize_notice``). Nothing is
+        rescaled in the strategy; under ``--scale-lr`` the saved constant rate
+        comes back with the optimizer's variables (train.py;
+        docs/checkpoints.md). Mid-epoch, the epoch's samples not yet seen are
+        split over the new ranks (``data.rest_of_epoch``)."""
         return None
 
     def resize_notice(self, saved_ranks, ranks):
         """Under PowerSGD: each of the q ranks resumes with the mean of the p saved
-        residuals (``checkpoint.resized_arrays``). An averaged step then feeds
+        residuals (``resize.MEAN``, declared in ``_build_state``). An averaged step then feeds
         back Σ_q mean_r e_r / q = mean_r e_r, what the p ranks' step would have
         fed back (a summed step, ``reduce_op="sum"``, q/p of their total); Q (the
         same on every rank) and the step counter are kept, so neither the warm

@@ -142,6 +142,10 @@ class WarmUp(SyncStrategy):
     def resize_notice(self, saved_ranks, ranks):
         return self.strategy.resize_notice(saved_ranks, ranks)
 
+    def resized_weights(self):
+        """The warm-up's during the warm-up (the weights, identical: None), the strategy's after."""
+        return self.warmup.resized_weights() if self.in_warmup() else self.strategy.resized_weights()
+
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """The strategy's: traffic is stated once the warm-up is over (``Traffic``)."""

@@ -48,12 +48,13 @@ def test_a_plugin_strategy_parses_with_its_parents_options_and_rules(plugin_path
     strategy = cli.make_strategy(args)
     assert type(strategy).__name__ == "FastPeriodic" and isinstance(strategy, PeriodicAverage)
     assert strategy.period == 3
-    # --scale-lr auto applies the parent's rule (size·sqrt(k)), and resizing is refused as for the parent
+    # --scale-lr auto applies the parent's rule (size·sqrt(k)), and it resizes by the parent's rule
     assert args.scale_lr is True
     assert strategy.lr_scale_factor(2) == PeriodicAverage.lr_scale_factor(2) == 2.0
     assert cli.make_strategy(cli.parse_args(["--plugin", "fast_periodic", "--strategy", "fast_periodic",
                                              "--accumulate", "4"])).lr_scale_factor(2) == 4.0
-    assert strategy.resize_refusal(2, 3).startswith("--strategy fast_periodic keeps state per rank that has no rule")
+    assert strategy.resize_refusal(2, 3) is None
+    assert strategy.resize_notice(2, 3) == PeriodicAverage().resize_notice(2, 3)
     # the Keras round trip keeps the plugin's class
     again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(strategy))
     assert type(again) is type(strategy) and again.period == 3

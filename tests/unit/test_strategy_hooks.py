@@ -176,7 +176,10 @@ def test_resize_verdicts_and_notices():
         "--moving-rate 0.4 was fixed for 2 ranks, and at 5 ranks alpha > 2/(q+1) = 0.333333: the elastic step "
         "diverges; resume at 4 ranks or fewer")
     for strategy in (PeriodicAverage(), DiLoCo(), Hierarchical(), GradientAccumulation(2, strategy=DiLoCo())):
-        assert "keeps state per rank that has no rule for another number of ranks" in strategy.resize_refusal(2, 3)
+        assert strategy.resize_refusal(2, 3) is None  # each declares its rule (test_resize.py)
+    # a strategy that declares no rule of its own (the base's hook) still refuses
+    assert _Silent().resize_refusal(2, 3) == ("--strategy silent keeps state per rank that has no rule for another "
+                                              "number of ranks (resize_refusal)")
     easgd = EASGD(moving_rate=0.3).bind(SimulatedCluster(3).communicators[0])
     assert easgd.resize_notice(2, 3) == ("every rank's local weights restart from the center, optimizer slots are "
                                          "the mean of the 2 saved ranks', moving rate alpha = 0.3")

@@ -1,0 +1,195 @@
+"""Accuracy and bytes of train.py variants over seeds: ``python -m benchmarks accuracy``.
+
+    python -m benchmarks accuracy --out docs/results/compression-np2     # every variant, 3 seeds, np = 2
+    python -m benchmarks accuracy --variants diloco,diloco_int8 --seeds 1 --out /tmp/acc
+
+Each variant is a set of ``train.py`` flags and, for a compressed one, its
+fp32 twin (the same flags without ``--compression``). Every (variant, seed)
+is one ``horovodrun -np N python train.py --seed S ...`` at train.py's
+defaults otherwise (default lr, epochs and collectives: what a user gets),
+each launch bounded in time. The run's own ``config.yaml`` and
+``metrics.json`` are copied to ``OUT/<variant>-seed<S>/`` and ``OUT/runs.json``
+names every command, so the docs page rendered from them
+(``python -m benchmarks defaults-report``: ``docs/compression-accuracy.md``)
+shows what train.py wrote, never numbers copied by hand.
+
+The goals it answers (issue 24): every compressed variant reaches
+``--floor`` (0.95) and its mean over the seeds is within ``--within`` (1 pp)
+of its twin's; DiLoCo int8's ``wire_bytes_per_step`` at most 0.30 of fp32
+DiLoCo's and int4's at most 0.17; SyncAverage with PowerSGD rank 4 at most
+0.25 of fp32 SyncAverage's after its warm-up. The run's mean of a per-epoch
+figure weighs each epoch by its steps (equal here: every epoch has the same
+number of steps).
+
+This process never imports TensorFlow: it launches, waits and copies.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from typing import NamedTuple
+
+from .runner import REPO_ROOT, local_launch, log_tail, run_local, table
+
+
+class Variant(NamedTuple):
+    name: str
+    flags: tuple
+    twin: str = None  # the fp32 variant it is compared with; None for an fp32 one
+
+
+def _compressed(strategy, formats, extra=()):
+    base = (Variant(strategy, ("--strategy", strategy)),)
+    return base + tuple(Variant(f"{strategy}_{label}", ("--strategy", strategy, *flags), strategy)
+                        for label, flags in formats) + extra
+
+
+INT8_INT4 = (("int8", ("--compression", "int8")), ("int4", ("--compression", "int4")))
+VARIANTS = (_compressed("diloco", INT8_INT4) + _compressed("periodic", INT8_INT4) + _compressed("easgd", INT8_INT4)
+            + _compressed("sync", (("int8", ("--compression", "int8")),
+                                   ("powersgd4", ("--compression", "powersgd", "--powersgd-rank", "4")))))
+BY_NAME = {v.name: v for v in VARIANTS}
+# Wire bytes per step at most this fraction of the twin's (mean over the run; PowerSGD's after its warm-up).
+BYTES_GOALS = {"diloco_int8": 0.30, "diloco_int4": 0.17, "sync_powersgd4": 0.25}
+FLOOR = 0.95
+WITHIN_PP = 1.0
+
+
+def command(variant, np_, seed, run_dir, controller="mpi"):
+    """The launch of one run (with ``run_dir`` where train.py writes)."""
+    return (local_launch(np_, controller) + [sys.executable, os.path.join(REPO_ROOT, "train.py"),
+                                             "--run-dir", run_dir, "--seed", str(seed), *variant.flags])
+
+
+def shown_command(variant, np_, seed):
+    """The command as the docs show it: what a user types."""
+    return " ".join([f"horovodrun -np {np_} python train.py", *variant.flags, "--seed", str(seed), "--run-dir DIR"])
+
+
+def parse_args(argv, prog):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, metavar="DIR", help="where each run's config.yaml and metrics.json go")
+    p.add_argument("--np", type=int, default=2, help="ranks per run (default 2)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per variant (default 3)")
+    p.add_argument("--variants", help=f"comma-separated, from {','.join(BY_NAME)} (default all; a compressed "
+                                      "variant brings its twin)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per launch (default 300)")
+    args = p.parse_args(argv)
+    if args.np < 1 or args.seeds < 1:
+        p.error(f"--np and --seeds must be integers >= 1. Received: --np={args.np} --seeds={args.seeds}")
+    names = args.variants.split(",") if args.variants else list(BY_NAME)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        p.error(f"--variants must be chosen from {','.join(BY_NAME)}. Received: --variants={args.variants}")
+    with_twins = []
+    for name in names:
+        for n in (BY_NAME[name].twin, name):
+            if n and n not in with_twins:
+                with_twins.append(n)
+    args.variant_list = [BY_NAME[n] for n in with_twins]
+    return args
+
+
+def main(argv=None, prog="python -m benchmarks accuracy"):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    out = os.path.abspath(args.out)
+    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
+    runs, failures = [], []
+    for variant in args.variant_list:
+        for seed in range(args.seeds):
+            label = f"{variant.name}-seed{seed}"
+            scratch = os.path.join(out, "logs", label)
+            shutil.rmtree(scratch, ignore_errors=True)
+            log = os.path.join(out, "logs", f"{label}.log")
+            outcome = run_local(command(variant, args.np, seed, scratch), log, args.timeout)
+            if not outcome.ok:
+                failures.append(f"{label}: {outcome.why}")
+                print(f"[accuracy] {label}: {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
+                continue
+            kept = os.path.join(out, label)
+            os.makedirs(kept, exist_ok=True)
+            for name in ("config.yaml", "metrics.json"):
+                shutil.copy(os.path.join(scratch, name), os.path.join(kept, name))
+            shutil.rmtree(scratch)
+            with open(os.path.join(kept, "metrics.json")) as f:
+                final = json.load(f)["final"]["test_accuracy"]
+            runs.append({"run": label, "variant": variant.name, "twin": variant.twin, "seed": seed,
+                         "command": shown_command(variant, args.np, seed)})
+            print(f"[accuracy] {label}: final test accuracy {final:.4f} ({outcome.seconds:.0f} s)", flush=True)
+    with open(os.path.join(out, "runs.json"), "w") as f:
+        json.dump({"np": args.np, "seeds": args.seeds, "runs": runs, "failures": failures}, f, indent=1)
+    print(render(out), flush=True)
+    return 1 if failures else 0
+
+
+# --- the report (also rendered into the docs) ---------------------------------------------------------
+def _run_mean(metrics, key, skip_epochs=0):
+    epochs = metrics["epochs"][skip_epochs:] or metrics["epochs"]
+    values = [e[key] for e in epochs if e.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summarise(directory):
+    """Per variant: its runs' final accuracies, mean payload and wire bytes per step, and its twin."""
+    with open(os.path.join(directory, "runs.json")) as f:
+        index = json.load(f)
+    found = {}
+    for run in index["runs"]:
+        with open(os.path.join(directory, run["run"], "metrics.json")) as f:
+            metrics = json.load(f)
+        # PowerSGD's bytes goal is after its warm-up: the first epoch holds the uncompressed steps.
+        skip = 1 if "powersgd" in run["variant"] else 0
+        entry = found.setdefault(run["variant"], {"twin": run["twin"], "accuracy": [], "wire": [], "payload": [],
+                                                  "commands": [], "skip_epochs": skip})
+        entry["accuracy"].append(metrics["final"]["test_accuracy"])
+        entry["wire"].append(_run_mean(metrics, "wire_bytes_per_step", skip))
+        entry["payload"].append(_run_mean(metrics, "bytes_sent_per_step", skip))
+        entry["commands"].append(run["command"])
+    return index, found
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def render(directory, title="Compressed payloads: accuracy and bytes at np = 2"):
+    """The Markdown page for the runs in ``directory``: one row per variant, goals checked."""
+    index, found = summarise(directory)
+    rows = []
+    for name, e in found.items():
+        acc = e["accuracy"]
+        twin = found.get(e["twin"]) if e["twin"] else None
+        delta = (f"{100 * (statistics.fmean(acc) - statistics.fmean(twin['accuracy'])):+.2f}" if twin else "—")
+        wire = _mean(e["wire"])
+        ratio = (f"{wire / _mean(twin['wire']):.3f}" if twin and wire is not None and _mean(twin["wire"]) else "—")
+        goals = []
+        if twin:
+            goals.append("≥ 0.95 " + ("met" if min(acc) >= FLOOR else "**missed**"))
+            goals.append(f"within {WITHIN_PP:g} pp " + ("met" if abs(statistics.fmean(acc) - statistics.fmean(
+                twin["accuracy"])) * 100 <= WITHIN_PP else "**missed**"))
+        if name in BYTES_GOALS and ratio != "—":
+            goals.append(f"wire ≤ {BYTES_GOALS[name]:.2f} " + ("met" if float(ratio) <= BYTES_GOALS[name]
+                                                              else "**missed**"))
+        rows.append([f"`{name}`", f"{statistics.fmean(acc):.4f}", f"{min(acc):.4f}–{max(acc):.4f}", delta,
+                     "—" if _mean(e["payload"]) is None else f"{_mean(e['payload']):,.0f}",
+                     "—" if wire is None else f"{wire:,.0f}", ratio, "; ".join(goals) or "—"])
+    example = next(iter(found.values()))["commands"][0] if found else ""
+    lines = [f"# {title}", "",
+             f"Digits, {index['np']} ranks, seeds 0–{index['seeds'] - 1}, train.py's defaults otherwise (lr, epochs, "
+             f"collectives). Each row's runs are commands like `{example}`; their own config.yaml and metrics.json "
+             "are the source. Bytes are per rank and optimizer step, the mean over the run's epochs "
+             "(PowerSGD's from epoch 2, after its uncompressed warm-up): *payload* is what was handed to the "
+             "collectives (`bytes_sent_per_step`), *wire* what each rank sent under the collective's algorithm "
+             "(`wire_bytes_per_step`).", "",
+             table(["variant", "accuracy, mean", "min–max", "Δ twin (pp)", "payload B/step", "wire B/step",
+                    "wire ÷ twin", "goals"], rows, "lrrrrrrl")]
+    if index.get("failures"):
+        lines += ["", "Failed runs: " + ", ".join(index["failures"])]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
