@@ -269,3 +269,43 @@ def test_a_model_with_nothing_to_compress_sends_everything_whole_in_one_call():
     assert cluster.communicators[0].account() == {"bytes": 4 * 10, "calls": 1}
     traffic = opts[0].strategy.expected_traffic(models[0].trainable_variables, ranks_per_host=P)
     assert (traffic.total.bytes, traffic.total.calls) == (40.0, 1.0)
+
+
+@pytest.mark.parametrize("q", [2, 4])
+def test_a_resize_gives_every_rank_the_mean_residual_and_keeps_q_and_the_warmup_count(tmp_path, q):
+    from hvd_easgd import checkpoint
+
+    grads = gradients(4)
+    cluster = SimulatedCluster(P)
+    models, opts, _ = ranks(cluster)
+    for t in range(3):
+        step_all(cluster, models, opts, grads[t])
+    cluster.run(lambda r: checkpoint.save(str(tmp_path), 1, models[r], opts[r], opts[r].comm, {},
+                                          step_in_epoch=3, steps_per_epoch=100))
+    residuals = [o.strategy.powersgd.residuals[COMPRESSED].numpy() for o in opts]
+    saved_q = opts[0].strategy.powersgd.factors[COMPRESSED].numpy()
+    weights = models[0].get_weights()
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    resized = SimulatedCluster(q)
+    new_models, new_opts = [], []
+    for comm in resized.communicators:
+        new_models.append(keras.Sequential([keras.Input((12,)), keras.layers.Dense(8), keras.layers.Dense(3)]))
+        new_opts.append(hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), make_strategy(), comm=comm))
+    resized.run(lambda r: hvd_easgd.broadcast_initial_state(new_models[r], new_opts[r]))
+    resized.run(lambda r: checkpoint.restore(directory, manifest, new_models[r], new_opts[r], new_opts[r].comm))
+    mean = (np.sum(np.stack(residuals).astype(np.float64), axis=0) / P).astype(np.float32)
+    for opt in new_opts:
+        np.testing.assert_array_equal(opt.strategy.powersgd.residuals[COMPRESSED].numpy(), mean)
+        np.testing.assert_array_equal(opt.strategy.powersgd.factors[COMPRESSED].numpy(), saved_q)
+        assert int(opt.strategy.step_counter.numpy()) == 3  # past the warm-up: the next step is compressed
+    # the averaged step at q feeds back the saved ranks' mean error, q times over: q·mean / q = mean
+    step_grads = [grads[3][r % P] for r in range(q)]
+
+    def step(r):
+        new_opts[r].apply([tf.constant(g, tf.float32) for g in step_grads[r]], new_models[r].trainable_variables)
+
+    resized.run(step)
+    total, _, _ = ref.powersgd_step([g[COMPRESSED] for g in step_grads], [mean.astype(np.float64)] * q,
+                                    saved_q.astype(np.float64))
+    np.testing.assert_allclose(new_models[0].get_weights()[COMPRESSED], weights[COMPRESSED] - LR * total / q,
+                               rtol=RTOL, atol=RTOL)
