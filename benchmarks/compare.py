@@ -103,7 +103,7 @@ def parse_args(argv=None, prog=PROG):
     rated.add_argument("--configs", metavar="NAMES",
                        help="with --link-rates: comma-separated configurations to run instead of the suite's "
                             "(benchmarks/names.py), e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
-    rated.add_argument("--models", metavar="NAMES",
+    rated.add_argument("--models", metavar="NAMES", dest="rated_models_given",
                        help="with --link-rates: comma-separated, from cnn,wide_mlp (default both; quick: cnn)")
     rated.add_argument("--collectives", choices=("horovod", "auto"), default="horovod",
                        help="with --link-rates: hvd_easgd's collectives in the launches (auto: what a job gets by "
@@ -126,7 +126,7 @@ def parse_args(argv=None, prog=PROG):
     args.launch_timeout = args.launch_timeout or (170 if quick else (2400 if args.topology else 1200) if args.link_rates
                                                  else 600)
     args.link_rate_list = args.link_rates.split(",") if args.link_rates else []
-    if args.link_rates is None and (args.configs or args.models or args.collectives != "horovod"):
+    if args.link_rates is None and (args.configs or args.rated_models_given or args.collectives != "horovod"):
         p.error("--configs, --models and --collectives choose what runs across a rated link: give --link-rates too")
     if args.topology and args.link_rates is None:
         p.error("--topology compares strategies across hosts: give it --link-rates (e.g. 1gbit,100mbit)")
@@ -141,9 +141,9 @@ def parse_args(argv=None, prog=PROG):
                 parse_rate(rate)
             except ValueError as err:
                 p.error(str(err))
-        args.rated_models = (args.models.split(",") if args.models else ["cnn"] if quick else ["cnn", "wide_mlp"])
+        args.rated_models = (args.rated_models_given.split(",") if args.rated_models_given else ["cnn"] if quick else ["cnn", "wide_mlp"])
         if set(args.rated_models) - set(rated_links.MODELS):
-            p.error(f"--models must be chosen from {','.join(rated_links.MODELS)}. Received: --models={args.models}")
+            p.error(f"--models must be chosen from {','.join(rated_links.MODELS)}. Received: --models={args.rated_models_given}")
         if args.configs is not None:
             unknown = set(args.configs.split(",")) - set(BY_NAME)
             if unknown:

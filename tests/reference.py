@@ -97,6 +97,38 @@ def easgd_reference(shards, w0, lr, tau, alpha, steps, batch_size, overlap=False
     return xs, center
 
 
+def orthonormal_columns(p):
+    """Gram–Schmidt on the columns of ``p`` in order; a vanishing column becomes zero."""
+    columns = []
+    for i in range(p.shape[1]):
+        column = p[:, i].copy()
+        for previous in columns:
+            column = column - (column @ previous) * previous
+        norm = np.linalg.norm(column)
+        columns.append(column / norm if norm > 0 else np.zeros_like(column))
+    return np.stack(columns, axis=1)
+
+
+def powersgd_step(grads_by_rank, residuals_by_rank, q):
+    """One PowerSGD step for one matrix over p ranks (Vogels et al. 2019, with
+    the per-rank error of the rank's own share).
+
+    Args:
+      grads_by_rank: p arrays (n, m), rank r's gradient sum G_r.
+      residuals_by_rank: p arrays (n, m), rank r's error feedback e_r.
+      q: (m, R), the shared factor from the last step (warm start).
+
+    Returns:
+      ``(approximate Σ_r G_r, new residuals by rank, new q)``.
+    """
+    ms = [g + e for g, e in zip(grads_by_rank, residuals_by_rank)]
+    basis = orthonormal_columns(sum(m @ q for m in ms))
+    shares = [m.T @ basis for m in ms]
+    q_new = sum(shares)
+    residuals = [m - basis @ s.T for m, s in zip(ms, shares)]
+    return basis @ q_new.T, residuals, q_new
+
+
 def resized_state_reference(states, ranks, rank, sum_on_first=(), weights_from=None):
     """Rank ``rank`` of ``ranks``' state after a resize, from the p saved ``states``
     ({key: array} per rank), written from the rules alone: a value every rank

@@ -14,18 +14,23 @@ step as non-finite (the usual skip rule, or the loss scale's). Clipping by
 global norm applies to the decoded, reduced gradients. The collective
 completes inside the step, so a checkpoint between steps never meets one in
 flight.
+
+Under ``compression="powersgd"`` the gradient matrices travel as rank-R
+factors instead, in two allreduces a step, after an uncompressed warm-up
+(``hvd_easgd.comm.powersgd``).
 """
 import math
 
 import keras
 import tensorflow as tf
 
-from .. import validation
+from .. import resize, validation
 from ..comm.communicator import REDUCE_OPS
 from ..comm.compression import GRADIENTS, POWERSGD_DEFAULT_RANK, Compression
+from ..comm.powersgd import PowerSGD
 from .error_feedback import ErrorFeedback, error_feedback_wanted
-from .base import CliOption, ExpectedTraffic, SyncStrategy, all_finite, allreduce_traffic, as_dense, check_count, \
-    compression_for, count_on_the_wire
+from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, SyncStrategy, Traffic, all_finite, allreduce_traffic, \
+    as_dense, check_count, compression_for, count_on_the_wire, element_bytes
 from .local_updates import allreduce_unless_non_finite
 
 # The batches per update up to which --scale-lr's rule is linear (measured; see lr_scale_factor).
@@ -44,6 +49,10 @@ class SyncAverage(SyncStrategy):
         ``"int8"``, ``"int4"`` (``hvd_easgd.comm.compression``) or
         ``"powersgd"`` (rank ``powersgd_rank`` factors).
       powersgd_rank: R of ``compression="powersgd"`` (default 4).
+      powersgd_warmup_steps: steps sent uncompressed first (default 10;
+        PyTorch's 1,000 is sized for runs far longer than this project's).
+      powersgd_min_compression_rate: matrices compressed less than this
+        (n·m / ((n+m)·R)) are sent whole (default 2).
 
     Example::
 
@@ -59,12 +68,15 @@ class SyncAverage(SyncStrategy):
                   switch=True, switch_value="fp16"),
         CliOption("--reduce-op", "reduce_op", "combine gradients across ranks by average (default) or sum",
                   choices=REDUCE_OPS),
+        CliOption("--powersgd-warmup-steps", "powersgd_warmup_steps",
+                  "steps sent uncompressed before --compression powersgd starts (default 10)", type=int),
     )
     across_groups = True
 
     payload_kind = GRADIENTS
 
-    def __init__(self, reduce_op="average", clip_norm=None, compression="none", powersgd_rank=POWERSGD_DEFAULT_RANK):
+    def __init__(self, reduce_op="average", clip_norm=None, compression="none", powersgd_rank=POWERSGD_DEFAULT_RANK,
+                 powersgd_warmup_steps=None, powersgd_min_compression_rate=None):
         super().__init__()
         self.reduce_op = validation.one_of("reduce_op", reduce_op, REDUCE_OPS)
         validation.number("clip_norm", clip_norm, minimum=0, min_inclusive=False, allow_none=True,
@@ -74,18 +86,34 @@ class SyncAverage(SyncStrategy):
                                            if compression == "powersgd" else compression, self.payload_kind, self.name)
         self.compression_name = self.compression.name
         self.powersgd_rank = powersgd_rank
-        if self.compression_name == "powersgd":
-            # The compressor is hvd_easgd/comm/powersgd.py's PowerSGD, wired into this class at merge.
-            raise ValueError("`compression` 'powersgd' is not available in this build yet (its compressor, "
-                             "hvd_easgd.comm.powersgd, is not part of it); use one of none, fp16, bf16, int8, int4. "
-                             "Received: compression='powersgd'")
+        self._powersgd_args = {"warmup_steps": powersgd_warmup_steps,
+                               "min_compression_rate": powersgd_min_compression_rate}
+        self.powersgd = None
         self.error_feedback = None
+        if self.compression_name == "powersgd":
+            # The warm-up steps and the steps the factors travel are told
+            # apart by step_counter (checkpointed), so a resume never repeats it.
+            self.powersgd = PowerSGD(rank=powersgd_rank,
+                                     **{k: v for k, v in self._powersgd_args.items() if v is not None})
+            self.compression = Compression.none  # what the warm-up and the uncompressed tensors travel as
+        else:
+            given = next((k for k, v in self._powersgd_args.items() if v is not None), None)
+            if given is not None:
+                raise validation.refusal(f"powersgd_{given}", "None unless compression='powersgd'",
+                                         self._powersgd_args[given], gloss=f"(compression={compression!r})")
 
     def _build_state(self, trainable_variables, non_trainable_variables):
-        if error_feedback_wanted(self.compression):
+        if self.powersgd is not None:
+            self.powersgd.build(trainable_variables, name=f"{type(self).__name__}_powersgd")
+            # The mean, not a restart at zero: see resize_notice. Q is the same on
+            # every rank and so kept by resize.DEFAULT.
+            self.set_resize_rule(resize.MEAN, [self.powersgd.residuals[i] for i in sorted(self.powersgd.residuals)])
+        elif error_feedback_wanted(self.compression):
             self.error_feedback = ErrorFeedback(self, "sync_residual", trainable_variables)
 
     def _extra_state(self):
+        if self.powersgd is not None:
+            return self.powersgd.state_variables()
         return self.error_feedback.residuals if self.error_feedback is not None else []
 
     def reduce(self, grad_sums, variables, sample_count=None, mean=True):
@@ -102,6 +130,19 @@ class SyncAverage(SyncStrategy):
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
         if not self.compression.summable:
             return self._reduce_quantised(grads, sample_count, mean)
+        if self.powersgd is not None and self.comm.size > 1:
+            reduced, wanted = tf.cond(self.step_counter < self.powersgd.warmup_steps,
+                                      lambda: self._allreduce(grads, sample_count, mean),
+                                      lambda: self._allreduce_powersgd(grads, sample_count, mean))
+        else:
+            reduced, wanted = self._allreduce(grads, sample_count, mean)
+        if self.clip_norm is not None:
+            # Under loss scaling the gradients carry the scale: so does the norm.
+            reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
+        return reduced, wanted
+
+    def _allreduce(self, grads, sample_count, mean):
+        """The exact path: one grouped allreduce of every gradient (and the count)."""
         if sample_count is None:
             reduced = self.comm.allreduce(grads, op=self.reduce_op, compression=self.compression)
             wanted = tf.constant(True)
@@ -109,16 +150,32 @@ class SyncAverage(SyncStrategy):
             summed = self.comm.allreduce(grads + [count_on_the_wire(sample_count, grads[0].dtype)], op="sum",
                                          compression=self.compression)
             total = summed[-1][0]
-            reduced = summed[:-1]
-            if mean:
-                reduced = [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in reduced]
-            elif self.reduce_op == "average":
-                reduced = [g / self.comm.size for g in reduced]
+            reduced = self._divided(summed[:-1], total, mean)
             wanted = total > 0
-        if self.clip_norm is not None:
-            # Under loss scaling the gradients carry the scale: so does the norm.
-            reduced, _ = tf.clip_by_global_norm(reduced, self.scaled(tf.constant(self.clip_norm, tf.float32)))
         return reduced, wanted
+
+    def _allreduce_powersgd(self, grads, sample_count, mean):
+        """The compressed path: PowerSGD's sums, divided as ``_allreduce`` divides.
+
+        The residuals and Q move on only in a step that is applied (finite, with
+        samples somewhere); a skipped step leaves them as they were, on every
+        rank, since the decision is taken on summed values."""
+        riders = [] if sample_count is None else [count_on_the_wire(sample_count, grads[0].dtype)]
+        sums, rider_sums, commit = self.powersgd.allreduce_sums(self.comm, grads, riders)
+        total = None if sample_count is None else rider_sums[0][0]
+        reduced = self._divided(sums, total, mean)
+        wanted = tf.constant(True) if total is None else total > 0
+        commit(tf.logical_and(wanted, all_finite(reduced)))
+        return reduced, wanted
+
+    def _divided(self, sums, total, mean):
+        """ΣS_r as applied: / Σn_r (``mean`` with a count ``total``), / p (``reduce_op``
+        average), or as it is (sum)."""
+        if total is not None and mean:
+            return [tf.math.divide_no_nan(g, tf.cast(total, g.dtype)) for g in sums]
+        if self.reduce_op == "average":
+            return [g / self.comm.size for g in sums]
+        return sums
 
     def _reduce_quantised(self, grads, sample_count, mean):
         """``reduce`` through the quantised allreduce: NaN/Inf kept off the wire, the
@@ -187,21 +244,47 @@ class SyncAverage(SyncStrategy):
         """None: every rank saved the same state, so every variable keeps it
         (``resize.DEFAULT``: the weights, the optimizer's slots and counters,
         the step counter); a quantising format's error-feedback residuals
-        restart at zero (``ErrorFeedback``). Nothing is rescaled in the strategy; under
+        restart at zero (``ErrorFeedback``), PowerSGD's resume as their mean
+        (``resize.MEAN``, see ``resize_notice``). Nothing is rescaled in the strategy; under
         ``--scale-lr`` the saved constant rate comes back with the optimizer's
         variables (train.py; docs/checkpoints.md). Mid-epoch, the epoch's
         samples not yet seen are split over the new ranks (``data.rest_of_epoch``)."""
         return None
+
+    def resize_notice(self, saved_ranks, ranks):
+        """Under PowerSGD: each of the q ranks resumes with the mean of the p saved
+        residuals (``resize.MEAN``, declared in ``_build_state``). An averaged step then feeds
+        back Σ_q mean_r e_r / q = mean_r e_r, what the p ranks' step would have
+        fed back (a summed step, ``reduce_op="sum"``, q/p of their total); Q (the
+        same on every rank) and the step counter are kept, so neither the warm
+        start nor the warm-up restarts."""
+        if self.powersgd is None:
+            return None
+        return (f"PowerSGD's error-feedback residuals resume as the mean of the {saved_ranks} saved ranks'; "
+                "its factors Q and its warm-up count are kept")
 
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """Every step, ONE call: the gradients (2 bytes an element under fp16
         compression), plus the sample count in their dtype when one is passed.
         bf16, int8 and int4: the quantised allreduce's figures with the
-        non-finite flag (and the count) as exact values."""
+        non-finite flag (and the count) as exact values.
+
+        Under PowerSGD, once its warm-up is over, TWO calls a step (one if no
+        tensor is compressed) carrying ``PowerSGD.payload_bytes``: Σ over the
+        compressed matrices (n + m)·R'·4 bytes (fp32) plus the uncompressed
+        tensors' bytes, plus the sample count; each an allreduce, 2(p−1)/p of
+        it on the wire. The warm-up steps cost what an uncompressed step costs."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()
+        if self.powersgd is not None:
+            sent = self.powersgd.payload_bytes(trainable_variables)
+            calls = 1.0 + any(self.powersgd.factor_rank(v.shape) is not None for v in trainable_variables)
+            if sample_counts:
+                sent += element_bytes(trainable_variables, self.compression)
+            return ExpectedTraffic(across_groups=Traffic(float(sent), float(calls),
+                                                         float(sent) * WIRE_FACTORS["allreduce"](size)))
         exact = int(sample_counts) + (0 if self.compression.summable else 1)
         return ExpectedTraffic(across_groups=allreduce_traffic(trainable_variables, size, self.compression, exact,
                                                                self._has_alltoall()))
@@ -213,4 +296,5 @@ class SyncAverage(SyncStrategy):
         config = {"reduce_op": self.reduce_op, "clip_norm": self.clip_norm, "compression": self.compression_name}
         if self.compression_name == "powersgd":
             config["powersgd_rank"] = self.powersgd_rank
+            config.update({f"powersgd_{k}": v for k, v in self._powersgd_args.items()})
         return config
