@@ -57,6 +57,11 @@ class HorovodCommunicator(Communicator):
     def _allgather(self, tensor):
         return hvd.allgather(tensor, process_set=self.process_set)
 
+    def _grouped_reducescatter(self, tensors, op):
+        # Each tensor is a flat multiple of the set's size (the base class pads):
+        # Horovod's split of the leading dimension is then our equal blocks in rank order.
+        return hvd.grouped_reducescatter(tensors, op=_HOROVOD_OPS[op], process_set=self.process_set)
+
     def _sub_communicators(self, groups):
         if self.parent is not None:
             raise NotImplementedError("a Horovod sub-communicator cannot be split again; split the global one")

@@ -145,6 +145,10 @@ class DirectMPICommunicator(Communicator):
     def _allgather(self, tensor):
         return self._ops.mpi_direct_allgather(tensor, comm=self._handle, stall_seconds=self.stall_seconds)
 
+    def _grouped_reducescatter(self, tensors, op):
+        return self._ops.mpi_direct_reducescatter(tensors, comm=self._handle, average=op == "average",
+                                                  stall_seconds=self.stall_seconds)
+
     def _sub_communicators(self, groups):
         # One MPI_Comm_split of this communicator (a collective of all its
         # ranks): a rank's color is its group, or none.

@@ -241,3 +241,17 @@ class SimulatedCommunicator(Communicator):
         # Only the leading dimension may differ between ranks.
         signature = ("allgather", tuple(tensor.shape.as_list()[1:]), tensor.dtype.name)
         return tf.concat(self._exchange(signature, tensor), axis=0)
+
+    def _grouped_reducescatter(self, tensors, op):
+        # The rank-order sum of the allreduce, then this rank's block of each.
+        per_rank = self._exchange(("reducescatter", op, _signature(tensors)), tensors)
+        shards = []
+        for i, tensor in enumerate(tensors):
+            m = tensor.shape[0] // self.size
+            total = per_rank[0][i][self.rank * m:(self.rank + 1) * m]
+            for inputs in per_rank[1:]:
+                total = total + inputs[i][self.rank * m:(self.rank + 1) * m]
+            if op == "average":
+                total = total / self.size if total.dtype.is_floating else total // self.size
+            shards.append(total)
+        return shards

@@ -44,7 +44,8 @@ import tensorflow as tf
 from .. import validation
 from ..statistics import floating
 from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, element_bytes, payload_bytes
-from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
+    synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -85,6 +86,8 @@ class PeriodicAverage(SyncStrategy):
         CliOption("--tau", "period", "optimizer steps between synchronisations (default 10)", type=int),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
     )
+    # On a flat shard of the variables (Hierarchical shards the state across groups).
+    across_groups = True
 
     def __init__(self, period=10, warmup_steps=0):
         super().__init__()
@@ -112,6 +115,12 @@ class PeriodicAverage(SyncStrategy):
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
+
+    def weights_synchronised(self):
+        return synchronised_this_step(self)
+
+    def weight_synchronisations_per_step(self):
+        return 1.0 / self.period
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         # At the switch the ranks hold the same weights: the period simply starts (on_warmup_end's default).
         run_phases(self.step_counter, self.warmup_steps,
