@@ -205,8 +205,9 @@ class Communicator:
         """Reduces a list of tensors across ranks and keeps this rank's shard of each, in ONE grouped call.
 
         Args:
-          tensors: tensors of static shape (any shapes and dtypes Horovod
-            reduces: int32, int64, float16, float32, float64).
+          tensors: tensors of static shape and of ONE dtype, as one Horovod
+            grouped call takes (Horovod reduce-scatters int32, int64,
+            float16, float32 and float64).
           op: ``"average"`` or ``"sum"``.
           compression: what the tensors cross the wire as (cast back after).
 
@@ -219,6 +220,10 @@ class Communicator:
         if op not in REDUCE_OPS:
             raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
         tensors = [tf.convert_to_tensor(t) for t in tensors]
+        dtypes = sorted({t.dtype.name for t in tensors})
+        if len(dtypes) > 1:
+            raise ValueError("`tensors` must share one dtype: a grouped reduce-scatter is one call of one dtype "
+                             f"(call once per dtype). Received: tensors of dtypes {dtypes}")
         if not tensors or self.size == 1:
             return [tf.reshape(t, [-1]) for t in tensors]
         wire, dtypes = zip(*(compression.compress(flat_padded(t, self.size)) for t in tensors))

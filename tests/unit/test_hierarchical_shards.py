@@ -30,8 +30,8 @@ def test_reducescatter_is_each_ranks_block_of_the_padded_reduction(op):
     rng = np.random.default_rng(0)
     floats = rng.normal(size=(p, 2, 2)).astype(np.float32)  # 4 elements: m = 2, padded to 6
     ints = rng.integers(-50, 50, size=(p, 7)).astype(np.int32)  # 7 elements: m = 3, padded to 9
-    got = cluster.run(lambda r: [t.numpy() for t in cluster.communicators[r].reducescatter(
-        [floats[r], ints[r]], op=op)])
+    got = cluster.run(lambda r: [t.numpy() for t in cluster.communicators[r].reducescatter([floats[r]], op=op)
+                                 + cluster.communicators[r].reducescatter([ints[r]], op=op)])
     for r in range(p):
         for inputs, m, shard in ((floats, 2, got[r][0]), (ints, 3, got[r][1])):
             padded = np.zeros((p, p * m), inputs.dtype)
@@ -39,8 +39,14 @@ def test_reducescatter_is_each_ranks_block_of_the_padded_reduction(op):
             total = padded.sum(axis=0)  # rank-order sums: exact for these small integers and bit-equal for floats
             expected = total if op == "sum" else (total / p if inputs.dtype.kind == "f" else total // p)
             np.testing.assert_array_equal(shard, expected[r * m:(r + 1) * m].astype(inputs.dtype))
-        # one call; the padded payload: 6 floats and 9 int32
-        assert cluster.communicators[r].account() == {"bytes": 6 * 4 + 9 * 4, "calls": 1}
+        # one call per dtype; the padded payloads: 6 floats, 9 int32
+        assert cluster.communicators[r].account() == {"bytes": 6 * 4 + 9 * 4, "calls": 2}
+
+
+def test_reducescatter_takes_one_dtype_per_call():
+    cluster = SimulatedCluster(2)
+    with pytest.raises(ValueError, match=r"`tensors` must share one dtype.*\['float32', 'int32'\]"):
+        cluster.communicators[0].reducescatter([tf.zeros([2]), tf.zeros([2], tf.int32)])
 
 
 def test_reducescatter_on_one_rank_returns_the_flat_tensors_and_counts_nothing():
