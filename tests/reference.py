@@ -200,3 +200,56 @@ def quantised_message_bytes(elements, exact_values, name, p):
     if p > 2:
         blocks = -(-blocks // p)
     return blocks * block_bytes + 4 * exact_values
+
+
+def hierarchical_reference(rank_grads, counts, groups, lr, x0, inter, tau=1, alpha=None, outer_lr=0.7,
+                           outer_momentum=0.7):
+    """Hierarchical's decomposition with SGD(lr) inside (hierarchical.py's docstring).
+
+    Per step each group's gradient sums are cut into n shards of m = ⌈N/n⌉
+    (zero-padded: ``reducescatter``'s layout), the inter rule runs on each
+    shard across the groups, and the shards are put back. Rows of the
+    (n, m) arrays below are the shards.
+
+    Args:
+      rank_grads: (steps, p, N) per-sample mean gradients g_r.
+      counts: n_r per rank (S_r = n_r · g_r).
+      groups: the groups' ranks.
+      inter: "sync", "easgd" (``alpha``), "periodic" or "diloco"
+        (Nesterov SGD(outer_lr, outer_momentum)); every ``tau`` steps.
+
+    Returns:
+      ``(weights per group, kept model)``, each of N elements; the kept model
+      is the center (easgd), θ (diloco) or None.
+    """
+    n, size = len(groups[0]), x0.size
+    m = -(-size // n)
+
+    def shards(v):
+        padded = np.zeros(n * m)
+        padded[:size] = v
+        return padded.reshape(n, m)
+
+    x = [shards(x0.astype(np.float64)) for _ in groups]
+    kept = shards(x0.astype(np.float64))
+    outer = SGDRef(outer_lr, outer_momentum, nesterov=True)
+    for t, g in enumerate(rank_grads, start=1):
+        sums = [shards(sum(counts[r] * g[r].astype(np.float64) for r in group)) for group in groups]
+        group_counts = [sum(counts[r] for r in group) for group in groups]
+        if inter == "sync":
+            mean = sum(sums) / sum(group_counts)
+            x = [xg - lr * mean for xg in x]
+        else:
+            x = [xg - lr * s / c for xg, s, c in zip(x, sums, group_counts)]
+            if t % tau == 0:
+                if inter == "easgd":
+                    d = [alpha * (xg - kept) for xg in x]
+                    x = [xg - dg for xg, dg in zip(x, d)]
+                    kept = kept + sum(d)
+                elif inter == "periodic":
+                    x = [sum(x) / len(x)] * len(x)
+                else:  # diloco: θ takes the outer step on the mean pseudo-gradient, every group restarts from it
+                    kept = outer.step(kept, sum(kept - xg for xg in x) / len(x))
+                    x = [kept.copy() for _ in x]
+    flat = lambda v: v.ravel()[:size]  # noqa: E731
+    return [flat(xg) for xg in x], flat(kept) if inter in ("easgd", "diloco") else None

@@ -58,6 +58,20 @@ WIRE_FACTORS = {
 }
 
 
+def shard_length(elements, parts):
+    """m = ⌈elements/parts⌉: the elements of one shard of a flat tensor cut into ``parts``
+    equal shards (the last ones zero-padded): ``reducescatter``'s layout."""
+    return -(-int(elements) // int(parts))
+
+
+def flat_padded(tensor, parts):
+    """``tensor`` flattened and zero-padded to ``parts`` · ``shard_length`` elements."""
+    flat = tf.reshape(tensor, [-1])
+    elements = tensor.shape.num_elements()
+    padding = parts * shard_length(elements, parts) - elements
+    return tf.pad(flat, [[0, padding]]) if padding else flat
+
+
 class RanksDisagreeError(RuntimeError):
     """Ranks hold different values for something that must be identical."""
 
@@ -230,13 +244,48 @@ class Communicator:
             self._record([t], collective="broadcast")
         return self._broadcast(tensors, root_rank) if tensors else []
 
-    def allgather(self, tensor):
-        """Concatenates every rank's ``tensor`` along axis 0 (sizes may differ)."""
+    def allgather(self, tensor, record=True):
+        """Concatenates every rank's ``tensor`` along axis 0 (sizes may differ).
+
+        ``record=False`` leaves the call out of the account, as for ``allreduce``.
+        """
         tensor = tf.convert_to_tensor(tensor)
         if self.size == 1:
             return tensor
-        self._record([tensor], collective="allgather")
+        if record:
+            self._record([tensor], collective="allgather")
         return self._allgather(tensor)
+
+    def reducescatter(self, tensors, op="average", compression=Compression.none):
+        """Reduces a list of tensors across ranks and keeps this rank's shard of each, in ONE grouped call.
+
+        Args:
+          tensors: tensors of static shape and of ONE dtype, as one Horovod
+            grouped call takes (Horovod reduce-scatters int32, int64,
+            float16, float32 and float64).
+          op: ``"average"`` or ``"sum"``.
+          compression: what the tensors cross the wire as (cast back after).
+
+        Returns:
+          Per tensor, a flat tensor of m = ``shard_length(N, p)`` elements:
+          elements [rank·m, (rank+1)·m) of the reduction of the flattened,
+          zero-padded tensors (module docstring). With one rank, the flattened
+          tensors themselves.
+        """
+        if op not in REDUCE_OPS:
+            raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        dtypes = sorted({t.dtype.name for t in tensors})
+        if len(dtypes) > 1:
+            raise ValueError("`tensors` must share one dtype: a grouped reduce-scatter is one call of one dtype "
+                             f"(call once per dtype). Received: tensors of dtypes {dtypes}")
+        if not tensors or self.size == 1:
+            return [tf.reshape(t, [-1]) for t in tensors]
+        wire, dtypes = zip(*(compression.compress(flat_padded(t, self.size)) for t in tensors))
+        self._record(wire, collective="reducescatter")
+        shards = self._grouped_reducescatter(list(wire), op)
+        return [compression.decompress(tf.reshape(s, [w.shape[0] // self.size]), d)
+                for s, w, d in zip(shards, wire, dtypes)]
 
     # --- eager helpers built on the collectives -------------------------------
     def broadcast_variables(self, variables, root_rank=0):
@@ -291,4 +340,8 @@ class Communicator:
     def _alltoall(self, tensor):
         """Rank j receives part j of every rank's ``tensor`` (p equal parts along axis 0),
         concatenated in rank order. Only where ``has_alltoall``."""
+        raise NotImplementedError
+
+    def _grouped_reducescatter(self, tensors, op):
+        """Flat tensors of p·m_t elements each -> this rank's m_t-element block of each reduction."""
         raise NotImplementedError

@@ -63,6 +63,10 @@ class HorovodCommunicator(Communicator):
     def _alltoall(self, tensor):
         # Without splits Horovod cuts axis 0 into size equal parts.
         return hvd.alltoall(tensor, process_set=self.process_set)
+    def _grouped_reducescatter(self, tensors, op):
+        # Each tensor is a flat multiple of the set's size (the base class pads):
+        # Horovod's split of the leading dimension is then our equal blocks in rank order.
+        return hvd.grouped_reducescatter(tensors, op=_HOROVOD_OPS[op], process_set=self.process_set)
 
     def _sub_communicators(self, groups):
         if self.parent is not None:

@@ -149,6 +149,9 @@ class DirectMPICommunicator(Communicator):
 
     def _alltoall(self, tensor):
         return self._ops.mpi_direct_alltoall(tensor, comm=self._handle, stall_seconds=self.stall_seconds)
+    def _grouped_reducescatter(self, tensors, op):
+        return self._ops.mpi_direct_reducescatter(tensors, comm=self._handle, average=op == "average",
+                                                  stall_seconds=self.stall_seconds)
 
     def _sub_communicators(self, groups):
         # One MPI_Comm_split of this communicator (a collective of all its

@@ -250,3 +250,16 @@ class SimulatedCommunicator(Communicator):
         per_rank = self._exchange(signature, tensor)
         part = int(tensor.shape[0]) // self.size
         return tf.concat([t[self.rank * part:(self.rank + 1) * part] for t in per_rank], axis=0)
+    def _grouped_reducescatter(self, tensors, op):
+        # The rank-order sum of the allreduce, then this rank's block of each.
+        per_rank = self._exchange(("reducescatter", op, _signature(tensors)), tensors)
+        shards = []
+        for i, tensor in enumerate(tensors):
+            m = tensor.shape[0] // self.size
+            total = per_rank[0][i][self.rank * m:(self.rank + 1) * m]
+            for inputs in per_rank[1:]:
+                total = total + inputs[i][self.rank * m:(self.rank + 1) * m]
+            if op == "average":
+                total = total / self.size if total.dtype.is_floating else total // self.size
+            shards.append(total)
+        return shards

@@ -57,7 +57,10 @@ None), the class attribute ``across_groups`` (whether ``Hierarchical`` may run
 it across its groups, each group acting as one worker), and
 ``expected_traffic(trainable_variables, non_trainable_variables, hosts,
 ranks_per_host, sample_counts)`` (one rank's bytes and calls per training
-step, per level, as ``ExpectedTraffic``). With ``name``, ``description`` and
+step, per level, as ``ExpectedTraffic``), and ``weights_synchronised()`` /
+``weight_synchronisations_per_step()`` (whether a step changed the weights
+beyond its update, and how often: Hierarchical gathers a sharded inter
+strategy's weights after such a step). With ``name``, ``description`` and
 ``cli_options`` these are all a strategy defined outside the package needs to
 work wherever a built-in does (docs/plugins.md).
 """
@@ -409,6 +412,21 @@ class SyncStrategy:
         the order ``build`` received them; ``None`` when the kept model is the
         model's own weights (SyncAverage). EASGD keeps its center x̃."""
         return None
+
+    def weights_synchronised(self):
+        """A boolean tensor, read inside the trace right after ``step``: whether
+        that step changed the variables other than through ``apply_update``
+        (EASGD's elastic pull, PeriodicAverage's average, DiLoCo's outer step).
+        Hierarchical gathers a sharded inter strategy's weights within the group
+        when it did. The default asks the children (False without any)."""
+        flags = [child.weights_synchronised() for child in self.children()]
+        return tf.reduce_any(tf.stack(flags)) if flags else tf.constant(False)
+
+    def weight_synchronisations_per_step(self):
+        """How often ``weights_synchronised`` holds, per optimizer step once any
+        warm-up is over (1/τ for a τ-strategy): for ``expected_traffic``. The
+        default: the children's largest (0 without any)."""
+        return max((child.weight_synchronisations_per_step() for child in self.children()), default=0.0)
 
     # --- what the strategy knows about itself (the hooks) -------------------------
     @classmethod

@@ -53,9 +53,9 @@ import tensorflow as tf
 from .. import validation
 from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
-from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
-    compression_for, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_step
+from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, allreduce_traffic, check_count, \
+    compression_for, element_bytes, payload_bytes, state_variable_name
+from .local_updates import allreduce_unless_non_finite, check_period, local_step, synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -113,6 +113,8 @@ class DiLoCo(SyncStrategy):
                   type=float),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
     )
+    # On a flat shard of the variables (Hierarchical shards the state across groups).
+    across_groups = True
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none"):
@@ -191,6 +193,12 @@ class DiLoCo(SyncStrategy):
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
+
+    def weights_synchronised(self):
+        return synchronised_this_step(self)
+
+    def weight_synchronisations_per_step(self):
+        return 1.0 / self.period
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         run_phases(self.step_counter, self.warmup_steps,
                    lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),

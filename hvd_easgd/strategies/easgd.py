@@ -59,8 +59,10 @@ import tensorflow as tf
 
 from .. import validation
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
-from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
+from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, allreduce_traffic, compression_for, element_bytes, \
+    payload_bytes, state_variable_name
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
+    synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -247,6 +249,12 @@ class EASGD(SyncStrategy):
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
+
+    def weights_synchronised(self):
+        return synchronised_this_step(self)
+
+    def weight_synchronisations_per_step(self):
+        return 1.0 / self.period
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         run_phases(self.step_counter, self.warmup_steps,
                    lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),

@@ -1,86 +1,118 @@
-"""Hierarchical: combine within groups of ranks every step, across groups by another strategy.
+"""Hierarchical: reduce-scatter within groups of ranks, ``inter`` across them on shards, allgather back.
 
 The ranks form G groups of n (by default a group is a host: its ranks share
-a fast link, the hosts a slower one). Every step:
+a fast link, the hosts a slower one). The trainable variables, flattened
+into one vector of N elements, are cut into n shards of m = ⌈N/n⌉ (zero
+padding at the end; ``shards.FlatShards``): rank j of every group owns
+shard j. Every step, on every rank of a group:
 
-  1. intra level, within each group (``intra``, a SyncAverage): the ranks'
-     gradient sums and sample counts are summed in ONE grouped allreduce over
-     the group. The group now acts as one worker holding the group's sum S_G
-     over its n_G samples, and its ranks stay bit-identical.
-  2. inter level, across the groups (``inter``, any strategy: EASGD every τ
-     steps, SyncAverage every step, ...): ``inter.step(S_G, n_G)`` as if the
-     G groups were its G ranks. The rank of local index j in every group
-     takes part, in the cross-group set {j-th rank of each group} (n such
-     sets of G ranks, run side by side). The ranks of a group hold the same
-     inputs, and the n sets compute the same reduction, so the ranks of a
-     group stay bit-identical without a broadcast. The inter strategy sees
-     p = G: EASGD's α defaults to β/G and its bound 0 < α ≤ 2/(G+1) is
-     checked at G.
+  1. intra, within the group (``intra``, a SyncAverage): ONE reduce-scatter
+     of the ranks' gradient sums, each shard followed by the rank's sample
+     count and a non-finite flag, so rank j holds shard j of the group's sum
+     S_G, the group's count n_G and the number of its ranks whose gradients
+     held NaN/Inf.
+  2. inter, across the groups (``inter``, any strategy with
+     ``across_groups``): ``inter.step`` on shard j alone, as if the G groups
+     were its G ranks, in the cross-group set {rank j of each group} (n sets
+     of G ranks, side by side). The inter strategy is built on a flat shard
+     variable (the shard view): its state (EASGD's center, DiLoCo's synced
+     weights and outer optimizer, ...) is 1/n of the model on each rank. Its
+     ``apply_update`` is the shard's: an allgather within the group puts the
+     n updated shards together, and the inner optimizer applies the full
+     update to the full weights (identical on every rank of the group).
+  3. when the inter strategy changed the weights beyond the update (its
+     ``weights_synchronised()``: EASGD's elastic pull, PeriodicAverage's
+     average, DiLoCo's outer step, every τ steps), an allgather within the
+     group puts the n weight shards back into the weights.
 
-Without sample counts the intra level combines the gradients by the intra
-strategy's ``reduce_op`` (the group's mean by default), and the inter level
-receives them without a count; with ``inter=SyncAverage()`` either way every
-rank applies the mean over all p = G·n ranks: the two-level allreduce.
+So each host's payload crosses between groups once, in n parallel streams of
+1/n: Horovod's NCCL hierarchical allreduce (reduce-scatter in the node, the
+cross-node allreduce on each rank's shard, allgather). With
+``inter=SyncAverage()`` this is the two-level allreduce, and every rank
+applies the mean over all p = G·n ranks: flat SyncAverage's mean to float
+tolerance, not bit for bit (the sums are added per group first, then across
+the groups: another order than one ring's). The inter strategy sees p = G:
+EASGD's α defaults to β/G and its bound 0 < α ≤ 2/(G+1) is checked at G.
 
-Degenerate layouts are exactly one level: one group is ``intra`` alone (the
-inter level does nothing, sends 0 bytes, and the kept model is the intra
-strategy's, i.e. the weights); one rank per group is ``inter`` alone at p
-ranks (the intra level sends 0 bytes in 0 calls).
+Without sample counts the intra level reduces by the intra strategy's
+``reduce_op`` (the group's mean by default) and the inter level receives no
+count; with ``mean=False`` under ``reduce_op="average"`` S_G is divided by n,
+so that the inter level's average over the groups gives ΣS/p, as SyncAverage
+over all the ranks would.
 
-The account, per rank and per optimizer step (``account_by_level()``), with
-M the bytes of the trainable variables (fp32, no compression), c = 4 when
-sample counts are passed (the count rides in the gradients' call) else 0:
+The account, per rank and per optimizer step (``account_by_level()``; these
+are the payloads handed to the collectives), with e = 4 bytes an element
+(fp32, no compression), c = 2 columns with sample counts (the count and the
+flag) else 1, and r = ``inter.weight_synchronisations_per_step()`` (1/τ for
+a τ-strategy, 0 for SyncAverage):
 
-* ``intra`` (the group's allreduce), every rank, every step:
-  M + c bytes, 1 call; 0 and 0 when n = 1.
-* ``inter`` (its cross-group set's collectives), every rank: what ``inter``
-  alone sends at p = G. EASGD(τ): M + 4 bytes (the differences and the
-  non-finite flag) in 1 call on every τ-th step, 0 otherwise, i.e.
-  (M + 4)/τ per step, 1/τ of SyncAverage's with counts; SyncAverage: M + c,
-  1 call, every step. 0 and 0 when G = 1.
+* ``intra``: the reduce-scatter n·(m + c)·e bytes, the update's allgather
+  m·e, every step (2 calls); the weights' allgather m·e in 1 call at rate r.
+  Total n(m + c)e + (1 + r)·m·e bytes in 2 + r calls. (The wire carries
+  (n−1)/n of a reduce-scatter's payload and (n−1)·m·e of an allgather's: the
+  reduce-scatter and the update's allgather together are one ring allreduce
+  of the gradients, 2(n−1)/n·M.)
+* ``inter``: what ``inter`` alone sends at p = G on one variable of m
+  elements (``inter.expected_traffic``). SyncAverage: m·e (+ e with counts),
+  1 call, every step; EASGD(τ), PeriodicAverage(τ), DiLoCo(τ):
+  (m·e + e)/τ (the shard and the non-finite flag). 1/n of what each rank
+  sent across the groups before the shards (M + e per call).
 
-No rank sits out of the inter level, and nothing is broadcast after it.
-``comm.account()`` (the process's total) is the sum of the two.
+``comm.account()`` (the process's total) is the sum of the two levels.
 
-Why every rank and not one leader per group that broadcasts the result
-within its group: a leader scheme sends 1/n of these inter bytes over the
-link between groups (then M + 4 per rank within the group), but its ranks
-trace different steps (the leader's holds the cross-group collective, the
-others' do not). Built that way first, a traced step under Horovod 0.28.1
-hung (Gloo, np = 4, groups of 2: Horovod's trace log showed a non-leader
-enqueue its group broadcast and never the group allreduce before it), and
-neither explicit collective names nor ordering the non-leader's broadcast
-after its inputs cured it. Every rank in a cross-group set keeps every
-rank's traced step the same, as in the flat strategies. The price: with n
-ranks per host, the cross-host link carries n·(M + 4)/τ bytes per host and
-step for EASGD instead of (M + 4)/τ.
+Why a group's ranks cannot hang, unlike the leader scheme first built here
+(a leader per group held the cross-group collective and broadcast the result
+in its group; under Horovod 0.28.1 its traced step hung: the ranks of a
+group traced different collectives): every rank of a group runs the same
+collectives in the same order, the reduce-scatter, its cross-group set's
+inter collective, the allgathers. The allgathers inside a decision (the
+update's, under the inter strategy's non-finite test; the weights', under
+``weights_synchronised``) are reached alike because the decision is taken on
+numbers every rank of the group agrees on: the counts are the group's, the
+step counters are equal, and the shards are finite on every rank or on none.
 
-Why only SyncAverage inside a group: the intra level must hand the inter
-level one worker's gradient per group, on every rank of the group, and the
-inter collective must be reached by every group whatever happens in another
-(a NaN in one group skips that group's update, not the inter collective).
+NaN/Inf: a rank's non-finite gradients reach only the shard they fall in,
+so the reduce-scatter carries each rank's flag in every shard, and a group
+whose flag is set hands the inter strategy an all-NaN shard on every rank:
+the inter strategy's own rule then decides alike on every rank (SyncAverage
+skips the step in every group, the NaN reaching every shard through the
+cross-group sum; a local-step strategy drops that group's update). One case
+is not covered: finite gradients whose sum overflows to Inf in one shard
+only; then the ranks would decide differently, and the stall inspector
+(Horovod's, or the direct path's) ends the job after its timeout instead of
+letting it hang.
 
-NaN/Inf follow each level's own rule: a NaN within a group travels in the
-group's sums, as SyncAverage's gradients do (every rank of the group learns
-of it from the reduced values, so all take the same decision), and the inter strategy decides on the group's numbers,
-identical on every rank of a group. EASGD's elastic differences are masked
-before they leave a rank, and its skip flag reaches every rank. So the ranks
-of a group never split, and the center is identical on every rank.
+Degenerate layouts are exactly one level, unsharded: one group is ``intra``
+alone (a group allreduce; the inter level does nothing, sends 0 bytes, and
+the kept model is the intra strategy's, i.e. the weights); one rank per
+group is ``inter`` alone at p ranks on the full variables (the intra level
+sends 0 bytes in 0 calls).
 
-Horovod's own ``HOROVOD_HIERARCHICAL_ALLREDUCE`` (allreduce within the node,
-then across nodes) works with NCCL only, i.e. on GPUs; on CPUs (Gloo, MPI)
-``Hierarchical(SyncAverage(), SyncAverage())`` is the two-level allreduce.
-Unlike NCCL's, whose local ranks each carry 1/n of the gradients across
-nodes, each rank's cross-group allreduce here carries all of them.
+The kept model (``kept_variables()``: EASGD's center, DiLoCo's θ) is the
+inter strategy's shards gathered within the group, eagerly, once per step
+it is asked at: a collective of the group's ranks, which evaluate and
+predict (``SwapKeptWeights``) reach on every rank; model.keras, saved by
+rank 0 alone after the final evaluation, reads what that gathered.
+
+Limits of the shard view: the trainable variables must share one dtype; the
+inter strategy must not clip by the global norm (each rank holds 1/n of the
+gradients); PeriodicAverage averages the trainable weights only (the
+BatchNorm statistics follow their own rule, ``hvd_easgd.statistics``).
+
+Horovod's own ``HOROVOD_HIERARCHICAL_ALLREDUCE`` works with NCCL only, i.e.
+on GPUs; on CPUs (Gloo, MPI) ``Hierarchical(SyncAverage(), SyncAverage())``
+is the two-level allreduce.
 """
 import keras
+import tensorflow as tf
 
 from .. import validation
 from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
-from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, as_dense, check_count, count_off_the_wire, \
-    count_on_the_wire
+from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, all_finite, as_dense, \
+    check_count, count_off_the_wire, count_on_the_wire, element_bytes, walk
 from .easgd import EASGD
+from .shards import FlatShards
 from .sync_average import SyncAverage
 
 
@@ -95,7 +127,8 @@ class Hierarchical(SyncStrategy):
 
     Args:
       intra: the strategy within a group; a ``SyncAverage`` (default
-        ``SyncAverage()``) without ``clip_norm`` (clip at the inter level).
+        ``SyncAverage()``) without ``clip_norm`` (clip at the inter level, which
+        can only when a group holds one rank: with n > 1 each rank holds a shard).
       inter: the strategy across the groups (default ``EASGD()``); it sees
         the G groups as its ranks.
       ranks_per_group: n, consecutive ranks per group (must divide p).
@@ -167,6 +200,12 @@ class Hierarchical(SyncStrategy):
             # The j-th ranks of the groups: G ranks each, n sets.
             self.cross_comm = inter_comm = comm.split([[group[j] for group in self.groups]
                                                        for j in range(group_size)])
+        if self.sharded:
+            clipping = [s for s in walk(self.inter) if getattr(s, "clip_norm", None) is not None]
+            if clipping:
+                raise ValueError("`inter` must not clip by the global norm when a group holds n > 1 ranks: each rank "
+                                 f"holds 1/n of the gradients (groups of {group_size}). "
+                                 f"Received: inter={self.inter!r}")
         self.intra.bind(self.group_comm)
         self.inter.bind(inter_comm)
         return self
@@ -196,12 +235,67 @@ class Hierarchical(SyncStrategy):
     def intra_active(self):
         return self.groups is not None and len(self.groups[0]) > 1
 
+    @property
+    def sharded(self):
+        """Both levels run: the inter strategy runs on this rank's shard (module docstring)."""
+        return self.inter_active and self.intra_active
+
     def _build_state(self, trainable_variables, non_trainable_variables):
+        self.variables = trainable_variables
         self.intra.build(trainable_variables, non_trainable_variables)
-        self.inter.build(trainable_variables, non_trainable_variables)
+        if not self.sharded:
+            self.inter.build(trainable_variables, non_trainable_variables)
+            return
+        self.layout = FlatShards(trainable_variables, len(self.groups[0]), self.group_comm.rank)
+        # The shard view the inter strategy is built on: this rank's shard of the
+        # weights, refreshed from them whenever they change (never saved: the weights are).
+        self.shard = tf.Variable(self.layout.shard_of(trainable_variables), trainable=False,
+                                 name="hierarchical_weights_shard")
+        # The layout the inter strategy's state is cut by: saved, and checked on restore.
+        self.shard_layout = tf.Variable(self.layout.describe(), dtype=tf.int64, trainable=False,
+                                        name="hierarchical_shard_layout")
+        self._kept_cache = None
+        self.inter.build([self.shard], [])
+
+    def _extra_state(self):
+        return [self.shard_layout] if self.sharded else []
+
+    def _refresh_shard(self):
+        self.shard.assign(self.layout.shard_of(self.variables))
+
+    def on_initial_state_synced(self):
+        if self.sharded:
+            self._refresh_shard()  # before the inter strategy copies it (EASGD's x̃ <- x)
+        super().on_initial_state_synced()
+
+    def on_state_restored(self):
+        if self.sharded:
+            saved = [int(x) for x in self.shard_layout.numpy()]
+            if saved != self.layout.describe():
+                names = "[ranks per group n, shard index j, shard length m, elements N]"
+                raise ValueError(f"the checkpoint's Hierarchical shards were cut as {names} = {saved}, and this "
+                                 f"run cuts them as {self.layout.describe()}: resume with the groups it was saved "
+                                 "with (the same --ranks-per-group and number of ranks)")
+            self._refresh_shard()
+        super().on_state_restored()
 
     def kept_variables(self):
-        return self.inter.kept_variables() if self.inter_active else self.intra.kept_variables()
+        """The kept model: the inter strategy's (its shards gathered within the
+        group, eagerly: every rank of a group must ask at the same step), or the
+        intra strategy's in a single group."""
+        if not self.inter_active:
+            return self.intra.kept_variables()
+        if not self.sharded:
+            return self.inter.kept_variables()
+        kept = self.inter.kept_variables()
+        if kept is None:
+            self._kept_cache = None
+            return None
+        step = int(self.step_counter.numpy())
+        if self._kept_cache is None or self._kept_cache[0] != step:
+            # Bookkeeping for evaluation and saving, not training traffic: left out of the account.
+            self._kept_cache = (step, self.layout.unflatten(self.group_comm.allgather(kept[0], record=False)))
+        return self._kept_cache[1]
 
     def account_by_level(self):
         """This rank's ``{"intra": {"bytes", "calls"}, "inter": {...}}`` so far
@@ -221,31 +315,56 @@ class Hierarchical(SyncStrategy):
         elif not self.intra_active:
             self.inter.step(grad_sums, variables, apply_update, sample_count, mean)
         else:
-            sums, count = self._combine_within_group(grad_sums, variables, sample_count, mean)
-            self.intra.step_counter.assign_add(1)
-            self.inter.step(sums, variables, apply_update, count, mean)
+            self._sharded_step(grad_sums, variables, apply_update, sample_count, mean)
         self.step_counter.assign_add(1)
 
-    def _combine_within_group(self, grad_sums, variables, sample_count, mean):
-        """The group as one worker: ``(its gradient sums, its sample count)``, identical on the group's ranks.
+    def _sharded_step(self, grad_sums, variables, apply_update, sample_count, mean):
+        shard_sums, count = self._reduce_scatter_within_group(grad_sums, variables, sample_count, mean)
+        self._refresh_shard()
 
-        With counts: S_G = Σ S_r and n_G = Σ n_r over the group, in one Sum
-        allreduce (the count rides in the gradients' dtype, as in SyncAverage);
-        for ``mean=False`` under ``reduce_op="average"`` S_G is divided by the
-        group's size, so that the inter level's average over the groups gives
-        ΣS/p, as SyncAverage over all the ranks would. Without counts: the
-        gradients combined by ``reduce_op`` (the group's mean), no count.
+        def apply_shard(shard_updates):
+            # The n shards of the update, put together in the group, go through
+            # the inner optimizer on the full weights; the shard view follows them.
+            full = self.group_comm.allgather(shard_updates[0])
+            apply_update(self.layout.unflatten(full))
+            self._refresh_shard()
+
+        self.inter.step([shard_sums], [self.shard], apply_shard, count, mean)
+        self.intra.step_counter.assign_add(1)
+        tf.cond(self.inter.weights_synchronised(), self._gather_weights, tf.no_op)
+
+    def _gather_weights(self):
+        """The weights <- the n weight shards of the group, after the inter strategy changed its shard."""
+        for variable, value in zip(self.variables, self.layout.unflatten(self.group_comm.allgather(self.shard))):
+            variable.assign(value)
+        return tf.no_op()
+
+    def _reduce_scatter_within_group(self, grad_sums, variables, sample_count, mean):
+        """``(shard j of the group's gradient sums, the group's sample count)``: ONE reduce-scatter.
+
+        Each shard row carries the rank's count (with counts) and its
+        non-finite flag, so every rank of the group receives the group's
+        count and the number of its faulty ranks; a faulty group's shard is
+        all NaN on every rank (module docstring). With counts the op is Sum,
+        and for ``mean=False`` under ``reduce_op="average"`` the sums are
+        divided by n; without, the intra strategy's ``reduce_op``.
         """
         intra = self.intra
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
-        if sample_count is None:
-            return self.group_comm.allreduce(grads, op=intra.reduce_op, compression=intra.compression), None
-        summed = self.group_comm.allreduce(grads + [count_on_the_wire(sample_count, grads[0].dtype)], op="sum",
-                                           compression=intra.compression)
-        sums = summed[:-1]
-        if not mean and intra.reduce_op == "average":
-            sums = [s / self.group_comm.size for s in sums]
-        return sums, count_off_the_wire(summed[-1])
+        faulty = tf.cast(tf.logical_not(all_finite(grads)), grads[0].dtype)
+        extras = [faulty] if sample_count is None else [count_on_the_wire(sample_count, grads[0].dtype)[0], faulty]
+        op = intra.reduce_op if sample_count is None else "sum"
+        row = self.group_comm.reducescatter([self.layout.rows(grads, extras)], op=op,
+                                            compression=intra.compression)[0]
+        m = self.layout.length
+        sums = row[:m]
+        count = None if sample_count is None else count_off_the_wire(row[m:m + 1])
+        if sample_count is not None and not mean and intra.reduce_op == "average":
+            sums = sums / self.group_comm.size
+        group_faulty = row[-1] > 0
+        sums = tf.cond(group_faulty, lambda: tf.fill(tf.shape(sums), tf.constant(float("nan"), sums.dtype)),
+                       lambda: tf.identity(sums))
+        return sums, count
 
     # --- the hooks (base.py) ------------------------------------------------------------------
     @classmethod
@@ -280,7 +399,20 @@ class Hierarchical(SyncStrategy):
         layout has several groups (EASGD's center), else they are the mean
         (one group: the intra SyncAverage alone). The inter strategy's verdict
         is asked at G = p/n -> q/n when ``ranks_per_group`` fixes n (EASGD's
-        fixed ``--moving-rate`` against 2/(G+1))."""
+        fixed ``--moving-rate`` against 2/(G+1)).
+
+        Refused for now: each rank of a group holds only its shard of the
+        inter strategy's state (the center, θ, the residuals), so a resize
+        must gather the shards of each saved group in order and cut them
+        again at the new group size; the mean over the saved ranks, which
+        the per-variable rules would take, mixes different shards. Until
+        that rule exists, a sharded run resumes at the number of ranks it
+        was saved at."""
+        return (f"--strategy {self.name} keeps its inter state as shards across the ranks of each group, and "
+                f"re-cutting them for another number of ranks is not supported yet: resume at {saved_ranks} ranks")
+
+    def _unsharded_resize_refusal(self, saved_ranks, ranks):
+        # The rule of the replicated layout, kept for the sharded rule to build on.
         n = self.ranks_per_group
         if n is not None and ranks % n:
             return f"--ranks-per-group {n} does not divide the {ranks} ranks of the resumed run"
@@ -309,18 +441,33 @@ class Hierarchical(SyncStrategy):
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
         """Groups of n = ``ranks_per_group`` (default: ``ranks_per_host``), G = p/n
-        of them: within a group the intra strategy's traffic over n ranks, across
-        the groups the inter strategy's over G ranks (module docstring)."""
+        of them: within a group the reduce-scatter and the allgathers, across the
+        groups the inter strategy's traffic over G ranks on one shard of m
+        elements (the formulas in the module docstring); one level alone in a
+        degenerate layout."""
         size = hosts * ranks_per_host
         n = self.ranks_per_group or ranks_per_host
         if size % n:
             raise ValueError(f"`ranks_per_group` must divide the number of ranks p={size}. "
                              f"Received: ranks_per_group={n}")
         group_count = size // n
-        within = self.intra.expected_traffic(trainable_variables, non_trainable_variables, 1, n, sample_counts)
-        across = self.inter.expected_traffic(trainable_variables, non_trainable_variables, group_count, 1,
-                                             sample_counts)
-        return ExpectedTraffic(within.total, across.total, n)
+        if group_count == 1 or n == 1:
+            within = self.intra.expected_traffic(trainable_variables, non_trainable_variables, 1, n, sample_counts)
+            across = self.inter.expected_traffic(trainable_variables, non_trainable_variables, group_count, 1,
+                                                 sample_counts)
+            return ExpectedTraffic(within.total, across.total, n)
+        layout = FlatShards(trainable_variables, n, 0)
+        e = element_bytes(trainable_variables)
+        columns = 2 if sample_counts else 1
+        scatter = n * (layout.length + columns) * element_bytes(trainable_variables, self.intra.compression)
+        rate = self.inter.weight_synchronisations_per_step()
+        gather = float(layout.length * e)
+        # Wire: (n−1)/n of the reduce-scatter's payload, (n−1)× each allgather's (comm/communicator.py).
+        scattered = Traffic(float(scatter), 1.0, scatter * WIRE_FACTORS["reducescatter"](n))
+        gathered = Traffic(gather, 1.0, gather * WIRE_FACTORS["allgather"](n))
+        within = scattered + gathered + Traffic(gather * rate, rate, gather * rate * WIRE_FACTORS["allgather"](n))
+        across = self.inter.expected_traffic([layout.spec], (), group_count, 1, sample_counts)
+        return ExpectedTraffic(within, across.total, n)
 
     # --- configuration ---------------------------------------------------------------------
     def get_config(self):

@@ -88,3 +88,11 @@ def allreduce_unless_non_finite(comm, tensors, compression=Compression.none, wit
         return summed[:-1], summed[-1][0], errors[:-1]
     summed = comm.allreduce(payload, op="sum", compression=compression)
     return summed[:-1], summed[-1][0]
+
+
+def synchronised_this_step(strategy):
+    """For a τ-strategy (``period``, ``warmup_steps``, ``local_steps()``) right
+    after its step: whether that step synchronised the weights, i.e. it was a
+    main-phase step with t ≡ 0 (mod τ) (its ``weights_synchronised`` hook)."""
+    return tf.logical_and(strategy.step_counter > strategy.warmup_steps,
+                          tf.equal(strategy.local_steps() % strategy.period, 0))

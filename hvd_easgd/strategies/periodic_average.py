@@ -57,8 +57,10 @@ from .. import validation
 from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
-from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step
+from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, allreduce_traffic, compression_for, element_bytes, \
+    payload_bytes, state_variable_name
+from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
+    synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -102,6 +104,8 @@ class PeriodicAverage(SyncStrategy):
         CliOption("--tau", "period", "optimizer steps between synchronisations (default 10)", type=int),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
     )
+    # On a flat shard of the variables (Hierarchical shards the state across groups).
+    across_groups = True
 
     payload_kind = WEIGHT_DIFFERENCES
 
@@ -158,6 +162,12 @@ class PeriodicAverage(SyncStrategy):
         return self.step_counter - self.warmup_steps
 
     # --- one step ----------------------------------------------------------------
+
+    def weights_synchronised(self):
+        return synchronised_this_step(self)
+
+    def weight_synchronisations_per_step(self):
+        return 1.0 / self.period
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         # At the switch the ranks hold the same weights: the period simply starts (on_warmup_end's default).
         run_phases(self.step_counter, self.warmup_steps,

@@ -24,8 +24,11 @@ def cnn():
 
 
 @pytest.mark.parametrize("hosts, per_host, expected", [
-    # (sync_two_level, hier_easgd_tau10) bytes per step and rank: intra M when n > 1, inter when G > 1.
-    (2, 2, ((M + M, 2.0), (M + (M + 4) / 10, 1.1))),
+    # (sync_two_level, hier_easgd_tau10) bytes per step and rank at n = 2, G = 2 (shards of M/2): within,
+    # the reduce-scatter of 2 rows of M/2 + 4 (the non-finite flag) and the update's allgather of M/2
+    # (EASGD: and every 10th step the weights' allgather of M/2); across, the shard (EASGD: and its flag,
+    # every 10th step).
+    (2, 2, ((2 * (M / 2 + 4) + M / 2 + M / 2, 3.0), (2 * (M / 2 + 4) + M / 2 + M / 20 + (M / 2 + 4) / 10, 2.2))),
     (1, 2, ((M, 1.0), (M, 1.0))),                        # one group: the intra level alone
     (2, 1, ((M, 1.0), ((M + 4) / 10, 0.1))),             # one rank per group: the inter level alone
 ])
@@ -59,11 +62,12 @@ def test_a_flat_allreduce_crosses_hosts_as_halving_doubling_does(cnn, hosts, per
         crossings * (M + 4) / 10)
 
 
-def test_hierarchical_carries_its_inter_payload_once_per_rank_index(cnn):
-    # 2 hosts × 2: two cross-group sets {0,2} and {1,3}; a 2-rank ring sends the payload once each way.
-    assert configurations.cross_host_bytes_per_step("sync_two_level", cnn, 2, 2) == pytest.approx(4 * M)
+def test_hierarchical_carries_each_shard_once_per_rank_index(cnn):
+    # 2 hosts × 2: two cross-group sets {0,2} and {1,3}, each carrying its half of the payload (the
+    # shard); a 2-rank ring sends it once each way: 2M in all, the flat allreduce's figure.
+    assert configurations.cross_host_bytes_per_step("sync_two_level", cnn, 2, 2) == pytest.approx(2 * M)
     assert configurations.cross_host_bytes_per_step("hier_easgd_tau10", cnn, 2, 2) == pytest.approx(
-        4 * (M + 4) / 10)
+        4 * (M / 2 + 4) / 10)
     # Its intra level never leaves a host, and one host sends nothing across.
     assert configurations.cross_host_bytes_per_step("sync_two_level", cnn, 1, 4) == 0.0
     assert configurations.cross_host_bytes_per_step("sync", cnn, 1, 4) == 0.0

@@ -19,6 +19,19 @@ P, N = 4, 2  # ranks, ranks per group
 WIDTH = 3
 M = WIDTH * 4  # bytes of the trainable variables (fp32)
 LR = 0.5
+# Each rank's shard of the flattened weights: m = ceil(WIDTH/N) elements (the last one padding).
+SHARD = -(-WIDTH // N) * 4
+
+
+def intra_bytes(steps, syncs, columns):
+    """The intra level's payload: per step the reduce-scatter of N rows of m + columns
+    elements and the update's allgather of m; per weight sync an allgather of m."""
+    return steps * (N * (SHARD + 4 * columns) + SHARD) + syncs * SHARD
+
+
+def gathered_kept(cluster, opts):
+    """Every rank's kept model (its shards gathered within its group: a collective)."""
+    return cluster.run(lambda r: [np.array(k) for k in opts[r].strategy.kept_variables()])
 
 
 def ranks_with(cluster, make_strategy, initial):
@@ -86,18 +99,22 @@ def test_sync_within_groups_easgd_across_them_matches_the_reference_and_its_acco
     np.testing.assert_array_equal(got[0], got[1])  # bit-identical within a group
     np.testing.assert_array_equal(got[2], got[3])
     np.testing.assert_allclose(got[[0, 2]], x, rtol=1e-5)
-    centers = np.stack([o.strategy.inter.center[0].numpy().ravel() for o in opts])
+    centers = np.stack([k[0].ravel() for k in gathered_kept(cluster, opts)])
     assert all(np.array_equal(c, centers[0]) for c in centers)  # identical on every rank
     np.testing.assert_allclose(centers[0], center, rtol=1e-5)
+    assert opts[0].strategy.inter.center[0].shape == (SHARD // 4,)  # each rank keeps its shard of the center
     assert not np.allclose(got[0], got[2])  # the groups differ: the check above is not vacuous
-    # per rank: intra M + 4 every step; inter M + 4 every tau-th step, on every rank
+    # per rank (module docstring): intra the reduce-scatter (count and flag) and the update's allgather every
+    # step, the weights' allgather every tau-th; inter the shard and the flag every tau-th step, on every rank
     elastic = steps // tau
     for r, opt in enumerate(opts):
-        assert opt.strategy.account_by_level() == {"intra": {"bytes": steps * (M + 4), "calls": steps},
-                                                   "inter": {"bytes": elastic * (M + 4), "calls": elastic}}
-        assert cluster.communicators[r].account() == {"bytes": (steps + elastic) * (M + 4), "calls": steps + elastic}
-    # flat SyncAverage with counts sends M + 4 per step: the inter level sends 1/tau of it
-    assert opts[0].strategy.account_by_level()["inter"]["bytes"] == steps * (M + 4) // tau
+        within = {"bytes": intra_bytes(steps, elastic, columns=2), "calls": 2 * steps + elastic}
+        assert opt.strategy.account_by_level() == {"intra": within,
+                                                   "inter": {"bytes": elastic * (SHARD + 4), "calls": elastic}}
+        assert cluster.communicators[r].account() == {"bytes": within["bytes"] + elastic * (SHARD + 4),
+                                                      "calls": within["calls"] + elastic}
+    # flat SyncAverage with counts sends M + 4 per step: the inter level sends 1/tau of a shard's share of it
+    assert opts[0].strategy.account_by_level()["inter"]["bytes"] == steps * (SHARD + 4) // tau
     assert [o.strategy.inter.moving_rate for o in opts] == [alpha] * P
 
 
@@ -112,9 +129,9 @@ def test_sync_within_and_across_groups_is_the_mean_over_every_rank():
     got = kernels(models)
     assert all(np.array_equal(k, got[0]) for k in got)
     np.testing.assert_allclose(got[0], expected, rtol=1e-5)
-    for opt in opts:  # no counts: M per level per step
-        assert opt.strategy.account_by_level() == {"intra": {"bytes": 3 * M, "calls": 3},
-                                                   "inter": {"bytes": 3 * M, "calls": 3}}
+    for opt in opts:  # no counts: the reduce-scatter (with the flag) and the allgather; across, the shard
+        assert opt.strategy.account_by_level() == {"intra": {"bytes": intra_bytes(3, 0, columns=1), "calls": 6},
+                                                   "inter": {"bytes": 3 * SHARD, "calls": 3}}
         assert opt.strategy.kept_variables() is None
 
 
@@ -202,7 +219,7 @@ def test_state_resumes_bit_identically_and_the_config_round_trips():
     assert all(any(v is c for v in opt.strategy.state_variables()) for opt in opts for c in opt.strategy.inter.center)
     for g in grads[2:]:  # crosses the elastic step at t = 3 and t = 6
         step(cluster, models, opts, g)
-    first = kernels(models), np.stack([o.strategy.inter.center[0].numpy() for o in opts])
+    first = kernels(models), np.stack([o.strategy.inter.center[0].numpy() for o in opts])  # the shards
     for m, opt, values in zip(models, opts, saved):
         for v, value in zip(checkpointed(m, opt), values):
             v.assign(value)
@@ -233,7 +250,7 @@ def test_a_nan_in_one_group_skips_that_group_and_never_splits_it():
     reference_grads[0, [0, 1]] = 0.0
     x, center = easgd_reference(reference_grads, [1] * P, tau, alpha, [[0, 1], [2, 3]])
     np.testing.assert_allclose(got[[0, 2]], x, rtol=1e-5)
-    np.testing.assert_allclose(opts[3].strategy.inter.center[0].numpy().ravel(), center, rtol=1e-5)
+    np.testing.assert_allclose(gathered_kept(cluster, opts)[3][0].ravel(), center, rtol=1e-5)
     assert [int(o.strategy.inter.skipped_steps.numpy()) for o in opts] == [1, 1, 0, 0]
 
 
@@ -249,7 +266,8 @@ def test_accumulation_wraps_hierarchical():
         step(cluster, models, opts, g, counts=[1, 1, 1, 1])
     x, center = easgd_reference([grads.mean(axis=0)], [1] * P, 1, 0.25, [[0, 1], [2, 3]])
     np.testing.assert_allclose(kernels(models)[[0, 2]], x, rtol=1e-5)
-    assert opts[0].strategy.strategy.account_by_level()["intra"]["calls"] == 1  # one window, one call
+    # one window: one reduce-scatter, the update's allgather, the weights' allgather (tau = 1)
+    assert opts[0].strategy.strategy.account_by_level()["intra"]["calls"] == 3
 
 
 def test_the_command_line_builds_the_inter_strategy_from_its_own_flags():

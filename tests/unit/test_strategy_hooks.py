@@ -100,19 +100,27 @@ def test_the_expected_traffic_is_what_the_ranks_account_for(make, counts, by_han
                                                                rel=1e-12)
 
 
-@pytest.mark.parametrize("make_inter, inter_by_hand", [
-    (SyncAverage, (M, 1.0)),
-    (lambda: EASGD(period=3), ((M + 4) / 3, 1 / 3)),
+# Groups of 2: each rank's shard of the 34 trainable elements is m = 17 of them (hierarchical.py's docstring).
+SHARD = 4 * TRAINABLE // 2
+
+
+@pytest.mark.parametrize("make_inter, intra_by_hand, inter_by_hand", [
+    # the reduce-scatter of 2 rows of m + 1 (the non-finite flag), the update's allgather of m
+    (SyncAverage, (2 * (SHARD + 4) + SHARD, 2.0), (SHARD, 1.0)),
+    # and every 3rd step the weights' allgather; across, the shard and the flag every 3rd step
+    (lambda: EASGD(period=3), (2 * (SHARD + 4) + SHARD + SHARD / 3, 2 + 1 / 3), ((SHARD + 4) / 3, 1 / 3)),
 ])
-def test_hierarchical_expects_each_level_as_its_account_by_level_counts_it(make_inter, inter_by_hand):
+def test_hierarchical_expects_each_level_as_its_account_by_level_counts_it(make_inter, intra_by_hand,
+                                                                           inter_by_hand):
     cluster = SimulatedCluster(P, ranks_per_host=2)  # 2 hosts of 2: the groups
     model, measured, levels = measured_per_step(cluster, lambda: Hierarchical(inter=make_inter()))
     expected = expected_of(Hierarchical(inter=make_inter()), model, 2, 2)
-    assert (expected.within_group.bytes, expected.within_group.calls) == (M, 1.0)
+    assert (expected.within_group.bytes, expected.within_group.calls) == pytest.approx(intra_by_hand, rel=1e-12)
     assert (expected.across_groups.bytes, expected.across_groups.calls) == pytest.approx(inter_by_hand, rel=1e-12)
     assert expected.ranks_per_group == 2
     for rank, by_level in zip(measured, levels):
-        assert by_level["intra"] == pytest.approx({"bytes": M, "calls": 1.0}, rel=1e-12)
+        assert by_level["intra"] == pytest.approx(
+            {"bytes": expected.within_group.bytes, "calls": expected.within_group.calls}, rel=1e-12)
         assert by_level["inter"] == pytest.approx(
             {"bytes": expected.across_groups.bytes, "calls": expected.across_groups.calls}, rel=1e-12)
         assert rank == pytest.approx({"bytes": expected.total.bytes, "calls": expected.total.calls}, rel=1e-12)
@@ -122,9 +130,11 @@ def test_hierarchical_with_counts_and_degenerate_layouts():
     model = model_with_statistics()
     two_level = Hierarchical(intra=SyncAverage(), inter=SyncAverage())
     with_counts = expected_of(two_level, model, 2, 2, sample_counts=True)
-    # wire bytes: a ring allreduce over 2 ranks sends 2(2-1)/2 S = S, over 4 ranks 2(4-1)/4 S = 1.5 S
-    assert (with_counts.within_group, with_counts.across_groups) == (Traffic(M + 4, 1.0, M + 4),
-                                                                     Traffic(M + 4, 1.0, M + 4))
+    # the count rides in every shard's row (and in the shard's allreduce across the groups); wire bytes:
+    # the reduce-scatter over n = 2 sends (n-1)/n of its payload, the allgather (n-1)x, a ring allreduce
+    # over 2 ranks 2(2-1)/2 S = S, over 4 ranks 2(4-1)/4 S = 1.5 S
+    assert (with_counts.within_group, with_counts.across_groups) == (
+        Traffic(2 * (SHARD + 8) + SHARD, 2.0, (SHARD + 8) + SHARD), Traffic(SHARD + 4, 1.0, SHARD + 4))
     assert expected_of(two_level, model, 1, 4) == ExpectedTraffic(Traffic(M, 1.0, 1.5 * M), Traffic(), 4)  # one group
     assert expected_of(two_level, model, 4, 1) == ExpectedTraffic(Traffic(), Traffic(M, 1.0, 1.5 * M), 1)  # of one
     with pytest.raises(ValueError, match=r"`ranks_per_group` must divide the number of ranks p=4\. "
@@ -204,13 +214,13 @@ def test_process_groups_are_the_hierarchical_strategys_and_composites_ask_their_
 def test_the_inter_choices_are_the_registered_strategies_that_run_across_groups(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     inter = next(opt for opt in Hierarchical.cli_options if opt.flag == "--inter")
-    assert registry.choices(inter) == ("easgd", "sync")
+    assert registry.choices(inter) == ("diloco", "easgd", "periodic", "sync")
     assert [cls.across_groups for cls in (SyncAverage, EASGD, PeriodicAverage, DiLoCo, Hierarchical)] == [
-        True, True, False, False, False]
+        True, True, True, True, False]
 
     class CalmEASGD(EASGD):
         name = "calm_easgd"
         description = "EASGD under another name"
 
     registry.register(CalmEASGD)  # a subclass inherits the capability, so it may sit across groups
-    assert registry.choices(inter) == ("calm_easgd", "easgd", "sync")
+    assert registry.choices(inter) == ("calm_easgd", "diloco", "easgd", "periodic", "sync")

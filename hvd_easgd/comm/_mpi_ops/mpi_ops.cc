@@ -569,6 +569,83 @@ class AlltoallOp : public MpiKernel {
   }
 };
 // --- end of alltoall ---------------------------------------------------------------------
+// --- reduce-scatter (Hierarchical's intra level) ---------------------------------------
+// Every input is a flat tensor of size·m_t elements (the Python side flattens
+// and zero-pads: comm/communicator.py's shard layout); rank r receives the
+// reduction of elements [r·m_t, (r+1)·m_t) of each. The tensors of one dtype
+// share one MPI_Reduce_scatter_block: the buffer holds, rank block by rank
+// block, every tensor's r-th slice, so each rank's receive block is
+// contiguous.
+class ReducescatterOp : public MpiKernel {
+ public:
+  explicit ReducescatterOp(OpKernelConstruction* ctx) : MpiKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("average", &average_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int size = state_->size;
+    std::vector<DataType> dtypes;
+    std::vector<std::vector<int>> groups;
+    for (int i = 0; i < ctx->num_inputs(); ++i) {
+      const Tensor& in = ctx->input(i);
+      OP_REQUIRES(ctx, in.dims() == 1 && in.NumElements() % size == 0,
+                  absl::InvalidArgumentError("reducescatter needs flat tensors whose size is a multiple of the "
+                                             "communicator's size " + std::to_string(size)));
+      DataType dtype = ctx->input_dtype(i);
+      size_t g = 0;
+      while (g < dtypes.size() && dtypes[g] != dtype) ++g;
+      if (g == dtypes.size()) {
+        dtypes.push_back(dtype);
+        groups.emplace_back();
+      }
+      groups[g].push_back(i);
+    }
+    std::string what = average_ ? "reducescatter average" : "reducescatter sum";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      int64_t n = 0;
+      for (int i : groups[g]) n += ctx->input(i).NumElements();
+      what += " " + tensorflow::DataTypeString(dtypes[g]) + "x" + std::to_string(n);
+    }
+    std::unique_ptr<Collective> collective;
+    if (!Begin(ctx, what, &collective)) return;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      MPI_Datatype type;
+      MPI_Op op;
+      OP_REQUIRES(ctx, MpiSum(dtypes[g], &type, &op),
+                  absl::InvalidArgumentError("the mpi-direct communicator cannot reduce " +
+                                             tensorflow::DataTypeString(dtypes[g]) + " tensors"));
+      const int64_t element_bytes = tensorflow::DataTypeSize(dtypes[g]);
+      int64_t block = 0;  // elements each rank receives
+      for (int i : groups[g]) block += ctx->input(i).NumElements() / size;
+      OP_REQUIRES(ctx, block * size <= INT32_MAX, absl::InvalidArgumentError("tensors too large for one MPI call"));
+      Tensor send, received;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtypes[g], TensorShape({block * size}), &send));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(dtypes[g], TensorShape({block}), &received));
+      char* data = const_cast<char*>(send.tensor_data().data());
+      for (int r = 0; r < size; ++r) {
+        for (int i : groups[g]) {
+          const int64_t slice_bytes = ctx->input(i).NumElements() / size * element_bytes;
+          std::memcpy(data, ctx->input(i).tensor_data().data() + r * slice_bytes, slice_bytes);
+          data += slice_bytes;
+        }
+      }
+      char* mine = const_cast<char*>(received.tensor_data().data());
+      MPI_Reduce_scatter_block(send.tensor_data().data(), mine, static_cast<int>(block), type, op, state_->comm);
+      if (average_) Average(dtypes[g], mine, block, size);
+      int64_t offset = 0;
+      for (int i : groups[g]) {
+        const int64_t m = ctx->input(i).NumElements() / size;
+        Tensor* out = nullptr;
+        OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({m}), &out));
+        std::memcpy(const_cast<char*>(out->tensor_data().data()), mine + offset * element_bytes, m * element_bytes);
+        offset += m;
+      }
+    }
+  }
+
+ private:
+  bool average_ = false;
+};
 
 class OrderOp : public OpKernel {
  public:
@@ -648,6 +725,19 @@ REGISTER_OP("MpiDirectAlltoall")
       return absl::OkStatus();
     });
 REGISTER_KERNEL_BUILDER(Name("MpiDirectAlltoall").Device(tensorflow::DEVICE_CPU), AlltoallOp);
+REGISTER_OP("MpiDirectReducescatter")
+    .Input("tensors: T")
+    .Output("shards: T")
+    .Attr("T: list(" HVD_EASGD_MPI_TYPES ") >= 1")
+    .Attr("comm: int")
+    .Attr("average: bool = false")
+    .Attr("stall_seconds: float = 0")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      // A shard of each flat input: size / (the communicator's size), known only at run time.
+      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    });
 
 REGISTER_OP("MpiDirectOrder")
     .Output("count_and_hash: int64")
@@ -661,6 +751,7 @@ REGISTER_OP("MpiDirectOrder")
 REGISTER_KERNEL_BUILDER(Name("MpiDirectAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("MpiDirectBroadcast").Device(tensorflow::DEVICE_CPU), BroadcastOp);
 REGISTER_KERNEL_BUILDER(Name("MpiDirectAllgather").Device(tensorflow::DEVICE_CPU), AllgatherOp);
+REGISTER_KERNEL_BUILDER(Name("MpiDirectReducescatter").Device(tensorflow::DEVICE_CPU), ReducescatterOp);
 REGISTER_KERNEL_BUILDER(Name("MpiDirectOrder").Device(tensorflow::DEVICE_CPU), OrderOp);
 
 }  // namespace hvd_easgd

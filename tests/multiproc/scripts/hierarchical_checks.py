@@ -3,8 +3,9 @@ or, with a second argument ``mpi-direct`` under mpirun, as MPI communicators
 split by the direct path.
 
 Each rank steps its own gradients (the same seeded table on every rank) in a
-tf.function, so the leader's and the other ranks' traced steps differ, and
-writes its weights, center and per-level account to OUT/rank<r>.json.
+tf.function, with every inter strategy on its shard of the weights, and
+writes its weights, kept model (gathered within its group), per-level account
+and one reduce-scatter over all the ranks to OUT/rank<r>.json.
 """
 import sys
 
@@ -13,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_easgd
-from hvd_easgd import EASGD, Hierarchical, SyncAverage
+from hvd_easgd import EASGD, DiLoCo, Hierarchical, PeriodicAverage, SyncAverage
 from tests.multiproc.scripts.rank_checks import write_rank_results
 
 WIDTH, STEPS, LR = 3, 4, 0.5
@@ -43,13 +44,25 @@ def run(strategy, counts):
                    tf.constant(counts[comm.rank] if counts else 1, tf.int64))
     kept = strategy.kept_variables()
     return {"kernel": model.layers[0].kernel.numpy().ravel().tolist(),
-            "center": None if kept is None else kept[0].numpy().ravel().tolist(),
+            "center": None if kept is None else np.ravel(kept[0]).tolist(),
             "levels": strategy.account_by_level(), "total": comm.account(), "groups": strategy.groups,
             "inter_size": strategy.inter.comm.size, "moving_rate": getattr(strategy.inter, "moving_rate", None)}
 
 
-results = {"rank": comm.rank, "size": comm.size,
+
+@tf.function
+def scatter(floats, ints):  # one grouped call per dtype
+    return comm.reducescatter([floats, floats * 2], op="sum")[:1] + comm.reducescatter([ints], op="sum")
+
+
+# 7 floats and 5 int32 per rank (not multiples of p: padded to 8), rank-dependent values.
+base = np.arange(7, dtype=np.float32) * 0.25
+shards = scatter(tf.constant(base + comm.rank), tf.constant(np.arange(5, dtype=np.int32) * (comm.rank + 1)))
+comm.reset_account()
+results = {"rank": comm.rank, "size": comm.size, "reducescatter": [s.numpy().tolist() for s in shards],
            "easgd": run(Hierarchical(SyncAverage(), EASGD(2, moving_rate=0.25), ranks_per_group=2), COUNTS),
+           "periodic": run(Hierarchical(SyncAverage(), PeriodicAverage(2), ranks_per_group=2), COUNTS),
+           "diloco": run(Hierarchical(SyncAverage(), DiLoCo(2), ranks_per_group=2), COUNTS),
            "sync": run(Hierarchical(SyncAverage(), SyncAverage(), ranks_per_group=2), None)}
 write_rank_results(out_dir, comm.rank, results)
 # Every rank waits for all: a rank that exits shuts Horovod down for the ranks
