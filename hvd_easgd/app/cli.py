@@ -238,10 +238,11 @@ def _saved_config(run_dir):
     """The config of the newest checkpoint in ``run_dir``: the one a resume continues.
 
     Read from its manifest, whose format is checked first: options saved under
-    another format's meaning must not become this run's defaults.
+    another format's meaning must not become this run's defaults. No shard is
+    read here: the ranks verify them before loading (``checkpoint.latest``), and
+    fall back to an older checkpoint of the same run, with the same options.
     """
-    manifest, _ = checkpoint.latest(run_dir)
-    return manifest["config"]
+    return checkpoint.newest_manifest(run_dir)["config"]
 
 
 def _import_plugins(argv):
