@@ -13,7 +13,7 @@ Layout::
 
     RUN_DIR/checkpoints/epoch-000003/rank-00000.npz
                                      rank-00001.npz
-                                     manifest.json     (last)
+                                     manifest.json     (last; with each shard's size and SHA-256)
     RUN_DIR/checkpoints/epoch-000003-step-000017/...   (3 epochs and 17 micro-batches done)
 
 Directory names sort by global step, as strings and as numbers: an epoch
@@ -36,6 +36,18 @@ a checkpoint of another format is refused with a message naming both:
   absent when missing) but the shards mean what they meant; a mid-epoch
   shard simply holds the state at that micro-batch (mid-window accumulators,
   EASGD's step counter and so its tau phase).
+
+Each shard's size and SHA-256 go in the manifest (``checksums``), and a
+resume trusts nothing it has not checked: ``latest`` tries the checkpoints
+newest first, every rank verifies what it would read
+(``checkpoint_verification``), and the ranks agree on the verdict, so a
+damaged or interrupted checkpoint is skipped by all of them for the newest
+intact one. Rotation (``keep``) counts only intact checkpoints. A save that
+fails on any rank (a full or read-only disk) fails on every rank
+(``CheckpointSaveError``) and leaves nothing of itself behind. The checksums
+kept format 2: they describe the shards, whose meaning is unchanged, and a
+manifest without them (an older release's) is still read, its shards checked
+by their zip CRC-32s.
 
 A checkpoint saved at p ranks resumes at q != p where the strategy's
 ``resize_refusal`` allows it (from an epoch end): ``restore`` then gives every
@@ -150,9 +162,10 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
                     "config": config}
         try:
             atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
-            report = {"candidates": _rotation_candidates(run_dir, keep, name)}
         except OSError as err:
             report = {"rank": 0, "error": f"{MANIFEST}: {_os_reason(err)}"}
+        else:
+            report = {"candidates": _rotation_candidates(run_dir, keep, name)}
     report = comm.allgather_json(report)[0]
     _raise_if_failed([report], directory, file, comm)
     _rotate(run_dir, report["candidates"], keep, comm)

@@ -202,15 +202,15 @@ def _checkpoint_to_resume(config, run_dir, effective, comm, strategy):
             raise UsageError(f"--run-dir {run_dir} already holds checkpoints; continue it with --resume {run_dir} "
                              "or choose another --run-dir")
         return None
-    skipped = []
+    reported = []
 
-    def report(line):
-        skipped.append(line)
+    def report(line):  # called on every rank alike: the ranks agreed on what was skipped
+        reported.append(line)
         if comm.rank == 0:
             print(f"train.py: {line}", flush=True)
 
     manifest, directory = checkpoint.latest(run_dir, comm, report=report)
-    if skipped and comm.rank == 0:
+    if reported and comm.rank == 0:
         print(f"train.py: resuming from checkpoint {os.path.basename(directory)}", flush=True)
     differs = resume_mismatches(manifest, effective, comm.size, strategy)
     if differs:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hvd_easgd import checkpoint
+from hvd_easgd import checkpoint_verification as verification
 from tests.helpers import HOROVODRUN, PYTHON, ROOT, horovodrun, quiet_env, run
 
 pytestmark = pytest.mark.multiproc
@@ -132,5 +133,5 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_training_goes_on(tmp_path
     # The failed save left nothing behind; the previous checkpoint is whole.
     assert sorted(os.listdir(kept / "checkpoints")) == ["epoch-000001"]
     manifest, directory = checkpoint.latest(str(kept))
-    assert manifest["epoch"] == 1 and checkpoint.problem(directory, manifest) is None
+    assert manifest["epoch"] == 1 and verification.problem(directory, manifest) is None
     assert [row["epoch"] for row in json.load(open(kept / "metrics.json"))["epochs"]] == [1, 2]

@@ -258,3 +258,18 @@ def test_a_stop_whose_checkpoint_failed_says_so():
         "stopped on a signal; the checkpoint at epoch 2, micro-batch 5 could not be saved, a resume continues "
         "from the newest intact one")
     assert str(TrainingPreempted(2, 5)) == "stopped on a signal after the checkpoint at epoch 2, micro-batch 5"
+
+
+def test_the_options_a_resume_defaults_to_come_from_the_newest_manifest_that_parses(tmp_path):
+    # train.py reads them before the ranks start, without reading a shard
+    run_dir = str(tmp_path)
+    model, opt = saved_run(run_dir, [1])
+    checkpoint.save(run_dir, 2, model, opt, opt.comm, {"epochs": 9}, keep=0)
+    checkpoint.save(run_dir, 3, model, opt, opt.comm, {"epochs": 10}, keep=0)
+    open(os.path.join(checkpoint.checkpoint_dir(run_dir, 3), "manifest.json"), "w").write("[")
+    os.remove(shard(run_dir, 2))  # shards are not its business: latest verifies them
+    assert checkpoint.newest_manifest(run_dir)["config"] == {"epochs": 9}
+    for epoch in (1, 2):
+        os.remove(os.path.join(checkpoint.checkpoint_dir(run_dir, epoch), "manifest.json"))
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint under"):
+        checkpoint.newest_manifest(run_dir)
