@@ -5,6 +5,7 @@ Horovod starts wherever possible (so no rank waits in a collective for a
 rank that has already left); see hvd_easgd.errors.
 """
 import argparse
+import errno
 import os
 import sys
 
@@ -446,12 +447,22 @@ def main(argv=None):
         sys.exit(EXIT_PREEMPTED)
     except NonFiniteTrainingError as err:
         exit_with_rank_error(err, EXIT_FAILURE)
+    except OSError as err:
+        if err.errno not in DISK_FULL_OR_READ_ONLY:
+            raise
+        # Checkpoints handle this themselves (the run goes on); what is left is a file
+        # only rank 0 writes (model.keras, metrics.json): this rank says which, once.
+        exit_with_rank_error(f"cannot write {err.filename or 'a file'}: [Errno {err.errno}] {err.strerror}; "
+                             "the newest intact checkpoint stays usable", EXIT_FAILURE)
     except Exception as err:  # a collective failed because another rank died or stalled
         if not _is_collective_failure(err):
             raise
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         exit_with_rank_error("a collective failed, most likely because another rank died or stopped "
                              f"answering: {first_line[:300]}", EXIT_FAILURE)
+
+
+DISK_FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def _is_collective_failure(err):

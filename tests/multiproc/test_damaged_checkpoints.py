@@ -112,12 +112,13 @@ def test_no_intact_checkpoint_refuses_in_one_line_with_exit_2(straight, tmp_path
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
 def test_a_full_disk_keeps_the_previous_checkpoint_and_training_goes_on(tmp_path):
     # A 1200 KiB tmpfs holds one checkpoint of the digits CNN at np=2 (two shards of 0.31 MB) and the
-    # final model.keras (0.5 MB), but not a second checkpoint: the save of epoch 2 fails.
+    # final model.keras (0.5 MB), but not a second checkpoint: in one epoch of 22 micro-batches, the
+    # save at micro-batch 11 fits and the epoch end's fails.
     mount = tmp_path / "small"
     mount.mkdir()
     run_dir, kept = mount / "run", tmp_path / "kept"
     train = subprocess.list2cmdline([HOROVODRUN, "-np", "2", "--gloo", "--network-interface", "lo", PYTHON, TRAIN,
-                                     "--epochs", "2", "--checkpoint-every", "1", "--threads-per-rank", "1",
+                                     "--epochs", "1", "--checkpoint-every-steps", "11", "--threads-per-rank", "1",
                                      "--no-tensorboard", "--run-dir", str(run_dir)])
     inside = (f"mount -t tmpfs -o size=1200k tmpfs {mount} && {{ {train}; status=$?; cp -r {run_dir} {kept}; "
               f"umount {mount}; exit $status; }}")
@@ -127,11 +128,12 @@ def test_a_full_disk_keeps_the_previous_checkpoint_and_training_goes_on(tmp_path
     assert not os.path.ismount(mount) and os.listdir(mount) == []
     failed = lines_with(text, "not saved")
     assert len(failed) == 1 and RANK0_LINE.match(failed[0]), text[-3000:]
-    assert "checkpoint epoch-000002 not saved" in failed[0] and "No space left on device" in failed[0]
-    assert "epoch-000001 stays the newest" in failed[0]
+    assert "checkpoint epoch-000001 not saved" in failed[0] and "No space left on device" in failed[0]
+    assert "epoch-000000-step-000011 stays the newest" in failed[0]
     assert not TRACEBACK.search(text), text[-3000:]
     # The failed save left nothing behind; the previous checkpoint is whole.
-    assert sorted(os.listdir(kept / "checkpoints")) == ["epoch-000001"]
+    assert sorted(os.listdir(kept / "checkpoints")) == ["epoch-000000-step-000011"]
     manifest, directory = checkpoint.latest(str(kept))
-    assert manifest["epoch"] == 1 and verification.problem(directory, manifest) is None
-    assert [row["epoch"] for row in json.load(open(kept / "metrics.json"))["epochs"]] == [1, 2]
+    assert manifest["step_in_epoch"] == 11 and verification.problem(directory, manifest) is None
+    assert [row["epoch"] for row in json.load(open(kept / "metrics.json"))["epochs"]] == [1]  # training went on
+    assert os.path.isfile(kept / "model.keras")

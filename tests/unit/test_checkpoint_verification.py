@@ -273,3 +273,18 @@ def test_the_options_a_resume_defaults_to_come_from_the_newest_manifest_that_par
         os.remove(os.path.join(checkpoint.checkpoint_dir(run_dir, epoch), "manifest.json"))
     with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint under"):
         checkpoint.newest_manifest(run_dir)
+
+
+def test_a_file_only_rank_0_writes_on_a_full_disk_ends_the_run_in_one_line(monkeypatch, capsys, tmp_path):
+    from hvd_easgd.app import cli
+
+    def full(config, dataset, strategy):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "runs/a/model.tmp-7.keras")
+
+    monkeypatch.setattr(cli.data, "load", lambda *args, **kwargs: None)
+    monkeypatch.setattr(cli, "train", full)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--run-dir", str(tmp_path / "a")])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == ("train.py: error (rank 0): cannot write runs/a/model.tmp-7.keras: [Errno 28] "
+                                       "No space left on device; the newest intact checkpoint stays usable\n")
