@@ -137,7 +137,10 @@ def build_parser():
                      help="after a signal, exit at once if still running S seconds later")
     run.add_argument("--auto-resume", action="store_true",
                      help="with --run-dir: resume if it holds a complete checkpoint, else start fresh")
-    run.add_argument("--keep-checkpoints", type=int, metavar="K")
+    run.add_argument("--keep-checkpoints", type=int, metavar="K",
+                     help="keep the newest K intact checkpoints (damaged ones do not count); a save that fails "
+                          "(a full or read-only disk) is reported in one line, training goes on and the next "
+                          "checkpoint tries again")
     run.add_argument("--eval-every", type=int, metavar="N", help="epochs between test evaluations")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                      help="do not write tensorboard/ logs")
