@@ -13,7 +13,7 @@ Layout::
 
     RUN_DIR/checkpoints/epoch-000003/rank-00000.npz
                                      rank-00001.npz
-                                     manifest.json     (last)
+                                     manifest.json     (last; with each shard's size and SHA-256)
     RUN_DIR/checkpoints/epoch-000003-step-000017/...   (3 epochs and 17 micro-batches done)
 
 Directory names sort by global step, as strings and as numbers: an epoch
@@ -38,6 +38,18 @@ a checkpoint of another format is refused with a message naming both:
   shard simply holds the state at that micro-batch (mid-window accumulators,
   EASGD's step counter and so its tau phase).
 
+Each shard's size and SHA-256 go in the manifest (``checksums``), and a
+resume trusts nothing it has not checked: ``latest`` tries the checkpoints
+newest first, every rank verifies what it would read
+(``checkpoint_verification``), and the ranks agree on the verdict, so a
+damaged or interrupted checkpoint is skipped by all of them for the newest
+intact one. Rotation (``keep``) counts only intact checkpoints. A save that
+fails on any rank (a full or read-only disk) fails on every rank
+(``CheckpointSaveError``) and leaves nothing of itself behind. The checksums
+kept format 2: they describe the shards, whose meaning is unchanged, and a
+manifest without them (an older release's) is still read, its shards checked
+by their zip CRC-32s.
+
 A checkpoint saved at p ranks resumes at q != p where the strategy's
 ``resize_refusal`` allows it, at an epoch end or mid-epoch: ``restore`` then
 maps the p shards to this rank's state by the rules the strategy declares for
@@ -45,15 +57,17 @@ its state (``resize_rules``; ``hvd_easgd.resize``), and the weights restart
 from the variables the strategy names (``resized_weights``: EASGD's center).
 ``load_resized`` does the same from in-memory per-rank states.
 """
-import json
+import contextlib
+import io
 import os
 import shutil
 
 import numpy as np
 
 from . import atomic, resize
+from . import checkpoint_verification as verification
 
-MANIFEST = "manifest.json"
+MANIFEST = verification.MANIFEST
 FORMAT_VERSION = 2
 
 
@@ -93,6 +107,25 @@ def _position(name):
     return None
 
 
+class CheckpointSaveError(CheckpointError):
+    """A save failed on some rank (a full or read-only disk): no rank wrote the
+    manifest, every rank removed its shard, and the previous checkpoint is intact.
+
+    Attributes:
+      name: the checkpoint directory's name (``epoch-000002``).
+      reason: which rank failed and why, in a few words.
+    """
+
+    def __init__(self, name, reason):
+        super().__init__(f"checkpoint {name} not saved: {reason}")
+        self.name, self.reason = name, reason
+
+
+def _os_reason(err):
+    # "[Errno 28] No space left on device", without the temporary file's path.
+    return f"[Errno {err.errno}] {err.strerror}" if err.errno and err.strerror else str(err)
+
+
 def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0, steps_per_epoch=None,
          samples_in_epoch=None):
     """Writes this rank's shard; rank 0 writes the manifest after every rank has.
@@ -101,75 +134,241 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
     mid-epoch checkpoint needs ``steps_per_epoch`` (micro-batches per epoch).
     ``samples_in_epoch``: the prefix of the epoch's order seen, where it is not
     ``step_in_epoch`` · batch · ranks (a run resumed mid-epoch at another size).
+    Every rank reports how its write went, with its shard's size and SHA-256,
+    in one ``allgather_json``; rank 0 reports the manifest's in a second.
+
+    Returns:
+      The checkpoint's directory.
+
+    Raises:
+      CheckpointSaveError: on every rank alike, when any rank failed to write
+        (``OSError``: a full or read-only disk); nothing of this checkpoint stays.
     """
     if step_in_epoch and not steps_per_epoch:
         raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for a mid-epoch checkpoint. "
                          f"Received: steps_per_epoch={steps_per_epoch!r}")
     directory = checkpoint_dir(run_dir, epoch, step_in_epoch)
-    os.makedirs(directory, exist_ok=True)
+    name, file = os.path.basename(directory), f"rank-{comm.rank:05d}.npz"
     arrays = _shard_arrays(state_groups(model, optimizer))
-    with atomic.temporary_path(os.path.join(directory, f"rank-{comm.rank:05d}.npz")) as tmp:
-        np.savez(tmp, **arrays)
-    # Every shard is on disk before the manifest makes the checkpoint count.
-    ok = comm.allgather_json({"rank": comm.rank, "ok": True})
-    outdated = []
+    try:
+        written = {"rank": comm.rank, "file": file, **_write_shard(directory, file, arrays)}
+    except OSError as err:
+        written = {"rank": comm.rank, "error": _os_reason(err)}
+    # Every shard is on disk before the manifest makes the checkpoint count, and
+    # every rank learns whether any write failed: none waits for a manifest that never comes.
+    shards = comm.allgather_json(written)
+    _raise_if_failed(shards, directory, file, comm)
+    report = None
     if comm.rank == 0:
         manifest = {"format": FORMAT_VERSION, "epoch": epoch, "step_in_epoch": step_in_epoch,
                     "steps_per_epoch": steps_per_epoch,
                     "global_step": epoch * steps_per_epoch + step_in_epoch if steps_per_epoch else None,
                     "num_ranks": comm.size,
                     **({"samples_in_epoch": samples_in_epoch} if samples_in_epoch is not None else {}),
-                    "shards": [f"rank-{r['rank']:05d}.npz" for r in ok], "config": config}
-        atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
-        outdated = _outdated_checkpoints(run_dir, keep)
-    # Rank 0 decides, from the manifests it sees, and the first rank of every host prunes
-    # its own view of the run directory: where that is node-local storage, the shards of
-    # other hosts never reach rank 0's disk (and no manifest reaches theirs).
-    outdated = comm.allgather_json(outdated)[0]
-    if comm.local_rank == 0:
-        for name in outdated:
-            shutil.rmtree(os.path.join(run_dir, "checkpoints", name), ignore_errors=True)
+                    "shards": [s["file"] for s in shards],
+                    "checksums": {s["file"]: {"bytes": s["bytes"], "sha256": s["sha256"]} for s in shards},
+                    "config": config}
+        try:
+            atomic.write_json(os.path.join(directory, MANIFEST), manifest, indent=1, sort_keys=True)
+        except OSError as err:
+            report = {"rank": 0, "error": f"{MANIFEST}: {_os_reason(err)}"}
+        else:
+            report = {"candidates": _rotation_candidates(run_dir, keep, name)}
+    report = comm.allgather_json(report)[0]
+    _raise_if_failed([report], directory, file, comm)
+    _rotate(run_dir, report["candidates"], keep, comm)
     return directory
 
 
-def _outdated_checkpoints(run_dir, keep):
-    """Directory names of the complete checkpoints beyond the newest ``keep``
-    (names, not epochs: an epoch may hold several step checkpoints)."""
+def _write_shard(directory, file, arrays):
+    """Writes ``arrays`` to ``directory/file`` atomically; returns its size and SHA-256.
+
+    The archive is built in memory and written in one call: numpy's zip writer,
+    failing on a full disk, leaves a half-closed ZipFile whose finaliser prints a
+    traceback at exit. The copy in memory also gives the digest without reading
+    the file back.
+    """
+    os.makedirs(directory, exist_ok=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    with atomic.temporary_path(os.path.join(directory, file)) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+    return verification.buffer_digest(buffer.getbuffer())
+
+
+def _raise_if_failed(reports, directory, file, comm):
+    """On a failed write, every rank removes its shard (room for the next save) and raises alike."""
+    failed = [r for r in reports if "error" in r]
+    if not failed:
+        return
+    with contextlib.suppress(OSError):
+        os.remove(os.path.join(directory, file))
+    comm.allgather_json(None)  # every shard is gone before the directory is removed
+    if comm.local_rank == 0:
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)  # only if empty: an older manifest there stays a damaged checkpoint
+    reason = "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed[:2])
+    if len(failed) > 2:
+        reason += f" (and {len(failed) - 2} more ranks)"
+    raise CheckpointSaveError(os.path.basename(directory), reason)
+
+
+def _rotation_candidates(run_dir, keep, newest):
+    """Rank 0's view of the checkpoints rotation weighs, oldest first: ``[name,
+    manifest or reason]``; empty when there are no more than ``keep`` (nothing to delete).
+    ``newest`` was checked as it was written: its manifest is not sent again."""
     done = complete_checkpoints(run_dir)
-    return [os.path.basename(path) for _, path in (done[:-keep] if keep > 0 else [])]
+    if keep <= 0 or len(done) <= keep:
+        return []
+    candidates = []
+    for _, path in done:
+        name = os.path.basename(path)
+        if name == newest:
+            candidates.append([name, None])
+            continue
+        try:
+            manifest = verification.read_manifest(path)
+            candidates.append([name, {k: manifest.get(k) for k in ("num_ranks", "shards", "checksums")}])
+        except verification.ManifestProblem as err:
+            candidates.append([name, str(err)])
+    return candidates
+
+
+def _rotate(run_dir, candidates, keep, comm):
+    """Deletes what ``verification.outdated`` says, counting only intact checkpoints.
+
+    Each rank checks the shards ``i`` with ``i % size == rank`` of every
+    candidate (its own, at the saved number of ranks), in one ``allgather_json``
+    of verdicts; the first rank of every host then prunes its own view of the
+    run directory: where that is node-local storage, the shards of other hosts
+    never reach rank 0's disk (and no manifest reaches theirs).
+    """
+    if not candidates:
+        return
+    root = os.path.join(run_dir, "checkpoints")
+    mine = {}
+    for name, manifest in candidates:
+        if isinstance(manifest, dict):
+            files = [f for i, f in enumerate(manifest["shards"]) if i % comm.size == comm.rank]
+            mine[name] = verification.problem(os.path.join(root, name), manifest, files)
+    views = comm.allgather_json(mine)
+    verdicts = []
+    for name, manifest in candidates:
+        reasons = [view.get(name) for view in views if view.get(name)]
+        verdicts.append((name, manifest if isinstance(manifest, str) else (reasons[0] if reasons else None)))
+    if comm.local_rank == 0:
+        for name in verification.outdated(verdicts, keep):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 def complete_checkpoints(run_dir):
     """``[(epoch, path)]`` of checkpoints whose manifest exists, oldest first
-    (by global step: epoch, then micro-batch within it)."""
+    (by global step: epoch, then micro-batch within it). Whether they are intact
+    is ``latest``'s question."""
+    return [(position[0], path) for position, path in _checkpoint_dirs(run_dir)
+            if os.path.isfile(os.path.join(path, MANIFEST))]
+
+
+def _checkpoint_dirs(run_dir):
+    """``[((epoch, step_in_epoch), path)]`` of every checkpoint directory, complete or not, oldest first."""
     root = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(root):
         return []
-    found = []
-    for name in os.listdir(root):
-        path = os.path.join(root, name)
-        position = _position(name)
-        if position is not None and os.path.isfile(os.path.join(path, MANIFEST)):
-            found.append((position, path))
-    return [(epoch, path) for (epoch, _), path in sorted(found)]
+    found = [(_position(name), os.path.join(root, name)) for name in os.listdir(root)]
+    return sorted((position, path) for position, path in found if position is not None and os.path.isdir(path))
 
 
-def latest(run_dir):
-    """The manifest and directory of the newest complete checkpoint in ``run_dir``."""
-    done = complete_checkpoints(run_dir)
-    if not done:
-        raise CheckpointError(f"--resume {run_dir}: no complete checkpoint under {run_dir}/checkpoints")
-    _, path = done[-1]
-    with open(os.path.join(path, MANIFEST)) as f:
-        manifest = json.load(f)
+def _check_format(run_dir, manifest):
     found = manifest.get("format", "unknown")
     if found != FORMAT_VERSION:
         raise CheckpointError(
             f"--resume {run_dir}: checkpoint format {found}, this hvd_easgd reads format {FORMAT_VERSION} "
             f"(the meaning of saved state changed); resume it with the hvd_easgd release that wrote it, "
             "or start a new run")
-    manifest.setdefault("step_in_epoch", 0)  # written before step checkpoints existed
-    return manifest, path
+
+
+def newest_manifest(run_dir):
+    """The manifest of the newest checkpoint whose manifest parses (its format
+    checked), without reading any shard: what a resumed run's options default to
+    before the ranks start (every checkpoint of a run holds the same options,
+    but for the resumable ones). ``latest`` then picks the intact one to load."""
+    for _, path in reversed(_checkpoint_dirs(run_dir)):
+        try:
+            manifest = verification.read_manifest(path)
+        except verification.ManifestProblem:
+            continue
+        _check_format(run_dir, manifest)
+        return manifest
+    raise CheckpointError(f"--resume {run_dir}: no complete checkpoint under {run_dir}/checkpoints")
+
+
+def latest(run_dir, comm=None, report=None):
+    """The manifest and directory of the newest intact checkpoint in ``run_dir``.
+
+    Newest first, every rank checks what it would read of a checkpoint (its
+    manifest, and its shard or, at another number of ranks, every shard) and the
+    ranks agree on the verdict in one ``allgather_json``, so either all of them
+    load it or all skip it. Without ``comm``, one process checks every shard.
+
+    Args:
+      run_dir: the run directory.
+      comm: the ranks' communicator (None: this process alone, reading every shard).
+      report: called with one line per checkpoint skipped (and why), and for a
+        checkpoint without checksums; None: silent. Called on every rank alike.
+
+    Returns:
+      ``(manifest, directory)``.
+
+    Raises:
+      CheckpointError: no checkpoint is intact (every reason named), or the
+        newest one whose manifest parses is of another format. On every rank alike.
+    """
+    report = report or (lambda line: None)
+    paths = [path for _, path in _checkpoint_dirs(run_dir)]
+    if comm is not None and comm.size > 1:
+        # Rank 0's listing: a network file system may show another rank a stale one.
+        names = comm.allgather_json([os.path.basename(p) for p in paths])[0]
+        paths = [os.path.join(run_dir, "checkpoints", name) for name in names]
+    if not paths:
+        raise CheckpointError(f"--resume {run_dir}: no complete checkpoint under {run_dir}/checkpoints")
+    skipped = []
+    for path in reversed(paths):
+        manifest, verdict = _own_verdict(run_dir, path, comm)
+        if comm is not None and comm.size > 1:
+            verdicts = comm.allgather_json(verdict)
+            verdict = next((v for v in verdicts if v and "refuse" in v), None) or next(
+                (v for v in verdicts if v), None)
+        if verdict and "refuse" in verdict:
+            raise CheckpointError(verdict["refuse"])
+        name = os.path.basename(path)
+        if verdict:
+            skipped.append((name, verdict["skip"]))
+            report(f"skipping checkpoint {name}: {verdict['skip']}")
+            continue
+        if "checksums" not in manifest:
+            report(f"checkpoint {name} has no checksums (written before hvd_easgd recorded them): "
+                   "its shards were checked by their zip CRC-32s")
+        manifest.setdefault("step_in_epoch", 0)  # written before step checkpoints existed
+        return manifest, path
+    shown = "; ".join(f"{name}: {reason}" for name, reason in skipped[:3])
+    more = f"; and {len(skipped) - 3} older ones" if len(skipped) > 3 else ""
+    raise CheckpointError(f"--resume {run_dir}: no intact checkpoint under {run_dir}/checkpoints ({shown}{more})")
+
+
+def _own_verdict(run_dir, path, comm):
+    """``(manifest, None)`` when what this rank reads of ``path`` is intact, else
+    ``(None, {"skip": reason})``, or ``{"refuse": message}`` for another format."""
+    try:
+        manifest = verification.read_manifest(path)
+        _check_format(run_dir, manifest)
+    except verification.ManifestProblem as err:
+        return None, {"skip": str(err)}
+    except CheckpointError as err:
+        return None, {"refuse": str(err)}
+    files = None if comm is None else verification.shards_read_by(manifest, comm.rank, comm.size)
+    reason = verification.problem(path, manifest, files)
+    return (None, {"skip": reason}) if reason else (manifest, None)
 
 
 def restore(directory, manifest, model, optimizer, comm):

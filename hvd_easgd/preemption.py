@@ -34,9 +34,14 @@ SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR
 class TrainingPreempted(Exception):
     """Training stopped after the checkpoint a signal asked for."""
 
-    def __init__(self, epoch, step_in_epoch):
-        super().__init__(f"stopped on a signal after the checkpoint at epoch {epoch}, micro-batch {step_in_epoch}")
-        self.epoch, self.step_in_epoch = epoch, step_in_epoch
+    def __init__(self, epoch, step_in_epoch, saved=True):
+        if saved:
+            message = f"stopped on a signal after the checkpoint at epoch {epoch}, micro-batch {step_in_epoch}"
+        else:  # the disk refused it: a resume continues from the newest intact checkpoint
+            message = (f"stopped on a signal; the checkpoint at epoch {epoch}, micro-batch {step_in_epoch} could "
+                       "not be saved, a resume continues from the newest intact one")
+        super().__init__(message)
+        self.epoch, self.step_in_epoch, self.saved = epoch, step_in_epoch, saved
 
 
 class StopRequests:

@@ -5,6 +5,7 @@ Horovod starts wherever possible (so no rank waits in a collective for a
 rank that has already left); see hvd_easgd.errors.
 """
 import argparse
+import errno
 import inspect
 import os
 import sys
@@ -147,7 +148,10 @@ def build_parser():
                      help="after a signal, exit at once if still running S seconds later")
     run.add_argument("--auto-resume", action="store_true",
                      help="with --run-dir: resume if it holds a complete checkpoint, else start fresh")
-    run.add_argument("--keep-checkpoints", type=int, metavar="K")
+    run.add_argument("--keep-checkpoints", type=int, metavar="K",
+                     help="keep the newest K intact checkpoints (damaged ones do not count); a save that fails "
+                          "(a full or read-only disk) is reported in one line, training goes on and the next "
+                          "checkpoint tries again")
     run.add_argument("--eval-every", type=int, metavar="N", help="epochs between test evaluations")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                      help="do not write tensorboard/ logs")
@@ -249,10 +253,11 @@ def _saved_config(run_dir):
     """The config of the newest checkpoint in ``run_dir``: the one a resume continues.
 
     Read from its manifest, whose format is checked first: options saved under
-    another format's meaning must not become this run's defaults.
+    another format's meaning must not become this run's defaults. No shard is
+    read here: the ranks verify them before loading (``checkpoint.latest``), and
+    fall back to an older checkpoint of the same run, with the same options.
     """
-    manifest, _ = checkpoint.latest(run_dir)
-    return manifest["config"]
+    return checkpoint.newest_manifest(run_dir)["config"]
 
 
 def _import_plugins(argv):
@@ -479,12 +484,22 @@ def main(argv=None):
         sys.exit(EXIT_PREEMPTED)
     except NonFiniteTrainingError as err:
         exit_with_rank_error(err, EXIT_FAILURE)
+    except OSError as err:
+        if err.errno not in DISK_FULL_OR_READ_ONLY:
+            raise
+        # Checkpoints handle this themselves (the run goes on); what is left is a file
+        # only rank 0 writes (model.keras, metrics.json): this rank says which, once.
+        exit_with_rank_error(f"cannot write {err.filename or 'a file'}: [Errno {err.errno}] {err.strerror}; "
+                             "the newest intact checkpoint stays usable", EXIT_FAILURE)
     except Exception as err:  # a collective failed because another rank died or stalled
         if not _is_collective_failure(err):
             raise
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         exit_with_rank_error("a collective failed, most likely because another rank died or stopped "
                              f"answering: {first_line[:300]}", EXIT_FAILURE)
+
+
+DISK_FULL_OR_READ_ONLY = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def _is_collective_failure(err):

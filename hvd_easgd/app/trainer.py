@@ -193,14 +193,27 @@ def _placement(comm):
 def _checkpoint_to_resume(config, run_dir, effective, comm, strategy):
     """``(manifest, directory)`` of the checkpoint ``--resume`` continues, or None
     for a fresh run; refuses a fresh run over a run's checkpoints, and a
-    checkpoint that does not fit this run."""
+    checkpoint that does not fit this run.
+
+    The newest *intact* checkpoint: every rank verifies what it will read before
+    any rank loads anything (``checkpoint.latest``); rank 0 names each damaged or
+    interrupted one skipped, in one line, and then the one resumed from."""
     if not config.resume:
         if checkpoint.complete_checkpoints(run_dir):
             # Never train over a run's checkpoints: they would be pruned as "older".
             raise UsageError(f"--run-dir {run_dir} already holds checkpoints; continue it with --resume {run_dir} "
                              "or choose another --run-dir")
         return None
-    manifest, directory = checkpoint.latest(run_dir)
+    reported = []
+
+    def report(line):  # called on every rank alike: the ranks agreed on what was skipped
+        reported.append(line)
+        if comm.rank == 0:
+            print(f"train.py: {line}", flush=True)
+
+    manifest, directory = checkpoint.latest(run_dir, comm, report=report)
+    if reported and comm.rank == 0:
+        print(f"train.py: resuming from checkpoint {os.path.basename(directory)}", flush=True)
     differs = resume_mismatches(manifest, effective, comm.size, strategy)
     if differs:
         raise UsageError(f"--resume {run_dir}: the checkpoint does not fit this run; differs: " + ", ".join(differs))

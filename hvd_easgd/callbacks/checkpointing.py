@@ -1,5 +1,7 @@
 """Writes complete checkpoints every N epochs, every N micro-batches, every M
 minutes, and on a stop request (see hvd_easgd.checkpoint and hvd_easgd.preemption)."""
+import os
+import sys
 import time
 
 import keras
@@ -30,6 +32,14 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
       check_every: micro-batches between agreements on stop requests and the
         minutes trigger: one allreduce of two floats, only when either is on.
 
+    **A save that fails** (a full or read-only disk, on any rank) leaves the
+    previous checkpoint intact: rank 0 says so in one line and training goes on,
+    and the next checkpoint due tries again. Why not stop: on a preemptible or
+    shared cluster, stopping turns a disk that fills for a while (another job's
+    scratch, a quota) into a lost allocation and a wait in the queue, while going
+    on risks nothing more (the last intact checkpoint stays either way). A save a
+    stop request asked for that fails still stops the run.
+
     A step checkpoint that falls on an epoch's last micro-batch is written at
     the epoch end instead, after the epoch-end work (statistics average), so
     that a resume from it starts the next epoch exactly as an uninterrupted
@@ -50,6 +60,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         self.stop_requests = stop_requests or StopRequests()
         self.check_every = check_every
         self.stopped_at = None  # (epoch, step_in_epoch) of the checkpoint a stop request made
+        self.failed_saves = []  # names of the checkpoints whose save failed (a full or read-only disk)
         self._due = False
         self._stopping = False
         self._last_save = time.monotonic()
@@ -96,13 +107,24 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self._due = self._stopping = True
 
     def _save(self, epoch, step_in_epoch):
-        with LocalWeights(self.model):
-            checkpoint.save(self.run_dir, epoch, self.model, self.model.optimizer, self.comm, self.config,
-                            keep=self.keep, step_in_epoch=step_in_epoch, steps_per_epoch=self.steps_per_epoch,
-                            samples_in_epoch=self.samples_in_epoch(epoch, step_in_epoch)
-                            if self.samples_in_epoch is not None and step_in_epoch else None)
+        try:
+            with LocalWeights(self.model):
+                checkpoint.save(self.run_dir, epoch, self.model, self.model.optimizer, self.comm, self.config,
+                                keep=self.keep, step_in_epoch=step_in_epoch, steps_per_epoch=self.steps_per_epoch,
+                                samples_in_epoch=self.samples_in_epoch(epoch, step_in_epoch)
+                                if self.samples_in_epoch is not None and step_in_epoch else None)
+        except checkpoint.CheckpointSaveError as err:
+            # Every rank raised alike (the ranks agreed on the failure); training goes on.
+            self.failed_saves.append(err.name)
+            if self.comm.rank == 0:
+                print(self._failure_line(err), file=sys.stderr, flush=True)
         self._due = False
         self._last_save = time.monotonic()
+
+    def _failure_line(self, err):
+        done = checkpoint.complete_checkpoints(self.run_dir)
+        previous = f"{os.path.basename(done[-1][1])} stays the newest" if done else "no checkpoint was written yet"
+        return f"hvd_easgd: {err}; {previous}; training goes on and the next checkpoint tries again"
 
     def _stop(self, epoch, step_in_epoch):
         if self.comm.rank == 0:
@@ -112,4 +134,5 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
 
     def raise_if_stopped(self):
         if self.stopped_at is not None:
-            raise TrainingPreempted(*self.stopped_at)
+            name = os.path.basename(checkpoint.checkpoint_dir(self.run_dir, *self.stopped_at))
+            raise TrainingPreempted(*self.stopped_at, saved=name not in self.failed_saves)
