@@ -94,3 +94,14 @@ def test_the_cli_takes_elastic_with_a_run_dir_and_refuses_it_without():
         cli.parse_args(["--elastic"])
     with pytest.raises(UsageError, match=r"--elastic-commit-every must be >= 0. Received: --elastic-commit-every=-1"):
         cli.parse_args(["--elastic", "--run-dir", "runs/x", "--elastic-commit-every", "-1"])
+
+
+def test_train_py_refuses_elastic_under_an_mpi_launch_before_anything_starts():
+    from unittest import mock
+
+    from hvd_easgd.app import trainer
+
+    config = cli.parse_args(["--elastic", "--run-dir", "runs/x"])
+    with mock.patch.dict("os.environ", {"OMPI_COMM_WORLD_RANK": "0", "HOROVOD_ELASTIC": ""}):
+        with pytest.raises(UsageError, match=r"MPI launch \(mpirun, srun, horovodrun --mpi\)"):
+            trainer._check_elastic(config, SyncAverage())
