@@ -101,6 +101,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._comm = comm
         self._non_trainable_variables = []
         self.check_initial_state = bool(check_initial_state)
+        # Whether build() checks, in a collective, that every rank builds the same
+        # variables. Elastic mode (hvd_easgd/elastic.py) turns it off: a replacement
+        # builds while the live ranks wait in another collective, and the same check
+        # runs on every rank once the state is synchronised.
+        self.check_ranks_at_build = True
         # True once every rank holds the same initial state (broadcast, or
         # restored): never re-broadcast after that, or a second fit would
         # reset EASGD's center and erase the other ranks' local weights.
@@ -150,8 +155,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 # Rides in the shape check's collective: no extra round trip.
                 checks["weights_checksum"] = weights_checksum(var_list)
             try:
-                self.comm.assert_same_across_ranks(
-                    "the variables the optimizer reduces (a model built differently on some rank?)", checks)
+                if self.check_ranks_at_build:
+                    self.comm.assert_same_across_ranks(
+                        "the variables the optimizer reduces (a model built differently on some rank?)", checks)
             except RanksDisagreeError as err:
                 if "`weights_checksum`" not in str(err):
                     raise

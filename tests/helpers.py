@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -60,6 +61,41 @@ def run(cmd, timeout=240, cwd=None, env=None):
         out, err = proc.communicate()
         pytest.fail(f"timed out after {timeout}s (deadlock?): {' '.join(cmd)}\n{out[-3000:]}\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def horovodrun_elastic_command(args, discovery_script, np=3, min_np=2, max_np=3):
+    """``horovodrun --gloo`` in elastic mode (``--min-np``, ``--host-discovery-script``) on this host,
+    over loopback. Horovod's elastic driver binds its servers to every address: only run it inside
+    the tests' loopback-only network namespace (tools/loopback_network.py)."""
+    return [HOROVODRUN, "--gloo", "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np),
+            "--network-interface", "lo", "--host-discovery-script", discovery_script, "--start-timeout", "60",
+            "--elastic-timeout", "60", PYTHON, *args]
+
+
+def run_watching(cmd, log_path, watch, timeout=240, env=None):
+    """Runs ``cmd`` with its output in ``log_path``, calling ``watch(text so far)`` about
+    every half second while it runs (to act on what the job printed); the timeout
+    turns a deadlock into a failure. Returns ``(returncode, text)``."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or quiet_env(), stdout=log, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+                with open(log_path) as f:
+                    watch(f.read())
+                time.sleep(0.5)
+        except BaseException as err:  # a timeout, a failed check in watch, Ctrl-C: never leave the job running
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            if isinstance(err, TimeoutError):
+                with open(log_path) as f:
+                    pytest.fail(f"timed out after {timeout}s (deadlock?): {' '.join(cmd)}\n{f.read()[-4000:]}")
+            raise
+    with open(log_path) as f:
+        return proc.returncode, f.read()
 
 
 def read_rank_results(directory, size):

@@ -152,6 +152,14 @@ def build_parser():
                      help="keep the newest K intact checkpoints (damaged ones do not count); a save that fails "
                           "(a full or read-only disk) is reported in one line, training goes on and the next "
                           "checkpoint tries again")
+    run.add_argument("--elastic", action=argparse.BooleanOptionalAction,
+                     help="under horovodrun's elastic mode over Gloo (--min-np, --host-discovery-script): survive "
+                          "a dead rank, continuing at the smaller size from the last in-memory commit, and grow back "
+                          "when hosts return (docs/elastic.md); a --resume keeps the saved run's choice unless "
+                          "--no-elastic")
+    run.add_argument("--elastic-commit-every", type=int, metavar="N",
+                     help="with --elastic: micro-batches between in-memory commits, rounded up to the strategy's "
+                          "synchronisation period (default 50; 0: epoch ends only)")
     run.add_argument("--eval-every", type=int, metavar="N", help="epochs between test evaluations")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                      help="do not write tensorboard/ logs")
@@ -355,6 +363,12 @@ def _validate(args, options):
         raise UsageError("--checkpoint-every must be >= 0 and --keep-checkpoints >= 1")
     if args.checkpoint_every_steps < 0 or args.checkpoint_every_minutes < 0:
         raise UsageError("--checkpoint-every-steps and --checkpoint-every-minutes must be >= 0")
+    if args.elastic and not args.run_dir:
+        raise UsageError("`--elastic` needs --run-dir (a replacement rank finds the run by its directory's name). "
+                         "Received: --elastic without --run-dir")
+    if args.elastic_commit_every is not None and args.elastic_commit_every < 0:
+        raise UsageError("--elastic-commit-every must be >= 0. "
+                         f"Received: --elastic-commit-every={args.elastic_commit_every}")
     if args.agree_every < 1 or args.stop_grace_seconds <= 0:
         raise UsageError("--agree-every must be >= 1 and --stop-grace-seconds > 0")
     names = [] if args.checkpoint_on_signal.lower() == "none" else args.checkpoint_on_signal.upper().split(",")

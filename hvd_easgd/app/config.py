@@ -86,6 +86,10 @@ class TrainConfig:
     stop_grace_seconds: float = _default_of(preemption.StopRequests, "grace_seconds")
     auto_resume: bool = False
     keep_checkpoints: int = _default_of(PeriodicCheckpoint, "keep")
+    # Survive a dead rank under horovodrun's elastic mode (hvd_easgd/elastic.py); commits every N
+    # micro-batches (None: elastic.DEFAULT_COMMIT_EVERY, resolved by elastic.commit_period).
+    elastic: bool = False
+    elastic_commit_every: Optional[int] = None
     eval_every: int = 1
     tensorboard: bool = True
     verbose: Optional[int] = None

@@ -13,6 +13,7 @@ RESUMABLE_KEYS = frozenset({
     "threads_per_rank", "verbose", "max_bad_steps", "tensorboard", "checkpoint_every_steps",
     "checkpoint_every_minutes", "checkpoint_on_signal", "agree_every", "stop_grace_seconds", "auto_resume",
     "collectives",  # how the bytes travel, not what is trained
+    "elastic", "elastic_commit_every",  # how the job survives a dead rank, not what is trained
     "plugin",  # the modules imported: what they register is compared as --strategy
 })
 

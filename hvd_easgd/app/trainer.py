@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 import yaml
 
-from .. import _compat, atomic, callbacks, checkpoint, preemption, runtime
+from .. import _compat, atomic, callbacks, checkpoint, elastic, preemption, runtime
 from . import models
 from .config_compare import resume_mismatches
 from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epoch, test_dataset, training_dataset
@@ -46,6 +46,14 @@ def train(config, dataset, strategy):
     comm = _start_ranks(config, strategy)
     steps = _steps_per_epoch(config, dataset, comm)
     config = _resolve_epochs(config, steps)
+    if config.elastic:
+        # Every collective of the start runs inside the elastic loop, after the state is
+        # synchronised: a replacement starts here while the live ranks are in that sync.
+        model = models.build(config.model, dataset.input_shape, dataset.num_classes)
+        optimizer = _compile(model, config, strategy, comm, updates_per_epoch=steps // config.accumulate)
+        recorder, test_ds, exact_evaluation, wall, start_epoch, steps = _fit_elastic(
+            config, dataset, strategy, model, optimizer, comm, steps)
+        return _finish(config, model, comm, recorder, test_ds, exact_evaluation, wall, start_epoch, steps)
     run_dir = _resolve_run_dir(config, comm)
     _check_run_dir_is_shared(run_dir, comm, create=not config.resume)
     config = dataclasses.replace(config, run_dir=run_dir)
@@ -55,39 +63,19 @@ def train(config, dataset, strategy):
     model = models.build(config.model, dataset.input_shape, dataset.num_classes)
     _check_ranks_agree(comm, effective, model)
     optimizer = _compile(model, config, strategy, comm, updates_per_epoch=steps // config.accumulate)
-    placement = comm.allgather_json(_placement(comm))  # a collective: every rank takes part
-    if comm.rank == 0:
-        _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
-                          learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
-                                                              resume_from))
+    _record_run(config, run_dir, effective, comm, strategy, steps, resume_from)
     start_epoch, start_step, previous_epochs, samples_done = _restore(resume_from, run_dir, model, optimizer, comm,
                                                                        steps, config, len(dataset.y_train))
 
-    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
-                                     steps, previous_epochs=previous_epochs, write=comm.rank == 0)
-    stop_requests = preemption.StopRequests(_signal_names(config), config.stop_grace_seconds,
-                                            stop_file=os.path.join(run_dir, preemption.STOP_FILE)).install()
-    checkpointer = callbacks.PeriodicCheckpoint(
-        run_dir, comm, effective, config.checkpoint_every, config.keep_checkpoints,
-        every_steps=config.checkpoint_every_steps, every_minutes=config.checkpoint_every_minutes,
-        steps_per_epoch=steps, initial_step=start_epoch * steps + start_step, stop_requests=stop_requests,
-        check_every=config.agree_every,
-        samples_in_epoch=_samples_in_epoch(config, comm, start_epoch, start_step, samples_done))
-    test_ds = _test_dataset(dataset, comm)
-    exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
-    chosen = _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer,
-                        resumed=resume_from is not None)
-    started = time.perf_counter()
-    # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
-    # the rest of that epoch alone, then the epochs after it.
-    for first_epoch, first_step in _fit_parts(start_epoch, start_step, config.epochs):
-        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step, samples_done)
-        model.fit(train_ds, epochs=first_epoch + 1 if first_step else config.epochs, initial_epoch=first_epoch,
-                  steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=config.eval_every,
-                  shuffle=False, callbacks=chosen, verbose=_verbosity(config, comm))
-        checkpointer.raise_if_stopped()  # the checkpoint a signal asked for is written: exit EXIT_PREEMPTED
-    wall = time.perf_counter() - started
+    recorder, test_ds, exact_evaluation, wall = _fit(config, dataset, model, comm, run_dir, effective, steps,
+                                                     start_epoch, start_step, previous_epochs,
+                                                     resumed=resume_from is not None, samples_done=samples_done)
+    return _finish(config, model, comm, recorder, test_ds, exact_evaluation, wall, start_epoch, steps)
 
+
+def _finish(config, model, comm, recorder, test_ds, exact_evaluation, wall, start_epoch, steps):
+    """The final figures over the whole test set; rank 0 saves them and model.keras."""
+    run_dir = config.run_dir
     final = _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, steps,
                            config.batch_size * comm.size, wall)
     if comm.rank == 0:
@@ -103,6 +91,8 @@ def _start_ranks(config, strategy):
     random source, and binds the strategy to the ranks."""
     # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
     splits = strategy.needs_process_groups()
+    if config.elastic:
+        _check_elastic(config, strategy)
     comm = runtime.init(threads_per_rank=config.threads_per_rank, process_sets="dynamic" if splits else None,
                         collectives=config.collectives)
     # Same seed and data order give the same weights, run after run: the
@@ -114,6 +104,15 @@ def _start_ranks(config, strategy):
     except ValueError as err:
         raise UsageError(str(err)) from None
     return comm
+
+
+def _check_elastic(config, strategy):
+    """Refuses ``--elastic`` where it cannot work (MPI launches, the direct path, no elastic launcher)."""
+    reason = elastic.refusal(config.collectives, runtime.gloo_launch(), runtime.mpi_launch(),
+                             elastic.elastic_launch(), strategy)
+    if reason:
+        raise UsageError(reason)
+    elastic.configure_environment()
 
 
 def _steps_per_epoch(config, dataset, comm):
@@ -282,6 +281,15 @@ def _compile(model, config, strategy, comm, updates_per_epoch):
     return optimizer
 
 
+def _record_run(config, run_dir, effective, comm, strategy, steps, resume_from):
+    """Rank 0 writes config.yaml, with every rank's placement (a collective: every rank takes part)."""
+    placement = comm.allgather_json(_placement(comm))
+    if comm.rank == 0:
+        _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
+                          learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
+                                                              resume_from))
+
+
 def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, learning_rate=None):
     """config.yaml: what this run is (effective config, where each rank runs, versions;
     the strategy's groups of ranks if it has some; the learning rate it trains at)."""
@@ -332,12 +340,16 @@ def _restore(resume_from, run_dir, model, optimizer, comm, steps, config, num_tr
     checkpoint.restore(directory, manifest, model, optimizer, comm)
     if resized and comm.rank == 0:
         print(_resize_notice(manifest, optimizer.strategy, comm.size), flush=True)
-    previous = []
+    return start_epoch, start_step, _previous_epochs(run_dir, start_epoch), samples_done
+
+
+def _previous_epochs(run_dir, upto):
+    """metrics.json's rows of epochs 1..``upto`` (those a continued run keeps)."""
     metrics_path = os.path.join(run_dir, "metrics.json")
-    if os.path.isfile(metrics_path):
-        with open(metrics_path) as f:
-            previous = [row for row in json.load(f).get("epochs", []) if row["epoch"] <= manifest["epoch"]]
-    return start_epoch, start_step, previous, samples_done
+    if not os.path.isfile(metrics_path):
+        return []
+    with open(metrics_path) as f:
+        return [row for row in json.load(f).get("epochs", []) if row["epoch"] <= upto]
 
 
 def _resize_notice(manifest, strategy, size):
@@ -348,6 +360,97 @@ def _resize_notice(manifest, strategy, size):
     if notice:
         line += f"; {notice}"
     return line
+
+
+def _fit(config, dataset, model, comm, run_dir, effective, steps, start_epoch, start_step, previous_epochs, resumed,
+         extra_callbacks=(), samples_done=None):
+    """Trains from micro-batch ``start_step`` of ``start_epoch`` to the last epoch;
+    returns ``(recorder, test_ds, exact_evaluation, wall seconds)``."""
+    recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
+                                     steps, previous_epochs=previous_epochs, write=comm.rank == 0)
+    stop_requests = preemption.StopRequests(_signal_names(config), config.stop_grace_seconds,
+                                            stop_file=os.path.join(run_dir, preemption.STOP_FILE)).install()
+    checkpointer = callbacks.PeriodicCheckpoint(
+        run_dir, comm, effective, config.checkpoint_every, config.keep_checkpoints,
+        every_steps=config.checkpoint_every_steps, every_minutes=config.checkpoint_every_minutes,
+        steps_per_epoch=steps, initial_step=start_epoch * steps + start_step, stop_requests=stop_requests,
+        check_every=config.agree_every,
+        samples_in_epoch=_samples_in_epoch(config, comm, start_epoch, start_step, samples_done))
+    test_ds = _test_dataset(dataset, comm)
+    exact_evaluation = callbacks.GlobalEvaluationMetrics(test_ds, comm)  # sums metric state over the shards
+    chosen = _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer,
+                        resumed=resumed) + list(extra_callbacks)
+    started = time.perf_counter()
+    # Keras cannot start an epoch in its middle: a mid-epoch resume first fits
+    # the rest of that epoch alone, then the epochs after it.
+    for first_epoch, first_step in _fit_parts(start_epoch, start_step, config.epochs):
+        train_ds = _training_dataset(config, dataset, comm, first_epoch, steps, first_step, samples_done)
+        model.fit(train_ds, epochs=first_epoch + 1 if first_step else config.epochs, initial_epoch=first_epoch,
+                  steps_per_epoch=steps - first_step, validation_data=test_ds, validation_freq=config.eval_every,
+                  shuffle=False, callbacks=chosen, verbose=_verbosity(config, comm))
+        checkpointer.raise_if_stopped()  # the checkpoint a signal asked for is written: exit EXIT_PREEMPTED
+    wall = time.perf_counter() - started
+
+    return recorder, test_ds, exact_evaluation, wall
+
+
+def _fit_elastic(config, dataset, strategy, model, optimizer, comm, steps):
+    """The job's start and ``_fit`` under Horovod's elastic loop (hvd_easgd/elastic.py).
+
+    After a rank is lost or added, every rank restores the last commit and fits
+    again from there at the new size. The start's collectives (the checks that
+    the ranks agree, config.yaml's placement) run again at every size, after the
+    state is synchronised; the resume of a checkpoint runs at the job's first
+    start only (a replacement takes the live ranks' state, never the disk's).
+
+    Returns:
+      ``_fit``'s figures, then the epoch this process started at and the
+      micro-batches per epoch at the final size.
+    """
+    run_dir, effective = config.run_dir, config.as_dict()
+    optimizer.attach(model)
+    optimizer.check_ranks_at_build = False  # _check_ranks_agree compares the model signature below
+    optimizer.build(model.trainable_variables)
+    state = elastic.ElasticState.create(model, optimizer, comm, steps)
+    every = elastic.commit_period(config.elastic_commit_every, optimizer.strategy, config.accumulate)
+    first = {"epoch": 0, "resumed": False}
+
+    def fit_from_commit(state):
+        now = _steps_per_epoch(config, dataset, comm)
+        resume_from = None
+        if state.resets == 0:  # the job's start: every rank is here together
+            _check_run_dir_is_shared(run_dir, comm, create=not config.resume)
+            resume_from = _checkpoint_to_resume(config, run_dir, effective, comm, strategy)
+            # A checkpoint saved mid-epoch at another size continues at the same fraction of
+            # the epoch here (elastic.continued_step), not through data.rest_of_epoch.
+            epoch, step, _, _ = _restore(resume_from, run_dir, model, optimizer, comm, now, config,
+                                         len(dataset.y_train))
+            state.epoch, state.step_in_epoch, state.steps_per_epoch = epoch, step, now
+            state.global_step = epoch * now + step
+            state.save()
+            first.update(epoch=epoch, resumed=resume_from is not None)
+        _check_ranks_agree(comm, effective, model)
+        _record_run(config, run_dir, effective, comm, strategy, now, resume_from)
+        step = elastic.continued_step(state.step_in_epoch, state.steps_per_epoch, now)
+        state.step_in_epoch, state.steps_per_epoch = step, now
+        if state.resets:
+            model.make_train_function(force=True)  # the traced step holds the old size
+            if comm.rank == 0:
+                seen = (f", {time.time() - state.failure_seen:.1f}s after this rank saw a collective fail"
+                        if state.failure_seen else "")
+                print(f"train.py: elastic: continuing at {comm.size} ranks from the commit at epoch {state.epoch}, "
+                      f"micro-batch {step} (state mapped from {state.resized_from} ranks{seen}; "
+                      f"unix time {time.time():.3f})", flush=True)
+        commit = callbacks.ElasticCommit(state, every, now)
+        return _fit(config, dataset, model, comm, run_dir, effective, now, state.epoch, step,
+                    _previous_epochs(run_dir, state.epoch), resumed=state.resets > 0 or first["resumed"],
+                    extra_callbacks=[commit])
+
+    try:
+        recorder, test_ds, exact_evaluation, wall = elastic.run(fit_from_commit, state)
+    except RuntimeError as err:
+        raise UsageError(str(err)) from None
+    return recorder, test_ds, exact_evaluation, wall, first["epoch"], _steps_per_epoch(config, dataset, comm)
 
 
 def _fit_parts(start_epoch, start_step, epochs):

@@ -2,13 +2,14 @@
 from .average_statistics import AverageStatistics
 from .broadcast import BroadcastInitialState
 from .checkpointing import PeriodicCheckpoint
+from .elastic_commit import ElasticCommit
 from .global_metrics import GlobalEvaluationMetrics
 from .metric_average import MetricAverage
 from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
 from .run_recorder import RunRecorder
 from .swap_kept_weights import SwapKeptWeights
 
-__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "GlobalEvaluationMetrics",
+__all__ = ["AbortOnNonFinite", "AverageStatistics", "BroadcastInitialState", "ElasticCommit", "GlobalEvaluationMetrics",
            "MetricAverage", "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwapKeptWeights",
            "defaults"]
 

@@ -36,6 +36,17 @@ class HorovodCommunicator(Communicator):
         super().__init__(parent=parent)
         self.process_set = hvd.global_process_set if process_set is None else process_set
         self.dynamic_process_sets = dynamic_process_sets
+        self.refresh_membership()
+        if process_set is not None:
+            self._ranks = tuple(process_set.ranks)
+
+    def refresh_membership(self):
+        """Reads this rank's place among the ranks from Horovod.
+
+        Called once here and again after Horovod's elastic mode re-initialised
+        with other ranks (hvd_easgd/elastic.py): every holder of this
+        communicator (strategy, callbacks) then sees the new rank and size.
+        """
         self.rank = self.process_set.rank()
         self.size = self.process_set.size()
         self.local_rank = hvd.local_rank()
@@ -43,8 +54,6 @@ class HorovodCommunicator(Communicator):
         self.cross_rank = hvd.cross_rank()
         self.cross_size = hvd.cross_size()
         self.homogeneous = hvd.is_homogeneous()
-        if process_set is not None:
-            self._ranks = tuple(process_set.ranks)
 
     def _grouped_allreduce(self, tensors, op):
         return hvd.grouped_allreduce(tensors, op=_HOROVOD_OPS[op], process_set=self.process_set)

@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 
 TESTS = os.path.join(ROOT, "tests")
 # What only a launch needs, as tests/helpers.py names it.
-LAUNCHERS = {"run", "launch", "horovodrun", "horovodrun_command", "mpirun_command", "HOROVODRUN"}
+LAUNCHERS = {"run", "launch", "horovodrun", "horovodrun_command", "mpirun_command", "HOROVODRUN",
+             "horovodrun_elastic_command", "run_watching"}
 # Programs a unit test must not start, as they appear in a command line.
 LAUNCHED = ("train.py", "horovodrun", "mpirun")
 SUBPROCESS_CALLS = {"run", "Popen", "call", "check_call", "check_output"}
