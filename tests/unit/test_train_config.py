@@ -24,8 +24,8 @@ DEFAULTS_EFFECTIVE = {
     "threads_per_rank": None, "collectives": "auto", "max_bad_steps": 25, "run_dir": None, "resume": None,
     "checkpoint_every": 1, "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0.0,
     "checkpoint_on_signal": "none", "agree_every": 10, "stop_grace_seconds": 120.0, "auto_resume": False,
-    "keep_checkpoints": 3, "eval_every": 1, "tensorboard": True, "verbose": None,
-    "elastic": False, "elastic_commit_every": None,  # --elastic (issue 27)
+    "keep_checkpoints": 3, "elastic": False, "elastic_commit_every": None,  # --elastic (issue 27)
+    "eval_every": 1, "tensorboard": True, "verbose": None,
 }
 
 
