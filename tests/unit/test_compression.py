@@ -10,7 +10,8 @@ from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage, resize
 from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import Compression, SimulatedCluster
 from hvd_easgd.strategies.local_updates import allreduce_unless_non_finite
-from tests import reference as ref
+from tests import least_squares, reference as ref
+from tests.least_squares import least_squares_ranks
 
 pytestmark = pytest.mark.unit
 QUANTISING = ("bf16", "int8", "int4")
@@ -122,28 +123,10 @@ def test_non_finite_values_are_caught_before_they_are_quantised():
 
 
 # --- every strategy × format, with error feedback, against NumPy ---------------------------------
-def least_squares_ranks(cluster, make_strategy, make_inner, w0):
-    models, opts = [], []
-    for comm in cluster.communicators:
-        model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1, use_bias=False)])
-        model.layers[0].kernel.assign(w0.reshape(-1, 1) + 100.0 * comm.rank)  # the broadcast must fix it
-        models.append(model)
-        opts.append(hvd_easgd.DistributedOptimizer(make_inner(), make_strategy(), comm=comm))
-    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
-    for comm in cluster.communicators:
-        comm.reset_account()
-    return models, opts
 
 
-def train(cluster, models, opts, shards, steps):
-    for t in range(steps):
-        def step(r):
-            x, y = (tf.constant(a, tf.float32) for a in ref.batch(shards[r], t, BATCH))
-            with tf.GradientTape() as tape:
-                loss = 0.5 * tf.reduce_mean(tf.square(tf.squeeze(models[r](x), -1) - y))
-            opts[r].apply(tape.gradient(loss, models[r].trainable_variables), models[r].trainable_variables)
-
-        cluster.run(step)
+def train(cluster, models, opts, shards, steps, start=0):
+    least_squares.train(cluster, models, opts, shards, steps, BATCH, start)
 
 
 def assert_close(got, expected):

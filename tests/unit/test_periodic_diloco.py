@@ -14,7 +14,8 @@ from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.app.lr_scaling import auto_scales
 from hvd_easgd.strategies import registry, walk
-from tests import reference as ref
+from tests import least_squares, reference as ref
+from tests.least_squares import least_squares_ranks
 
 pytestmark = pytest.mark.unit
 BATCH = 4
@@ -74,28 +75,10 @@ def diloco_reference(shards, w0, make_inner, tau, updates, outer_lr=0.7, outer_m
 
 
 # --- p ranks of a least-squares model, each its own optimizer and strategy ----------------------
-def least_squares_ranks(cluster, make_strategy, make_inner, w0):
-    models, opts = [], []
-    for comm in cluster.communicators:
-        model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1, use_bias=False)])
-        model.layers[0].kernel.assign(w0.reshape(-1, 1) + 100.0 * comm.rank)  # the broadcast must fix it
-        models.append(model)
-        opts.append(hvd_easgd.DistributedOptimizer(make_inner(), make_strategy(), comm=comm))
-    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
-    for comm in cluster.communicators:
-        comm.reset_account()
-    return models, opts
 
 
-def train(cluster, models, opts, shards, micro_batches, start=0):
-    for t in range(start, start + micro_batches):
-        def step(r):
-            x, y = (tf.constant(a, tf.float32) for a in ref.batch(shards[r], t, BATCH))
-            with tf.GradientTape() as tape:
-                loss = 0.5 * tf.reduce_mean(tf.square(tf.squeeze(models[r](x), -1) - y))
-            opts[r].apply(tape.gradient(loss, models[r].trainable_variables), models[r].trainable_variables)
-
-        cluster.run(step)
+def train(cluster, models, opts, shards, steps, start=0):
+    least_squares.train(cluster, models, opts, shards, steps, BATCH, start)
 
 
 def weights(models):

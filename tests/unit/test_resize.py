@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import hvd_easgd
 import tests.reference as ref
+from tests import least_squares
 from hvd_easgd import EASGD, GradientAccumulation, SyncAverage, checkpoint, resize
 from hvd_easgd.comm.simulated_comm import SimulatedCluster
 from hvd_easgd.strategies import DiLoCo, Hierarchical, PeriodicAverage, WarmUp
@@ -36,14 +37,7 @@ def ranks_of(cluster, make_strategy, w0, seed):
 
 
 def train(cluster, models, opts, shards, steps, start=0):
-    for t in range(start, start + steps):
-        def step(r):
-            x, y = (tf.constant(a, tf.float32) for a in ref.batch(shards[r], t, BATCH))
-            with tf.GradientTape() as tape:
-                loss = 0.5 * tf.reduce_mean(tf.square(tf.squeeze(models[r](x), -1) - y))
-            opts[r].apply(tape.gradient(loss, models[r].trainable_variables), models[r].trainable_variables)
-
-        cluster.run(step)
+    least_squares.train(cluster, models, opts, shards, steps, BATCH, start)
 
 
 def key_of(model, opt):
