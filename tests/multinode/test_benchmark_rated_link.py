@@ -79,7 +79,7 @@ TOPOLOGY = {"no_comm", "sync", "easgd_tau10", "sync_two_level", "hier_easgd_tau1
 @pytest.mark.timeout(200)
 def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     """2 hosts × 2 ranks: Hierarchical's groups are the hosts, so its intra level never crosses and its
-    inter level crosses as the formula says (one allreduce per index within the host); the flat
+    inter level crosses as the formula says (one allreduce of a shard per index within the host); the flat
     strategies cross as Open MPI's halving-doubling allreduce does, 2(H-1) times their payload."""
     name = f"hvdo{os.getpid()}"[:12]
     cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--topology", "--link-rates", "100mbit",
@@ -92,16 +92,19 @@ def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     assert results["topology"]["np"] == 4 and results["topology"]["ranks_per_host"] == 2
     rows = {r["config"]: r for r in results["rows"]}
     assert set(rows) == TOPOLOGY
-    # The account, per rank: Hierarchical(sync, EASGD τ=10) sends M every step within its host and
-    # (M + 4)/10 across; the two-level allreduce M at each level.
-    per_rank = {"sync_two_level": 2 * GRADIENT_BYTES, "hier_easgd_tau10": GRADIENT_BYTES + (GRADIENT_BYTES + 4) / 10,
+    # The account, per rank, on shards of M/2 (2 ranks per group): within its host the reduce-scatter of 2
+    # rows of M/2 + 4 (the non-finite flag) and the update's allgather of M/2, and, for EASGD τ=10, the
+    # weights' allgather of M/2 every 10th step; across, the shard (EASGD: with its flag, every 10th step).
+    shard = GRADIENT_BYTES / 2
+    per_rank = {"sync_two_level": 2 * (shard + 4) + shard + shard,
+                "hier_easgd_tau10": 2 * (shard + 4) + shard + shard / 10 + (shard + 4) / 10,
                 "periodic_tau10": (GRADIENT_BYTES + 4) / 10, "diloco_tau10": (GRADIENT_BYTES + 4) / 10}
     for config, bytes_per_step in per_rank.items():
         assert rows[config]["bytes_per_sample"] == pytest.approx(bytes_per_step / BATCH), config
     ratios = cross_host_ratios(rows)
     assert set(ratios) == TOPOLOGY - {"no_comm"}
     assert all(0.97 < ratio < 1.3 for ratio in ratios.values()), ratios
-    # Per sample of all 4 ranks: the two-level allreduce carries the gradients across twice (2 index
-    # sets × once each way) where the flat one carries them once each way.
+    # Per sample of all 4 ranks: the two-level allreduce carries each half of the gradients across in its
+    # own index set, once each way: what the flat one carries.
     assert rows["sync_two_level"]["expected_cross_host_bytes_per_sample"] == pytest.approx(
-        2 * rows["sync"]["expected_cross_host_bytes_per_sample"])
+        rows["sync"]["expected_cross_host_bytes_per_sample"])
