@@ -249,12 +249,8 @@ def render_compression():
     return lead + accuracy.render(COMPRESSION_RESULTS)
 
 
-PAGES = ((PAGE, render), (TRAINING_PAGE, render_training), (SUITE_PAGE, render_suite))
-# Pages whose results are committed: rendered and checked once their results exist.
-if os.path.isdir(WIRE_RESULTS):
-    PAGES += ((WIRE_PAGE, render_wire),)
-if os.path.exists(os.path.join(COMPRESSION_RESULTS, "runs.json")):
-    PAGES += ((COMPRESSION_PAGE, render_compression),)
+PAGES = ((PAGE, render), (TRAINING_PAGE, render_training), (SUITE_PAGE, render_suite), (WIRE_PAGE, render_wire),
+         (COMPRESSION_PAGE, render_compression))
 
 
 def main(argv=None, prog="python -m benchmarks.defaults_report"):

@@ -26,6 +26,8 @@ RENDERED_PAGES = {
     "default-collectives.md": defaults_report.render,
     "defaults-at-n-ranks.md": defaults_report.render_training,
     "benchmark-suite.md": defaults_report.render_suite,
+    "wire-results.md": defaults_report.render_wire,
+    "compression-accuracy.md": defaults_report.render_compression,
     "supported-versions.md": tf_matrix.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
