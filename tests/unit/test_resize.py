@@ -266,3 +266,21 @@ def test_the_rest_of_an_epoch_at_q_ranks_sees_every_sample_of_the_epoch_once():
     with pytest.raises(data.DataError, match="fewer than the 1 micro-batches of 4 that would close the open "
                                              "accumulation window"):
         data.rest_of_epoch(n, b, 4, 100, 5, 2, 12)
+
+
+def test_a_sharded_hierarchical_run_resumes_bit_for_bit_at_the_same_size(tmp_path):
+    # 2 groups of 2: each rank keeps its own shard of EASGD's center; a checkpoint at the same size
+    # restores every shard where it was, and the run goes on as if it had never stopped
+    make = lambda: Hierarchical(SyncAverage(), EASGD(TAU), ranks_per_group=2)  # noqa: E731
+    saved, models, opts, cluster, shards = saved_then_resized(tmp_path, make, 4, 4, steps=5)
+    assert_state(models, opts, saved)
+    differs = [k for k in saved[0] if k.startswith("strategy/") and saved[0][k].shape == saved[1][k].shape
+               and not np.array_equal(saved[0][k], saved[1][k])]
+    assert differs, "the two ranks of a group hold different shards"
+    train(cluster, models, opts, shards, 2, start=5)
+    _, w0 = ref.least_squares_shards(4)
+    straight_cluster = SimulatedCluster(4)
+    straight, straight_opts = ranks_of(straight_cluster, make, w0, 0.0)
+    train(straight_cluster, straight, straight_opts, shards, 7)
+    for r, (a, b) in enumerate(zip(models, straight)):
+        np.testing.assert_array_equal(a.get_weights()[0], b.get_weights()[0], err_msg=f"rank {r}")
