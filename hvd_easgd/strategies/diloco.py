@@ -53,9 +53,10 @@ import tensorflow as tf
 from .. import validation
 from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
-from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, allreduce_traffic, check_count, \
-    compression_for, element_bytes, payload_bytes, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_step, synchronised_this_step
+from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
+    compression_for, state_variable_name
+from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, check_period, local_step, \
+    synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -64,7 +65,7 @@ DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class DiLoCo(SyncStrategy):
+class DiLoCo(KeepsSyncedWeights, SyncStrategy):
     """τ inner steps per rank, then one outer step on the mean pseudo-gradient.
 
     Args:
@@ -169,17 +170,8 @@ class DiLoCo(SyncStrategy):
         residuals = self.error_feedback.residuals if self.error_feedback is not None else []
         return self.synced + list(self.outer_optimizer.variables) + [self.skipped_outer_steps] + residuals
 
-    def on_initial_state_synced(self):
-        super().on_initial_state_synced()
-        self._sync_to_weights()
-
-    def on_warmup_end(self):
-        # Every rank holds the same x after the warm-up: θ ← x, so the first
-        # pseudo-gradient holds the τ local steps alone, not the warm-up's.
-        super().on_warmup_end()
-        self._sync_to_weights()
-
     def _sync_to_weights(self):
+        """θ ← x (``KeepsSyncedWeights``): the first pseudo-gradient holds the τ local steps alone."""
         for s, v in zip(self.synced, self.variables):
             s.assign(v)
 

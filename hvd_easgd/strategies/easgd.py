@@ -59,8 +59,7 @@ import tensorflow as tf
 
 from .. import validation
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
-from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, allreduce_traffic, compression_for, element_bytes, \
-    payload_bytes, state_variable_name
+from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
 from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
     synchronised_this_step
 from .sync_average import SyncAverage

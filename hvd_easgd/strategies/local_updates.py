@@ -96,3 +96,25 @@ def synchronised_this_step(strategy):
     main-phase step with t ≡ 0 (mod τ) (its ``weights_synchronised`` hook)."""
     return tf.logical_and(strategy.step_counter > strategy.warmup_steps,
                           tf.equal(strategy.local_steps() % strategy.period, 0))
+
+
+class KeepsSyncedWeights:
+    """A mixin for the strategies that keep a copy of the weights as of their last
+    synchronisation (DiLoCo's θ; PeriodicAverage's x̄ under compression).
+
+    Every rank holds the same weights right after the initial broadcast and at
+    the end of a warm-up, so the copy is taken there (``_sync_to_weights``,
+    the strategy's own): the first synchronisation then measures the local
+    steps alone, not the warm-up's. Listed before ``SyncStrategy`` in the bases.
+    """
+
+    def on_initial_state_synced(self):
+        super().on_initial_state_synced()
+        self._sync_to_weights()
+
+    def on_warmup_end(self):
+        super().on_warmup_end()
+        self._sync_to_weights()
+
+    def _sync_to_weights(self):
+        raise NotImplementedError

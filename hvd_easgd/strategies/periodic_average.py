@@ -57,16 +57,15 @@ from .. import validation
 from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
-from .base import CliOption, ExpectedTraffic, SyncStrategy, Traffic, allreduce_traffic, compression_for, element_bytes, \
-    payload_bytes, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
+from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
+from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
     synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class PeriodicAverage(SyncStrategy):
+class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
     """Local SGD: every rank steps on its own gradients; every ``period`` steps
     the weights and floating non-trainable state become their mean over ranks.
 
@@ -143,14 +142,6 @@ class PeriodicAverage(SyncStrategy):
         if self.error_feedback is not None:
             own += self.error_feedback.residuals
         return own
-
-    def on_initial_state_synced(self):
-        super().on_initial_state_synced()
-        self._sync_to_weights()
-
-    def on_warmup_end(self):
-        super().on_warmup_end()
-        self._sync_to_weights()
 
     def _sync_to_weights(self):
         """x̄ ← x: every rank holds the same weights here (after the broadcast, after the warm-up)."""

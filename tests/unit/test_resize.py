@@ -10,7 +10,6 @@ them with NumPy steps from the reference state.
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import hvd_easgd
 import tests.reference as ref
