@@ -323,6 +323,38 @@ void Average(DataType dtype, void* data, int64_t n, int size) {
 }
 
 // The kernels' shared attrs: which communicator, and how long to wait.
+// The inputs of a grouped collective by dtype, dtypes in order of first
+// appearance (the same on every rank), and the collective's description for
+// the stall guard and the order digest: "<kind> <dtype>x<elements> ...".
+struct DtypeGroups {
+  std::vector<DataType> dtypes;
+  std::vector<std::vector<int>> inputs;  // input indices, per dtype
+};
+
+DtypeGroups GroupByDtype(OpKernelContext* ctx) {
+  DtypeGroups found;
+  for (int i = 0; i < ctx->num_inputs(); ++i) {
+    DataType dtype = ctx->input_dtype(i);
+    size_t g = 0;
+    while (g < found.dtypes.size() && found.dtypes[g] != dtype) ++g;
+    if (g == found.dtypes.size()) {
+      found.dtypes.push_back(dtype);
+      found.inputs.emplace_back();
+    }
+    found.inputs[g].push_back(i);
+  }
+  return found;
+}
+
+std::string Describe(OpKernelContext* ctx, std::string what, const DtypeGroups& found) {
+  for (size_t g = 0; g < found.inputs.size(); ++g) {
+    int64_t n = 0;
+    for (int i : found.inputs[g]) n += ctx->input(i).NumElements();
+    what += " " + tensorflow::DataTypeString(found.dtypes[g]) + "x" + std::to_string(n);
+  }
+  return what;
+}
+
 class MpiKernel : public OpKernel {
  public:
   explicit MpiKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -389,24 +421,10 @@ class AllreduceOp : public MpiKernel {
 
   void Compute(OpKernelContext* ctx) override {
     // One buffer per dtype, dtypes in order of first appearance: the same on every rank.
-    std::vector<DataType> dtypes;
-    std::vector<std::vector<int>> groups;
-    for (int i = 0; i < ctx->num_inputs(); ++i) {
-      DataType dtype = ctx->input_dtype(i);
-      size_t g = 0;
-      while (g < dtypes.size() && dtypes[g] != dtype) ++g;
-      if (g == dtypes.size()) {
-        dtypes.push_back(dtype);
-        groups.emplace_back();
-      }
-      groups[g].push_back(i);
-    }
-    std::string what = average_ ? "allreduce average" : "allreduce sum";
-    for (size_t g = 0; g < groups.size(); ++g) {
-      int64_t n = 0;
-      for (int i : groups[g]) n += ctx->input(i).NumElements();
-      what += " " + tensorflow::DataTypeString(dtypes[g]) + "x" + std::to_string(n);
-    }
+    const DtypeGroups found = GroupByDtype(ctx);
+    const std::vector<DataType>& dtypes = found.dtypes;
+    const std::vector<std::vector<int>>& groups = found.inputs;
+    const std::string what = Describe(ctx, average_ ? "allreduce average" : "allreduce sum", found);
     std::unique_ptr<Collective> collective;
     if (!Begin(ctx, what, &collective)) return;
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -584,28 +602,16 @@ class ReducescatterOp : public MpiKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int size = state_->size;
-    std::vector<DataType> dtypes;
-    std::vector<std::vector<int>> groups;
     for (int i = 0; i < ctx->num_inputs(); ++i) {
       const Tensor& in = ctx->input(i);
       OP_REQUIRES(ctx, in.dims() == 1 && in.NumElements() % size == 0,
                   absl::InvalidArgumentError("reducescatter needs flat tensors whose size is a multiple of the "
                                              "communicator's size " + std::to_string(size)));
-      DataType dtype = ctx->input_dtype(i);
-      size_t g = 0;
-      while (g < dtypes.size() && dtypes[g] != dtype) ++g;
-      if (g == dtypes.size()) {
-        dtypes.push_back(dtype);
-        groups.emplace_back();
-      }
-      groups[g].push_back(i);
     }
-    std::string what = average_ ? "reducescatter average" : "reducescatter sum";
-    for (size_t g = 0; g < groups.size(); ++g) {
-      int64_t n = 0;
-      for (int i : groups[g]) n += ctx->input(i).NumElements();
-      what += " " + tensorflow::DataTypeString(dtypes[g]) + "x" + std::to_string(n);
-    }
+    const DtypeGroups found = GroupByDtype(ctx);
+    const std::vector<DataType>& dtypes = found.dtypes;
+    const std::vector<std::vector<int>>& groups = found.inputs;
+    const std::string what = Describe(ctx, average_ ? "reducescatter average" : "reducescatter sum", found);
     std::unique_ptr<Collective> collective;
     if (!Begin(ctx, what, &collective)) return;
     for (size_t g = 0; g < groups.size(); ++g) {
