@@ -67,6 +67,7 @@ strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
 account.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from .. import validation
@@ -364,5 +365,5 @@ def fragment_layout(variables, fragments):
     for i, v in enumerate(variables):
         f = loads.index(min(loads))
         layout[f].append(i)
-        loads[f] += int(v.shape.num_elements()) * v.dtype.size
+        loads[f] += int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
     return layout
