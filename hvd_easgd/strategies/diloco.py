@@ -144,7 +144,7 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         super().__init__()
         self.period = check_period(period)
         self.fragments = validation.integer("fragments", fragments, minimum=1, maximum=self.period,
-                                            condition=f"(at most period={self.period})")
+                                            condition=" (tau)")
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
