@@ -55,8 +55,9 @@ from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
     compression_for, state_variable_name
-from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, check_period, local_step, \
+from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, local_step, \
     synchronised_this_step
+from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -107,7 +108,9 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
     description = ("DiLoCo: tau local steps, then an outer Nesterov step on the averaged pseudo-gradient "
                    "(one grouped allreduce)")
     cli_options = (
-        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10)", type=int),
+        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10), or 'adaptive' / "
+                  "'adaptive:T0' for AdaComm's period from T0 (default 10)", type=cli_period),
+        CliOption("--tau-max", "max_period", "the largest adaptive tau (required with --tau adaptive)", type=int),
         CliOption("--outer-lr", "outer_learning_rate", "learning rate of the outer Nesterov SGD (default 0.7)",
                   type=float),
         CliOption("--outer-momentum", "outer_momentum", "momentum of the outer Nesterov SGD (default 0.7)",
@@ -118,9 +121,10 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
     across_groups = True
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
-                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none"):
+                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",
+                 max_period=None):
         super().__init__()
-        self.period = check_period(period)
+        self.period, self.schedule = make_schedule(period, max_period)
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
@@ -163,12 +167,14 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
                        for v in trainable_variables]
         self.outer_optimizer.build(self.synced)
         self.skipped_outer_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_skipped_outer_steps")
+        self.schedule.build(self)
         if error_feedback_wanted(self.compression):
             self.error_feedback = ErrorFeedback(self, "diloco_residual", trainable_variables)
 
     def _extra_state(self):
         residuals = self.error_feedback.residuals if self.error_feedback is not None else []
-        return self.synced + list(self.outer_optimizer.variables) + [self.skipped_outer_steps] + residuals
+        return self.synced + list(self.outer_optimizer.variables) + [self.skipped_outer_steps] + residuals + \
+            self.schedule.state()
 
     def _sync_to_weights(self):
         """θ ← x (``KeepsSyncedWeights``): the first pseudo-gradient holds the τ local steps alone."""
@@ -199,7 +205,13 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
-        tf.cond(tf.equal(self.local_steps() % self.period, 0), self._outer_step, tf.no_op)
+        self.schedule.observe()
+        tf.cond(self.schedule.due(self.local_steps()), self._synchronise, tf.no_op)
+
+    def _synchronise(self):
+        self._outer_step()
+        self.schedule.after_sync(self.comm)
+        return tf.no_op()
 
     def _outer_step(self):
         pseudo_gradients = [s - v for s, v in zip(self.synced, self.variables)]
@@ -271,10 +283,11 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def get_config(self):
         outer = self._outer_optimizer_arg
-        return {"period": self.period, "outer_learning_rate": self.outer_learning_rate,
+        return {"period": self.schedule.config_period(), "outer_learning_rate": self.outer_learning_rate,
                 "outer_momentum": self.outer_momentum,
                 "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
                 "warmup_steps": self.warmup_steps,
+                **({"max_period": self.schedule.maximum} if self.schedule.adaptive else {}),
                 **({"compression": self.compression.name} if self.compression.name != "none" else {})}
 
     @classmethod
