@@ -28,10 +28,11 @@ contribution. The ``AdaptivePeriodLoss`` callback (in ``callbacks.defaults()``)
 hands it the tracker and the optimizer's learning rate, and zeroes its
 reading where Keras resets the tracker (each epoch's start).
 
-Paddle's ``AdaptiveLocalSGDOptimizer`` follows the same rule but takes F from
-the current step's loss of each rank at the sync, averaged over the ranks,
-and η from the current lr; this one averages over the whole interval, as
-AdaComm defines F(x_l), which a single noisy batch does not estimate well.
+Paddle's ``AdaptiveLocalSGDOptimizer`` takes F₀ from the first step's loss and
+F_l from the sync step's loss alone (each averaged over the ranks), puts τ₀
+inside the square root and clamps to [1, 16]; this one follows AdaComm: F is
+the interval's mean (a single batch estimates F(x_l) poorly), τ₀ multiplies
+the root, and the bound is the user's.
 """
 import math
 
