@@ -25,6 +25,9 @@ def test_periodic_with_an_adaptive_period_records_tau_per_epoch(tmp_path):
         assert 1 <= row["tau"] <= 40 and row["synchronisations"] >= 1, row
     # τ₀ = 10 for the first interval; the loss falls with a constant lr, so τ shrinks below it.
     assert rows[0]["tau"] <= 10
-    # one sync's weights plus the loss's own small allreduce per sync, no call between syncs
-    assert all(row["collective_calls_per_step"] > 0 for row in rows)
+    # two calls per sync (the weights, then the loss's 2 elements), none between: the same steps per epoch
+    steps = {round(2 * row["synchronisations"] / row["collective_calls_per_step"], 6) for row in rows}
+    assert len(steps) == 1 and float(steps.pop()).is_integer()
+    # the loss falls at a constant lr, so tau never grows past tau0 here
+    assert all(row["tau"] <= 10 for row in rows) and rows[-1]["tau"] < 10
     assert float(FINAL.search(proc.stdout).group(1)) >= 0.85
