@@ -155,3 +155,10 @@ def native_build_key(mpi_library_version):
     mpi = mpi_library_version.split("\x00")[0].split(",")[0].strip()  # "Open MPI v4.1.4"
     mpi = re.sub(r"[^A-Za-z0-9.]+", "-", mpi).strip("-").lower()
     return f"tf-{tf.__version__}-{mpi}-cp{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def keras_loss_tracker(model):
+    """The ``Mean`` Keras 3's ``train_step`` adds each batch's loss to (weighted by
+    its samples) before it applies the gradients, or None (a model that never
+    compiled a loss). A private attribute of Keras 3's Trainer, read here only."""
+    return getattr(model, "_loss_tracker", None)

@@ -510,7 +510,8 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
     broadcast.skip = resumed
     # Order matters: state first, statistics and metrics averaged before anything reads them,
     # per-rank checkpoints (local weights) before any swap of the kept weights.
-    chosen = [broadcast, callbacks.AverageStatistics(), exact_evaluation, callbacks.MetricAverage(comm), recorder,
+    chosen = [broadcast, callbacks.AdaptivePeriodLoss(), callbacks.AverageStatistics(), exact_evaluation,
+              callbacks.MetricAverage(comm), recorder,
               callbacks.AbortOnNonFinite(config.max_bad_steps),
               checkpointer,
               callbacks.SwapKeptWeights()]

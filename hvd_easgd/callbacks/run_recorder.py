@@ -4,6 +4,8 @@ import time
 import keras
 
 from .. import atomic
+from ..model_optimizers import distributed_optimizers
+from ..strategies.base import walk
 
 
 class RunRecorder(keras.callbacks.Callback):
@@ -11,6 +13,9 @@ class RunRecorder(keras.callbacks.Callback):
     which must run first), samples/s over all ranks, and the communicator's
     bytes and collective calls per training step, and the wire bytes (what each
     rank sent under the collectives' algorithms), each epoch.
+
+    A τ-strategy's epoch row also holds ``"tau"``, the period in force at the
+    epoch's end, and ``"synchronisations"``, how many the epoch held.
 
     Training time is measured from the epoch's start to the start of its
     validation (or its end), so evaluation does not dilute samples/s.
@@ -27,11 +32,23 @@ class RunRecorder(keras.callbacks.Callback):
         self._t0 = self._train_seconds = None
         self._account0 = None
         self._account_train = None
+        self._syncs0 = None
+
+    def _period_reading(self):
+        """``(τ in force, synchronisations so far)`` of the first τ-strategy, or None."""
+        for optimizer in distributed_optimizers(self.model) if self.model is not None else ():
+            for strategy in walk(optimizer.strategy):
+                schedule = getattr(strategy, "schedule", None)
+                if schedule is not None and strategy.built:
+                    return schedule.period_in_force(), schedule.synchronisations(int(strategy.local_steps()))
+        return None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._account0 = self.comm.account(wire=True)
         self._account_train = None
         self._train_seconds = None
+        reading = self._period_reading()
+        self._syncs0 = reading[1] if reading else None
         self._t0 = time.perf_counter()
 
     def _end_of_training_part(self):
@@ -60,6 +77,10 @@ class RunRecorder(keras.callbacks.Callback):
             "wire_bytes_per_step": (self._account_train["wire_bytes"] - self._account0["wire_bytes"]) / steps,
             "seconds": self._train_seconds,
         }
+        reading = self._period_reading()
+        if reading is not None:
+            row["tau"] = reading[0]
+            row["synchronisations"] = reading[1] - (self._syncs0 or 0)
         self.epochs.append(row)
         self._t0 = None
         self.save()

@@ -75,8 +75,9 @@ from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
     compression_for, state_variable_name
-from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, check_period, local_step, \
+from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, local_step, \
     synchronised_this_step
+from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -127,7 +128,9 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
     description = ("DiLoCo: tau local steps, then an outer Nesterov step on the averaged pseudo-gradient "
                    "(one grouped allreduce)")
     cli_options = (
-        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10)", type=int),
+        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10), or 'adaptive' / "
+                  "'adaptive:T0' for AdaComm's period from T0 (default 10)", type=cli_period),
+        CliOption("--tau-max", "max_period", "the largest adaptive tau (required with --tau adaptive)", type=int),
         CliOption("--outer-lr", "outer_learning_rate", "learning rate of the outer Nesterov SGD (default 0.7)",
                   type=float),
         CliOption("--outer-momentum", "outer_momentum", "momentum of the outer Nesterov SGD (default 0.7)",
@@ -140,11 +143,16 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
     across_groups = True
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
-                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none", fragments=1):
+                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",
+                 fragments=1, max_period=None):
         super().__init__()
-        self.period = check_period(period)
+        self.period, self.schedule = make_schedule(period, max_period)
         self.fragments = validation.integer("fragments", fragments, minimum=1, maximum=self.period,
                                             condition=" (tau)")
+        if self.fragments > 1 and self.schedule.adaptive:
+            # Each fragment's offset is a fixed fraction of tau; an adaptive tau would move them all mid-interval.
+            raise ValueError("`fragments` > 1 needs a fixed period: the fragments' offsets are fractions of tau. "
+                             f"Received: fragments={fragments!r}, period={period!r}")
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
@@ -194,6 +202,7 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
             optimizer.build([self.synced[i] for i in indices])
         self.skipped_outer_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_skipped_outer_steps")
         self.error_feedbacks = [None] * self.fragments
+        self.schedule.build(self)
         if error_feedback_wanted(self.compression):
             prefix = "diloco_residual"
             self.error_feedbacks = [ErrorFeedback(self, prefix, [trainable_variables[i] for i in indices])
@@ -203,7 +212,7 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
     def _extra_state(self):
         residuals = [e for feedback in self.error_feedbacks if feedback is not None for e in feedback.residuals]
         slots = [v for optimizer in self.outer_optimizers for v in optimizer.variables]
-        return self.synced + slots + [self.skipped_outer_steps] + residuals
+        return self.synced + slots + [self.skipped_outer_steps] + residuals + self.schedule.state()
 
     def _sync_to_weights(self):
         """θ ← x (``KeepsSyncedWeights``): the first pseudo-gradient holds the τ local steps alone."""
@@ -245,9 +254,18 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
+        self.schedule.observe()
+        if self.fragments == 1:
+            tf.cond(self.schedule.due(self.local_steps()), self._synchronise, tf.no_op)
+            return
         phase = self.local_steps() % self.period
         for f in range(self.fragments):
             tf.cond(tf.equal(phase, self.fragment_offset(f)), lambda f=f: self._outer_step(f), tf.no_op)
+
+    def _synchronise(self):
+        self._outer_step(0)
+        self.schedule.after_sync(self.comm)
+        return tf.no_op()
 
     def _outer_step(self, f=0):
         """Fragment f's synchronisation: its Δ, one allreduce, its outer step, x ← θ on its variables."""
@@ -337,11 +355,12 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def get_config(self):
         outer = self._outer_optimizer_arg
-        return {"period": self.period, "outer_learning_rate": self.outer_learning_rate,
+        return {"period": self.schedule.config_period(), "outer_learning_rate": self.outer_learning_rate,
                 "outer_momentum": self.outer_momentum,
                 "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
                 "warmup_steps": self.warmup_steps,
                 **({"fragments": self.fragments} if self.fragments > 1 else {}),
+                **({"max_period": self.schedule.maximum} if self.schedule.adaptive else {}),
                 **({"compression": self.compression.name} if self.compression.name != "none" else {})}
 
     @classmethod

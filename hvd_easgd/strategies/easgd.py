@@ -60,8 +60,9 @@ import tensorflow as tf
 from .. import validation
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
+from .local_updates import allreduce_unless_non_finite, local_lr_factor, local_step, \
     synchronised_this_step
+from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -126,7 +127,9 @@ class EASGD(SyncStrategy):
     name = "easgd"
     description = "elastic averaging every tau steps; center replicated on every rank"
     cli_options = (
-        CliOption("--tau", "period", "optimizer steps between elastic steps (default 10)", type=int),
+        CliOption("--tau", "period", "optimizer steps between elastic steps (default 10), or 'adaptive' / "
+                  "'adaptive:T0' for AdaComm's period from T0 (default 10)", type=cli_period),
+        CliOption("--tau-max", "max_period", "the largest adaptive tau (required with --tau adaptive)", type=int),
         CliOption("--moving-rate", "moving_rate",
                   "alpha, the elastic moving rate: 0 < alpha <= 2/(p+1) (default beta/p)", type=float),
         CliOption("--beta", "beta", "beta = p*alpha, used when --moving-rate is not given (default 0.9)",
@@ -140,7 +143,7 @@ class EASGD(SyncStrategy):
     payload_kind = ELASTIC_DIFFERENCES
 
     def __init__(self, period=None, moving_rate=None, beta=0.9, rho=0.0, warmup_steps=0, overlap=False,
-                 communication_period=None, compression="none"):
+                 communication_period=None, compression="none", max_period=None):
         super().__init__()
         self.compression = compression_for(compression, self.payload_kind, self.name)
         if period is not None and communication_period is not None:
@@ -149,7 +152,7 @@ class EASGD(SyncStrategy):
                              f"Received: period={period!r}, communication_period={communication_period!r}")
         name, given = ("communication_period", communication_period) if period is None else ("period", period)
         given = 10 if given is None else given
-        self.period = check_period(given, name)
+        self.period, self.schedule = make_schedule(given, max_period, name)
         if self.period == 1:
             warnings.warn(f"EASGD with {name}=1 takes an elastic step every step: "
                           "it communicates as often as SyncAverage", stacklevel=2)
@@ -218,9 +221,10 @@ class EASGD(SyncStrategy):
         self.center = [tf.Variable(v, trainable=False, name=state_variable_name("center", v))
                        for v in trainable_variables]
         self.skipped_elastic_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="easgd_skipped_elastic")
+        self.schedule.build(self)
 
     def _extra_state(self):
-        return self.center + [self.skipped_elastic_steps]
+        return self.center + [self.skipped_elastic_steps] + self.schedule.state()
 
     def on_initial_state_synced(self):
         super().on_initial_state_synced()
@@ -261,17 +265,23 @@ class EASGD(SyncStrategy):
                    self.on_warmup_end, main_counts=True)
 
     def _elastic_or_local_step(self, grad_sums, variables, apply_update, sample_count, mean):
-        communicates = tf.equal((self.local_steps() + 1) % self.period, 0)
+        self.schedule.observe()
+        communicates = self.schedule.due(self.local_steps() + 1)
         if self.overlap:
             # d from x and x̃ at the start of the step; the allreduce is issued
             # before the inner update so it can run alongside the step's work.
             pending = tf.cond(communicates, self._start_elastic, self._no_elastic)
             self._local_step(grad_sums, variables, apply_update, sample_count, mean)
-            tf.cond(communicates, lambda: self._finish_elastic(*pending), tf.no_op)
+            tf.cond(communicates, lambda: self._synchronise(lambda: pending), tf.no_op)
         else:
             self._local_step(grad_sums, variables, apply_update, sample_count, mean)
-            tf.cond(communicates, lambda: self._finish_elastic(*self._start_elastic()), tf.no_op)
+            tf.cond(communicates, lambda: self._synchronise(self._start_elastic), tf.no_op)
         return tf.constant(0)
+
+    def _synchronise(self, started):
+        self._finish_elastic(*started())
+        self.schedule.after_sync(self.comm)
+        return tf.no_op()
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean,
@@ -372,8 +382,10 @@ class EASGD(SyncStrategy):
         return ExpectedTraffic(across_groups=sent.per(self.period))
 
     def get_config(self):
-        config = {"period": self.period, "moving_rate": self._moving_rate_arg,
+        config = {"period": self.schedule.config_period(), "moving_rate": self._moving_rate_arg,
                   "beta": self.beta, "rho": self.rho, "warmup_steps": self.warmup_steps, "overlap": self.overlap}
+        if self.schedule.adaptive:
+            config["max_period"] = self.schedule.maximum
         if self.compression.name != "none":
             config["compression"] = self.compression.name
         return config

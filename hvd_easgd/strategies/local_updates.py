@@ -93,9 +93,10 @@ def allreduce_unless_non_finite(comm, tensors, compression=Compression.none, wit
 def synchronised_this_step(strategy):
     """For a τ-strategy (``period``, ``warmup_steps``, ``local_steps()``) right
     after its step: whether that step synchronised the weights, i.e. it was a
-    main-phase step with t ≡ 0 (mod τ) (its ``weights_synchronised`` hook)."""
+    main-phase step at which its schedule synchronised (t ≡ 0 mod τ for a fixed
+    τ; ``period_schedule``) (its ``weights_synchronised`` hook)."""
     return tf.logical_and(strategy.step_counter > strategy.warmup_steps,
-                          tf.equal(strategy.local_steps() % strategy.period, 0))
+                          strategy.schedule.just_synced(strategy.local_steps()))
 
 
 class KeepsSyncedWeights:

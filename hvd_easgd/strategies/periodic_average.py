@@ -58,8 +58,9 @@ from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, check_period, local_lr_factor, local_step, \
+from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, local_lr_factor, local_step, \
     synchronised_this_step
+from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
@@ -100,7 +101,9 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
     name = "periodic"
     description = "local SGD: weights (and BatchNorm statistics) averaged every tau steps, one grouped allreduce"
     cli_options = (
-        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10)", type=int),
+        CliOption("--tau", "period", "optimizer steps between synchronisations (default 10), or 'adaptive' / "
+                  "'adaptive:T0' for AdaComm's period from T0 (default 10)", type=cli_period),
+        CliOption("--tau-max", "max_period", "the largest adaptive tau (required with --tau adaptive)", type=int),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
     )
     # On a flat shard of the variables (Hierarchical shards the state across groups).
@@ -108,10 +111,10 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
 
     payload_kind = WEIGHT_DIFFERENCES
 
-    def __init__(self, period=10, warmup_steps=0, compression="none"):
+    def __init__(self, period=10, warmup_steps=0, compression="none", max_period=None):
         super().__init__()
         self.compression = compression_for(compression, self.payload_kind, self.name)
-        self.period = check_period(period)
+        self.period, self.schedule = make_schedule(period, max_period)
         if period == 1:
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
                           "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
@@ -129,6 +132,7 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
         # What an average replaces: the weights, then the floating state (statistics.py's rule).
         self.averaged_variables = list(trainable_variables) + floating(non_trainable_variables)
         self.skipped_averages = tf.Variable(0, dtype=tf.int64, trainable=False, name="periodic_skipped_averages")
+        self.schedule.build(self)
         if self.compression.name != "none":
             self.synced = [tf.Variable(v, trainable=False, name=state_variable_name("periodic_synced", v))
                            for v in self.averaged_variables]
@@ -141,7 +145,7 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
             own += self.synced
         if self.error_feedback is not None:
             own += self.error_feedback.residuals
-        return own
+        return own + self.schedule.state()
 
     def _sync_to_weights(self):
         """x̄ ← x: every rank holds the same weights here (after the broadcast, after the warm-up)."""
@@ -168,8 +172,14 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
-        tf.cond(tf.equal(self.local_steps() % self.period, 0), self._average, tf.no_op)
+        self.schedule.observe()
+        tf.cond(self.schedule.due(self.local_steps()), self._synchronise, tf.no_op)
         return tf.constant(0)
+
+    def _synchronise(self):
+        self._average()
+        self.schedule.after_sync(self.comm)
+        return tf.no_op()
 
     def _average(self):
         if self.synced is not None:
@@ -261,7 +271,9 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
         return ExpectedTraffic(across_groups=sent.per(self.period))
 
     def get_config(self):
-        config = {"period": self.period, "warmup_steps": self.warmup_steps}
+        config = {"period": self.schedule.config_period(), "warmup_steps": self.warmup_steps}
+        if self.schedule.adaptive:
+            config["max_period"] = self.schedule.maximum
         if self.compression.name != "none":
             config["compression"] = self.compression.name
         return config

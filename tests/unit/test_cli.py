@@ -9,6 +9,7 @@ from hvd_easgd import checkpoint
 from hvd_easgd.app import cli, errors
 from hvd_easgd.strategies import EASGD, registry
 from hvd_easgd.strategies.base import CliOption, SyncStrategy
+from hvd_easgd.strategies.period_schedule import cli_period
 
 pytestmark = pytest.mark.unit
 
@@ -175,7 +176,7 @@ def test_checkpoint_on_signal_names(capsys):
 class _Periodic(SyncStrategy):
     name = "fake-periodic"
     description = "a fake strategy with --tau"
-    cli_options = (CliOption("--tau", "period", "steps between averages", type=int),)
+    cli_options = (CliOption("--tau", "period", "steps between averages", type=cli_period),)  # --tau takes an int or the adaptive forms
 
     def __init__(self, period=10):
         super().__init__()

@@ -1,0 +1,33 @@
+"""train.py --tau adaptive under horovodrun --gloo -np 2: every epoch row of metrics.json
+records the period in force and the epoch's synchronisations, and the run learns."""
+import json
+import os
+import re
+
+import pytest
+
+from tests.helpers import ROOT, horovodrun
+
+pytestmark = pytest.mark.multiproc
+TRAIN = os.path.join(ROOT, "train.py")
+FINAL = re.compile(r"final test accuracy: (\d\.\d{4})")
+
+
+@pytest.mark.timeout(120)
+def test_periodic_with_an_adaptive_period_records_tau_per_epoch(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = horovodrun([TRAIN, "--strategy", "periodic", "--tau", "adaptive", "--tau-max", "40", "--epochs", "3",
+                       "--run-dir", run_dir], controller="gloo", timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.load(open(os.path.join(run_dir, "metrics.json")))["epochs"]
+    assert len(rows) == 3
+    for row in rows:
+        assert 1 <= row["tau"] <= 40 and row["synchronisations"] >= 1, row
+    # τ₀ = 10 for the first interval; the loss falls with a constant lr, so τ shrinks below it.
+    assert rows[0]["tau"] <= 10
+    # two calls per sync (the weights, then the loss's 2 elements), none between: the same steps per epoch
+    steps = {round(2 * row["synchronisations"] / row["collective_calls_per_step"], 6) for row in rows}
+    assert len(steps) == 1 and float(steps.pop()).is_integer()
+    # the loss falls at a constant lr, so tau never grows past tau0 here
+    assert all(row["tau"] <= 10 for row in rows) and rows[-1]["tau"] < 10
+    assert float(FINAL.search(proc.stdout).group(1)) >= 0.85
