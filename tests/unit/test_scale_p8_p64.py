@@ -1,5 +1,5 @@
 """Each strategy's p-dependent arithmetic at the mission's scale, p = 8 and p = 64 simulated ranks
-(SimulatedCluster, one thread a rank): SyncAverage's average, EASGD's α bound and center update,
+(SimulatedCluster, one thread a rank, one bare variable each): SyncAverage's average, EASGD's α bound and center update,
 Hierarchical's groups, DiLoCo's mean pseudo-gradient (issue 26 §5). The variables are tiny and the
 numbers small integers over powers of two, so float32 is exact and the checks are equalities
 against NumPy; two or three steps each keep p = 64 well under 2 s a test."""
@@ -20,29 +20,24 @@ WIDTH = 2  # elements of the one trainable variable
 
 
 def ranks_with(cluster, make_strategy, initial, lr=1.0):
-    """Per rank a Dense(WIDTH, no bias) on 1 input, SGD(lr), its own strategy; rank 0's weights
-    ``initial`` reach every rank by the initial broadcast (the others start 100·rank away)."""
-    models, opts = [], []
+    """Per rank one (1, WIDTH) variable at ``initial``, SGD(lr) and its own strategy. A bare variable
+    and no initial broadcast (tested at p = 2..4 elsewhere): 64 Keras models would cost seconds."""
+    variables, opts = [], []
     for comm in cluster.communicators:
-        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(WIDTH, use_bias=False)])
-        model.layers[0].kernel.assign(np.reshape(initial, (1, -1)) + 100.0 * comm.rank)
         strategy = make_strategy()
         strategy.bind(comm)  # in the main thread: warnings reach pytest, no collective in a simulated split
-        models.append(model)
+        variables.append(keras.Variable(np.reshape(initial, (1, -1)), dtype="float32"))
         opts.append(hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(lr), strategy, comm=comm))
-    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
-    for comm in cluster.communicators:
-        comm.reset_account()
-    return models, opts
+    return variables, opts
 
 
-def step(cluster, models, opts, grads):
-    cluster.run(lambda r: opts[r].apply([tf.constant(np.reshape(grads[r], (1, -1)), tf.float32)],
-                                        models[r].trainable_variables))
+def step(cluster, variables, opts, grads):
+    # the first step builds each optimizer (a collective: the ranks check they hold the same variables)
+    cluster.run(lambda r: opts[r].apply([tf.constant(np.reshape(grads[r], (1, -1)), tf.float32)], [variables[r]]))
 
 
-def kernels(models):
-    return np.stack([m.layers[0].kernel.numpy().ravel() for m in models])
+def kernels(variables):
+    return np.stack([np.ravel(v.numpy()) for v in variables])
 
 
 def integer_grads(p, seed):
