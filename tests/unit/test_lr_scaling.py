@@ -26,10 +26,10 @@ def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root(size, acc
 
 
 @pytest.mark.parametrize("size, accumulate, expected", [
-    (1, 1, 1.0), (2, 1, 2.0), (4, 1, 4.0),   # k = 1: lr x ranks, as before
-    (2, 4, 4.0), (2, 9, 6.0), (3, 4, 6.0),
+    (1, 1, 1.0), (2, 1, 2.0), (8, 1, 4.0),   # k = 1: lr x ranks up to 2, then 2 sqrt(ranks/2)
+    (2, 4, 4.0), (2, 9, 6.0), (6, 4, 2 * math.sqrt(3) * 2), (32, 1, 8.0),
 ])
-def test_easgd_is_ranks_times_the_square_root_of_k(size, accumulate, expected):
+def test_easgd_is_ranks_up_to_two_then_their_square_root_times_that_of_k(size, accumulate, expected):
     assert EASGD.lr_scale_factor(size, accumulate) == pytest.approx(expected, rel=1e-12)
     assert GradientAccumulation(accumulate, strategy=EASGD()).lr_scale_factor(size) == pytest.approx(
         expected, rel=1e-12)
