@@ -28,12 +28,12 @@ RUNS = {
 }
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(450)  # 50-90 s idle; 260 s measured with the shared machine at load 13
 @pytest.mark.parametrize("argv", list(RUNS.values()), ids=list(RUNS))
 def test_every_strategy_reaches_095_at_its_defaults_on_8_ranks(argv, tmp_path, request):
     name = request.node.callspec.id
     run_dir = str(tmp_path / "run")
-    proc = horovodrun([TRAIN, "--run-dir", run_dir, *argv], np=8, controller="mpi", timeout=280)
+    proc = horovodrun([TRAIN, "--run-dir", run_dir, *argv], np=8, controller="mpi", timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     run = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
