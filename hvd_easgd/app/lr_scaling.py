@@ -9,7 +9,8 @@ are fewer updates, so the rate should grow. By how much was measured, not
 assumed, and it differs by strategy because the strategies average
 different things: each strategy states its own rule and the measurements
 behind it (``SyncStrategy.lr_scale_factor``: SyncAverage's m = size·k rule,
-EASGD's and PeriodicAverage's size·sqrt(k); DiLoCo and Hierarchical refuse,
+PeriodicAverage's size·sqrt(k), EASGD's the same up to 2 ranks and
+2·sqrt(size/2)·sqrt(k) beyond; DiLoCo and Hierarchical refuse,
 saying why). ``GradientAccumulation`` asks the strategy it wraps at k times
 the micro-batches, so this module holds no table of strategies.
 

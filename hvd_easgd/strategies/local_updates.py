@@ -28,8 +28,8 @@ def check_period(period, name="period"):
 
 def local_lr_factor(size, accumulate):
     """``--scale-lr``'s factor for a strategy whose local update averages one
-    rank's k micro-batches while the ranks meet in the weights (EASGD,
-    PeriodicAverage): linear in the ranks, the square root of k::
+    rank's k micro-batches while the ranks meet in the weights (PeriodicAverage;
+    EASGD up to 2 ranks, see its ``lr_scale_factor``): linear in the ranks, the square root of k::
 
         factor = size * sqrt(k)
 

@@ -42,7 +42,8 @@ def test_the_defaults_scale_the_rate_and_keep_100_updates(size, updates, epochs,
 
 
 @pytest.mark.parametrize("argv, size, rate, epochs", [
-    (["--strategy", "easgd"], 8, 0.02 * 8, 20),                      # ranks * sqrt(k)
+    (["--strategy", "easgd"], 8, 0.02 * 4, 20),                      # 2 * sqrt(ranks / 2) past 2 ranks
+    (["--accumulate", "4"], 8, 0.02 * 4 * SQRT2, 100),               # m = 32: flat beyond m = 8
     (["--strategy", "periodic"], 4, 0.02 * 4, 10),
     (["--accumulate", "4"], 2, 0.02 * 4 * SQRT2, 20),                # 20 micro-batches = 5 updates an epoch
     (["--strategy", "easgd", "--accumulate", "4"], 2, 0.02 * 4, 20),

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.unit
     (2, 2, 4.0),                             # m = 4: still linear
     (2, 4, 4 * math.sqrt(2)),                # m = 8: 4 * sqrt(8 / 4)
     (8, 1, 4 * math.sqrt(2)),                # the same m, the same update: the same factor
-    (4, 4, 8.0),                             # m = 16: 4 * sqrt(4)
+    (4, 4, 4 * math.sqrt(2)),                # m = 16: flat beyond m = 8
+    (8, 4, 4 * math.sqrt(2)),                # m = 32: --accumulate 4 at 8 ranks
 ])
-def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root(size, accumulate, expected):
+def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root_up_to_8_then_flat(size, accumulate, expected):
     assert SyncAverage.lr_scale_factor(size, accumulate) == pytest.approx(expected, rel=1e-12)
     # accumulation asks the strategy it wraps at k times the micro-batches
     assert GradientAccumulation(accumulate, strategy=SyncAverage()).lr_scale_factor(size) == pytest.approx(
@@ -26,10 +27,10 @@ def test_sync_is_linear_in_batches_per_update_up_to_4_then_square_root(size, acc
 
 
 @pytest.mark.parametrize("size, accumulate, expected", [
-    (1, 1, 1.0), (2, 1, 2.0), (4, 1, 4.0),   # k = 1: lr x ranks, as before
-    (2, 4, 4.0), (2, 9, 6.0), (3, 4, 6.0),
+    (1, 1, 1.0), (2, 1, 2.0), (8, 1, 4.0),   # k = 1: lr x ranks up to 2, then 2 sqrt(ranks/2)
+    (2, 4, 4.0), (2, 9, 6.0), (6, 4, 2 * math.sqrt(3) * 2), (32, 1, 8.0),
 ])
-def test_easgd_is_ranks_times_the_square_root_of_k(size, accumulate, expected):
+def test_easgd_is_ranks_up_to_two_then_their_square_root_times_that_of_k(size, accumulate, expected):
     assert EASGD.lr_scale_factor(size, accumulate) == pytest.approx(expected, rel=1e-12)
     assert GradientAccumulation(accumulate, strategy=EASGD()).lr_scale_factor(size) == pytest.approx(
         expected, rel=1e-12)

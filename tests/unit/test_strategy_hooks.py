@@ -158,7 +158,7 @@ class _Silent(SyncStrategy):
 @pytest.mark.parametrize("strategy, size, by_hand", [
     (SyncAverage(), 2, 2.0), (SyncAverage(), 8, 4 * math.sqrt(2)),
     (GradientAccumulation(4, strategy=SyncAverage()), 2, 4 * math.sqrt(2)),  # m = 2·4
-    (EASGD(), 3, 3.0), (GradientAccumulation(9, strategy=EASGD()), 2, 6.0),  # size·sqrt(k)
+    (EASGD(), 8, 4.0), (GradientAccumulation(9, strategy=EASGD()), 2, 6.0),  # size·sqrt(k), 2·sqrt(size/2) past 2
     (PeriodicAverage(), 4, 4.0), (GradientAccumulation(4, strategy=PeriodicAverage()), 2, 4.0),
 ])
 def test_each_strategy_gives_its_own_factor(strategy, size, by_hand):
