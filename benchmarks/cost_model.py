@@ -108,7 +108,8 @@ def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64,
         if configurations and name not in configurations:
             continue
         for hosts in hosts_list:
-            t = step_time(compute, comm_time(entry, table["reference"], params, hosts, ranks_per_host, inter))
+            comm = comm_time(entry, table["reference"], params, hosts, ranks_per_host, inter)
+            t = step_time(compute, comm, entry.get("overlapped", 0.0))
             p = hosts * ranks_per_host
             rows.append((name, hosts, p * batch / t, compute / t))
     return rows

@@ -49,6 +49,7 @@ def table():
             continue
         traffics = [configurations.expected_levels(row.name, m, HOSTS, RANKS_PER_HOST) for m in models]
         rows[row.name] = {"description": row.description, "ranks_per_group": traffics[1].ranks_per_group,
+                          "overlapped": traffics[1].overlapped,
                           **{level: _level(traffics, level) for level in LEVELS}}
     return {"reference": {"hosts": HOSTS, "ranks_per_host": RANKS_PER_HOST, "dtype": "float32"},
             "configurations": rows}

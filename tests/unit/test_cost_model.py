@@ -93,3 +93,14 @@ def test_imports_no_tensorflow():
     code = "import sys, benchmarks.cost_model; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert math.isfinite(cost_model.LINKS["100gbit"])
+
+
+def test_overlapped_configuration_hides_its_communication_behind_compute():
+    # easgd_tau10_overlap's hook says overlapped = 1: step = max(c, comm) when comm < c it is c.
+    table = cost_model.load_table()
+    assert table["configurations"]["easgd_tau10_overlap"]["overlapped"] == 1.0
+    assert table["configurations"]["easgd_tau10"]["overlapped"] == 0.0
+    rows = {r[0]: r for r in cost_model.project(table, 1_000_000, 0.05, [8], 8, (A, B),
+                                                configurations=["easgd_tau10", "easgd_tau10_overlap"])}
+    assert rows["easgd_tau10_overlap"][3] == pytest.approx(1.0)
+    assert rows["easgd_tau10"][3] < 1.0
