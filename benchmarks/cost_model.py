@@ -134,6 +134,15 @@ def _bandwidth(text):
         raise ValueError(f"`link` must be one of {', '.join(LINKS)} or bits/s. Received: link={text}") from None
 
 
+def _calibration(path):
+    try:
+        values = json.loads(pathlib.Path(path).read_text())
+        return _positive(values["alpha"], "alpha"), _positive(values["bandwidth"], "bandwidth")
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        raise ValueError(f"`calibration` must be a JSON file with alpha and bandwidth. "
+                         f"Received: calibration={path}") from None
+
+
 def main(argv=None, prog="python -m benchmarks project"):
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="8,64,512,1024")
@@ -144,6 +153,8 @@ def main(argv=None, prog="python -m benchmarks project"):
     parser.add_argument("--step-time", default=None, help="compute seconds per step (your own model)")
     parser.add_argument("--alpha", default=str(INTER_ALPHA), help="seconds per message across hosts")
     parser.add_argument("--bandwidth", default=None, help="bytes/s across hosts (overrides --link)")
+    parser.add_argument("--calibration", default=None,
+                        help="JSON with alpha (s) and bandwidth (bytes/s) across hosts (link_probe.alpha_sweep)")
     parser.add_argument("--configuration", default=None, help="one configuration of the traffic table")
     args = parser.parse_args(argv)
     try:
@@ -151,6 +162,8 @@ def main(argv=None, prog="python -m benchmarks project"):
         ranks = _positive(args.ranks_per_host, "ranks_per_host", int)
         bandwidth = _positive(args.bandwidth, "bandwidth") if args.bandwidth else _bandwidth(args.link)
         alpha = _positive(args.alpha, "alpha")
+        if args.calibration:
+            alpha, bandwidth = _calibration(args.calibration)
         if args.model is not None and args.model not in MODELS:
             raise ValueError(f"`model` must be one of {', '.join(MODELS)}. Received: model={args.model}")
         models = {args.model: MODELS[args.model]} if args.model else dict(MODELS)

@@ -104,3 +104,22 @@ def test_overlapped_configuration_hides_its_communication_behind_compute():
                                                 configurations=["easgd_tau10", "easgd_tau10_overlap"])}
     assert rows["easgd_tau10_overlap"][3] == pytest.approx(1.0)
     assert rows["easgd_tau10"][3] < 1.0
+
+
+def test_alpha_fit_recovers_alpha_and_bandwidth():
+    from benchmarks import link_probe  # imports no TF until a sweep runs
+    p, alpha, bandwidth = 4, 2e-5, 5e8
+    times = [2 * (p - 1) * alpha + 2 * (p - 1) / p * s / bandwidth for s in link_probe.SWEEP_BYTES]
+    fit = link_probe.fit_alpha(link_probe.SWEEP_BYTES, times, p)
+    assert fit["alpha"] == pytest.approx(alpha, rel=1e-6)
+    assert fit["bandwidth"] == pytest.approx(bandwidth, rel=1e-6)
+
+
+def test_calibration_file_sets_alpha_and_bandwidth(tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text('{"alpha": 0.001, "bandwidth": 1.25e8}')
+    args = ("--model", "resnet50", "--configuration", "sync", "--hosts", "8")
+    calibrated = _cli(*args, "--calibration", str(path))
+    explicit = _cli(*args, "--alpha", "0.001", "--bandwidth", "1.25e8")
+    assert calibrated.returncode == 0 and calibrated.stdout == explicit.stdout
+    assert _cli(*args, "--calibration", str(tmp_path / "missing.json")).returncode == 2
