@@ -26,6 +26,10 @@ SUBCOMMANDS = {
                                                 "MWMS and no communication, on this host or a rated virtual cluster"),
     "accuracy": Subcommand("benchmarks.accuracy", "train.py's compressed variants and their fp32 twins over "
                                                   "seeds: final accuracy and wire bytes per step, goals checked"),
+    "traffic": Subcommand("benchmarks.traffic_table", "write (or --check) docs/results/traffic/traffic.json "
+                                                      "from the strategies' expected_traffic hooks"),
+    "project": Subcommand("benchmarks.cost_model", "the alpha-beta cost model: samples/s and scaling "
+                                                   "efficiency at many hosts, from the traffic table"),
     "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the docs pages generated "
                                                                 "from the committed results in docs/results/"),
 }

@@ -141,7 +141,7 @@ class GradientAccumulation(SyncStrategy):
         inner = self.strategy.expected_traffic(trainable_variables, non_trainable_variables, hosts, ranks_per_host,
                                                sample_counts=True)
         return ExpectedTraffic(inner.within_group.per(self.k), inner.across_groups.per(self.k),
-                               inner.ranks_per_group)
+                               inner.ranks_per_group, inner.overlapped)
 
     def get_config(self):
         return {"k": self.k, "average": self.average, **self.contained_config()}

@@ -129,12 +129,15 @@ class ExpectedTraffic:
     flat strategy's groups are single ranks, so all of its traffic is
     ``across_groups`` and ``ranks_per_group`` is 1. The ``across_groups``
     collectives run in ``ranks_per_group`` sets side by side (the j-th rank of
-    every group), each over one rank per group.
+    every group), each over one rank per group. ``overlapped`` is the share of
+    that communication the strategy runs behind its step's compute (0: none,
+    1: all of it), what a cost model hides (``benchmarks/cost_model.py``).
     """
 
     within_group: Traffic = NO_TRAFFIC
     across_groups: Traffic = NO_TRAFFIC
     ranks_per_group: int = 1
+    overlapped: float = 0.0
 
     @property
     def total(self):

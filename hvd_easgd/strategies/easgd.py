@@ -382,13 +382,14 @@ class EASGD(SyncStrategy):
                          sample_counts=False):
         """On every τ-th step ONE call: the elastic differences and the
         non-finite flag (one element of their dtype). BatchNorm statistics are
-        averaged outside the account (``hvd_easgd.statistics``)."""
+        averaged outside the account (``hvd_easgd.statistics``). With
+        ``overlap`` all of it runs behind the step's compute (``overlapped`` 1)."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()
         has_alltoall = self.comm.has_alltoall if self.comm is not None else True
         sent = allreduce_traffic(trainable_variables, size, self.compression, 1, has_alltoall)
-        return ExpectedTraffic(across_groups=sent.per(self.period))
+        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=1.0 if self.overlap else 0.0)
 
     def get_config(self):
         config = {"period": self.schedule.config_period(), "moving_rate": self._moving_rate_arg,

@@ -1,0 +1,75 @@
+"""``python -m benchmarks traffic``: the committed traffic table the cost model reads.
+
+The cost model (``benchmarks/cost_model.py``) imports no TensorFlow, so what
+each configuration sends is asked of its strategy's own hook
+(``SyncStrategy.expected_traffic``) here, once, and written to
+``docs/results/traffic/traffic.json``. Per configuration and level the table
+holds payload bytes per step as ``a + b·N`` (N trainable float32 parameters),
+collective calls per step and wire bytes over payload bytes, each at a
+reference layout. Two model sizes fix ``a`` and ``b``. A strategy added
+later projects once this file is regenerated; the model needs no edit.
+``tests/unit/test_traffic_table.py`` regenerates it and compares.
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+import keras
+
+from . import configurations
+from .names import TABLE
+
+PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "traffic" / "traffic.json"
+# Two sizes fix a + b·N; the reference layout has both levels (2 hosts × 2 ranks).
+SIZES = (4096, 65536)
+HOSTS, RANKS_PER_HOST = 2, 2
+LEVELS = ("within_group", "across_groups")
+
+
+def _model(n):
+    model = keras.Sequential([keras.Input((n // 64,)), keras.layers.Dense(64, use_bias=False)])
+    return model
+
+
+def _level(traffics, level):
+    small, large = (getattr(t, level) for t in traffics)
+    slope = (large.bytes - small.bytes) / (SIZES[1] - SIZES[0])
+    return {"bytes_a": round(small.bytes - slope * SIZES[0], 6), "bytes_b": round(slope, 9),
+            "calls": round(large.calls, 9),
+            "wire_over_bytes": round(large.wire_bytes / large.bytes, 9) if large.bytes else 0.0}
+
+
+def table():
+    """{configuration: {"ranks_per_group", level: {...}}} for every strategy row of ``names.TABLE``."""
+    models = [_model(n) for n in SIZES]
+    rows = {}
+    for row in TABLE:
+        if row.name.endswith("_fit") or row.traffic_strategy() is None and row.name != "no_comm":
+            continue
+        traffics = [configurations.expected_levels(row.name, m, HOSTS, RANKS_PER_HOST) for m in models]
+        rows[row.name] = {"description": row.description, "ranks_per_group": traffics[1].ranks_per_group,
+                          "overlapped": traffics[1].overlapped,
+                          **{level: _level(traffics, level) for level in LEVELS}}
+    return {"reference": {"hosts": HOSTS, "ranks_per_host": RANKS_PER_HOST, "dtype": "float32"},
+            "configurations": rows}
+
+
+def render():
+    return json.dumps(table(), indent=1, sort_keys=True) + "\n"
+
+
+def main(argv=None, prog="python -m benchmarks traffic"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed table is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if PATH.read_text() != text:
+            print(f"{prog}: {PATH} is stale; run `{prog}`", file=sys.stderr)
+            return 1
+        return 0
+    PATH.parent.mkdir(parents=True, exist_ok=True)
+    PATH.write_text(text)
+    print(PATH)
+    return 0

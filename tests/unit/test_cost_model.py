@@ -1,0 +1,125 @@
+"""benchmarks/cost_model.py: each formula against hand-derived values, the CLI, and no TensorFlow."""
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks import cost_model
+
+pytestmark = pytest.mark.unit
+
+A, B, S = 1e-5, 1e9, 4e6  # α 10 µs, B 1 GB/s, S 4 MB
+
+
+def test_ring_allreduce_at_8_ranks():
+    # 2·7·1e-5 + 2·7/8·4e6/1e9 = 1.4e-4 + 7e-3
+    assert cost_model.ring_allreduce(8, S, A, B) == pytest.approx(1.4e-4 + 7e-3)
+
+
+def test_halving_doubling_pays_log2_latencies():
+    # 2·3·1e-5 + 7e-3
+    assert cost_model.halving_doubling(8, S, A, B) == pytest.approx(6e-5 + 7e-3)
+
+
+def test_reduce_scatter_and_allgather_are_half_an_allreduce_of_bandwidth():
+    # 3·1e-5 + 3/4·4e6/1e9
+    assert cost_model.reduce_scatter(4, S, A, B) == pytest.approx(3e-5 + 3e-3)
+    assert cost_model.allgather(4, S, A, B) == pytest.approx(3e-5 + 3e-3)
+
+
+def test_one_rank_costs_nothing():
+    assert cost_model.ring_allreduce(1, S, A, B) == 0.0
+
+
+def test_hierarchical_composite():
+    # 4 hosts × 2 ranks: 2·RS(2) intra + ring(4) on S/2 inter
+    intra, inter = (1e-6, 1e10), (A, B)
+    rs = 1e-6 + 0.5 * S / 1e10
+    ring = 2 * 3 * A + 1.5 * (S / 2) / B
+    assert cost_model.hierarchical_allreduce(4, 2, S, intra, inter) == pytest.approx(2 * rs + ring)
+
+
+def test_overlap_hides_communication_up_to_compute():
+    assert cost_model.step_time(0.010, 0.004) == pytest.approx(0.014)
+    assert cost_model.step_time(0.010, 0.004, overlapped=1.0) == pytest.approx(0.010)
+    assert cost_model.step_time(0.010, 0.030, overlapped=1.0) == pytest.approx(0.030)
+    # half hidden: max(c, 0.5·comm) + 0.5·comm
+    assert cost_model.step_time(0.010, 0.030, overlapped=0.5) == pytest.approx(0.015 + 0.015)
+
+
+def test_flat_sync_matches_the_ring_formula_from_the_table():
+    table = cost_model.load_table()
+    entry = table["configurations"]["sync"]
+    params, hosts, n = 1_000_000, 8, 8
+    p = hosts * n
+    size = entry["across_groups"]["bytes_a"] + entry["across_groups"]["bytes_b"] * params
+    assert entry["across_groups"]["bytes_b"] == 4.0  # float32 gradients, once a step
+    got = cost_model.comm_time(entry, table["reference"], params, hosts, n, (A, B))
+    assert got == pytest.approx(cost_model.ring_allreduce(p, size, A, B))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "benchmarks", "project", *args], capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_cli_one_row_per_host_count_and_fast():
+    start = time.perf_counter()
+    result = _cli("--hosts", "8,64,512,1024", "--link", "100gbit", "--model", "resnet50", "--configuration", "sync")
+    assert time.perf_counter() - start < 1.0
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()[1:]
+    assert [r.split()[2] for r in rows] == ["8", "64", "512", "1024"]
+    last = rows[-1].split()
+    assert last[3] == "8192"
+    params, compute = cost_model.MODELS["resnet50"]
+    table = cost_model.load_table()
+    comm = cost_model.comm_time(table["configurations"]["sync"], table["reference"], params, 1024, 8,
+                                (cost_model.INTER_ALPHA, 100e9 / 8))
+    assert float(last[5]) == pytest.approx(compute / (compute + comm), abs=1e-3)
+
+
+@pytest.mark.parametrize("args", [("--hosts", "0"), ("--link", "fast"), ("--model", "nope"), ("--params", "x"),
+                                  ("--params", "100",)])
+def test_cli_bad_input_is_one_line_and_exit_2(args):
+    result = _cli(*args)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "Received:" in result.stderr
+
+
+def test_imports_no_tensorflow():
+    code = "import sys, benchmarks.cost_model; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
+    assert math.isfinite(cost_model.LINKS["100gbit"])
+
+
+def test_overlapped_configuration_hides_its_communication_behind_compute():
+    # easgd_tau10_overlap's hook says overlapped = 1: step = max(c, comm) when comm < c it is c.
+    table = cost_model.load_table()
+    assert table["configurations"]["easgd_tau10_overlap"]["overlapped"] == 1.0
+    assert table["configurations"]["easgd_tau10"]["overlapped"] == 0.0
+    rows = {r[0]: r for r in cost_model.project(table, 1_000_000, 0.05, [8], 8, (A, B),
+                                                configurations=["easgd_tau10", "easgd_tau10_overlap"])}
+    assert rows["easgd_tau10_overlap"][3] == pytest.approx(1.0)
+    assert rows["easgd_tau10"][3] < 1.0
+
+
+def test_alpha_fit_recovers_alpha_and_bandwidth():
+    from benchmarks import link_probe  # imports no TF until a sweep runs
+    p, alpha, bandwidth = 4, 2e-5, 5e8
+    times = [2 * (p - 1) * alpha + 2 * (p - 1) / p * s / bandwidth for s in link_probe.SWEEP_BYTES]
+    fit = link_probe.fit_alpha(link_probe.SWEEP_BYTES, times, p)
+    assert fit["alpha"] == pytest.approx(alpha, rel=1e-6)
+    assert fit["bandwidth"] == pytest.approx(bandwidth, rel=1e-6)
+
+
+def test_calibration_file_sets_alpha_and_bandwidth(tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text('{"alpha": 0.001, "bandwidth": 1.25e8}')
+    args = ("--model", "resnet50", "--configuration", "sync", "--hosts", "8")
+    calibrated = _cli(*args, "--calibration", str(path))
+    explicit = _cli(*args, "--alpha", "0.001", "--bandwidth", "1.25e8")
+    assert calibrated.returncode == 0 and calibrated.stdout == explicit.stdout
+    assert _cli(*args, "--calibration", str(tmp_path / "missing.json")).returncode == 2
