@@ -94,6 +94,12 @@ it is asked at: a collective of the group's ranks, which evaluate and
 predict (``SwapKeptWeights``) reach on every rank; model.keras, saved by
 rank 0 alone after the final evaluation, reads what that gathered.
 
+At another number of ranks (``resize_refusal``, derived there), a sharded
+run re-cuts its inter state for the new groups: per saved group its n shards
+in rank order, padding stripped, the inter strategy's rule across the
+groups, then the new group's shards (``shards.ReCut``); with the same n and
+at least 2 groups on both sides.
+
 Limits of the shard view: the trainable variables must share one dtype; the
 inter strategy must not clip by the global norm (each rank holds 1/n of the
 gradients); PeriodicAverage averages the trainable weights only (the

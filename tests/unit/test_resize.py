@@ -279,11 +279,15 @@ def test_re_cut_concatenates_each_groups_shards_strips_the_padding_and_cuts_agai
 
 
 INTERS = {"sync": SyncAverage, "easgd": lambda: EASGD(TAU), "periodic": lambda: PeriodicAverage(TAU),
-          "diloco": lambda: DiLoCo(TAU)}
+          "diloco": lambda: DiLoCo(TAU),
+          # compressed: PeriodicAverage's synced copy, and both's error-feedback residuals (per group: zeros)
+          "periodic-int8": lambda: PeriodicAverage(TAU, compression="int8"),
+          "diloco-int8": lambda: DiLoCo(TAU, compression="int8")}
+RECUT_CASES = [(inter, p, q) for inter in sorted(INTERS) for p, q in ((4, 6), (6, 4))
+               if "int8" not in inter or (p, q) == (4, 6)]
 
 
-@pytest.mark.parametrize("inter", sorted(INTERS))
-@pytest.mark.parametrize("p, q", [(4, 6), (6, 4)])
+@pytest.mark.parametrize("inter, p, q", RECUT_CASES, ids=[f"{i}-{p}to{q}" for i, p, q in RECUT_CASES])
 def test_a_sharded_hierarchical_run_re_cuts_its_inter_state_for_the_new_groups(tmp_path, inter, p, q):
     # groups of 2: 2 -> 3 groups and 3 -> 2; 5 steps, tau 3: between two synchronisations
     make = lambda: Hierarchical(SyncAverage(), INTERS[inter](), ranks_per_group=2)  # noqa: E731
@@ -291,13 +295,18 @@ def test_a_sharded_hierarchical_run_re_cuts_its_inter_state_for_the_new_groups(t
     strategy = opts[0].strategy
     keys = key_of(models[0], opts[0])
     sharded = {keys[id(v)] for v in strategy._sharded_state()}
-    assert bool(sharded) == (inter in ("easgd", "diloco"))  # PeriodicAverage keeps a copy only to compress
+    assert bool(sharded) == (inter != "sync" and inter != "periodic")  # PeriodicAverage keeps a copy to compress
+    feedback = getattr(strategy.inter, "error_feedback", None)
+    residuals = {keys[id(v)] for v in feedback.residuals} if feedback is not None else set()
+    assert residuals <= sharded and bool(residuals) == inter.endswith("int8")
+    assert any(np.any(saved[0][key]) for key in residuals) == bool(residuals)
     layout_key, kernel = keys[id(strategy.shard_layout)], keys[id(models[0].layers[0].kernel)]
     center = keys[id(strategy.inter.center[0])] if inter == "easgd" else None
     for r, (model, opt) in enumerate(zip(models, opts)):
         expected = ref.resized_state_reference(saved, q, r)
         for key in sharded:
-            expected[key] = recut_reference(saved, key, 2, q // 2, r // 2, r % 2, ref.DIM)
+            expected[key] = recut_reference(saved, key, 2, q // 2, r // 2, r % 2, ref.DIM,
+                                            (lambda wholes: np.zeros_like(wholes[0])) if key in residuals else None)
         expected[layout_key] = np.array([2, r % 2, 3, ref.DIM], np.int64)
         if center is not None:  # the weights restart from the whole center: any saved group's shards
             expected[kernel] = np.concatenate([saved[0][center], saved[1][center]]).reshape(ref.DIM, 1)
@@ -306,7 +315,7 @@ def test_a_sharded_hierarchical_run_re_cuts_its_inter_state_for_the_new_groups(t
         for key, value in expected.items():
             np.testing.assert_array_equal(got[key], value, err_msg=f"rank {r}, {key}")
     # shard state every group held alike is kept exactly (the center, theta, the outer slots)
-    for key in sharded:
+    for key in sharded - residuals:
         wholes = {np.concatenate([s[key] for s in saved[g:g + 2]]).tobytes() for g in range(0, p, 2)}
         assert len(wholes) == 1, key
     if inter == "sync":  # the two-level allreduce: one step at q is flat SyncAverage's, to float tolerance
