@@ -94,6 +94,12 @@ it is asked at: a collective of the group's ranks, which evaluate and
 predict (``SwapKeptWeights``) reach on every rank; model.keras, saved by
 rank 0 alone after the final evaluation, reads what that gathered.
 
+At another number of ranks (``resize_refusal``, derived there), a sharded
+run re-cuts its inter state for the new groups: per saved group its n shards
+in rank order, padding stripped, the inter strategy's rule across the
+groups, then the new group's shards (``shards.ReCut``); with the same n and
+at least 2 groups on both sides.
+
 Limits of the shard view: the trainable variables must share one dtype; the
 inter strategy must not clip by the global norm (each rank holds 1/n of the
 gradients); PeriodicAverage averages the trainable weights only (the
@@ -106,13 +112,13 @@ is the two-level allreduce.
 import keras
 import tensorflow as tf
 
-from .. import validation
+from .. import resize, validation
 from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
 from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, all_finite, as_dense, \
     check_count, count_off_the_wire, count_on_the_wire, element_bytes, walk
 from .easgd import EASGD
-from .shards import FlatShards
+from .shards import FlatShards, NewLayout, ReCut
 from .sync_average import SyncAverage
 
 
@@ -401,18 +407,50 @@ class Hierarchical(SyncStrategy):
         is asked at G = p/n -> q/n when ``ranks_per_group`` fixes n (EASGD's
         fixed ``--moving-rate`` against 2/(G+1)).
 
-        Refused for now: each rank of a group holds only its shard of the
-        inter strategy's state (the center, θ, the residuals), so a resize
-        must gather the shards of each saved group in order and cut them
-        again at the new group size; the mean over the saved ranks, which
-        the per-variable rules would take, mixes different shards. Until
-        that rule exists, a sharded run resumes at the number of ranks it
-        was saved at."""
-        return (f"--strategy {self.name} keeps its inter state as shards across the ranks of each group, and "
-                f"re-cutting them for another number of ranks is not supported yet: resume at {saved_ranks} ranks")
+        Sharded (n > 1 ranks per group and G > 1 groups, saved and resumed):
+        each rank of a group holds only its shard j of the inter strategy's
+        shard state (EASGD's center; DiLoCo's θ and outer slots; the synced
+        weights of PeriodicAverage; the error-feedback residuals), so the
+        per-variable mean over the saved ranks would mix different shards.
+        Instead (``shards.ReCut``), per saved group g the n shards, in rank
+        order, are concatenated and the padding stripped (the first N
+        elements): the group's whole value v_g. The inter strategy's rule maps
+        v_1..v_G to the new group's value with the groups as its ranks, and
+        rank j of a new group of n' keeps shard j of that, cut at
+        m' = ⌈N/n'⌉. Which state is the same in every group, and what it
+        becomes: EASGD's center x̃, DiLoCo's θ and its outer optimizer's slots,
+        PeriodicAverage's synced copy are identical across groups (the
+        cross-group collective leaves every group with the same value), so
+        any group's concatenation is the value, kept exactly at any G'; the
+        residuals are per group and follow the inter strategy's rule across
+        groups (``RESTART_AT_ZERO``: zeros); the model weights and the inner
+        optimizer's slots are whole variables (the mean over the saved ranks,
+        i.e. over the groups), and EASGD's weights restart from x̃, gathered
+        in the new group. The saved layout must be sharded with groups of
+        the same n as the new one (``ranks_per_group`` fixed; a group per
+        host is refused, as the saved n is then unknown before the shards
+        are read), and a resume onto one group or groups of one rank (where
+        the inter state is whole variables, not a shard) is refused: resume
+        at the saved number of ranks, or at a multiple of n with at least 2
+        groups."""
+        n = self.ranks_per_group
+        saved_sharded = n is None or (n > 1 and saved_ranks // n > 1)
+        if not saved_sharded:
+            return self._unsharded_resize_refusal(saved_ranks, ranks)
+        if n is None:
+            return (f"--strategy {self.name} keeps its inter state as shards across the ranks of each host, and "
+                    f"re-cutting them needs the saved group size: resume at {saved_ranks} ranks, or save with "
+                    "--ranks-per-group")
+        if ranks % n:
+            return f"--ranks-per-group {n} does not divide the {ranks} ranks of the resumed run"
+        if ranks // n < 2:
+            return (f"--strategy {self.name} keeps its inter state as shards across the ranks of each group, and "
+                    f"re-cutting them onto a single group of {ranks} is not supported yet: resume at {saved_ranks} "
+                    f"ranks, or at a multiple of {n} with 2 groups or more")
+        return self.inter.resize_refusal(saved_ranks // n, ranks // n)
 
     def _unsharded_resize_refusal(self, saved_ranks, ranks):
-        # The rule of the replicated layout, kept for the sharded rule to build on.
+        # The rule of the replicated layout (the saved inter state is whole variables).
         n = self.ranks_per_group
         if n is not None and ranks % n:
             return f"--ranks-per-group {n} does not divide the {ranks} ranks of the resumed run"
@@ -420,18 +458,47 @@ class Hierarchical(SyncStrategy):
             return self.inter.resize_refusal(saved_ranks // n, ranks // n)
         return None
 
+    def _sharded_state(self):
+        """The inter strategy's state cut like the shard view: its [m] floating variables."""
+        return [v for v in self.inter.state_variables()
+                if tuple(v.shape) == (self.layout.length,) and tf.as_dtype(v.dtype) == self.layout.dtype]
+
+    def _layout_of(self, rank):
+        """``(group index, groups, FlatShards)`` of ``rank`` in this (the new) layout."""
+        group = next(i for i, members in enumerate(self.groups) if rank in members)
+        return group, len(self.groups), FlatShards(self.variables, len(self.groups[group]),
+                                                   self.groups[group].index(rank))
+
+    def resize_rules(self):
+        """The children's rules; sharded, the inter strategy's shard state re-cut
+        by group (``shards.ReCut``, around the inter strategy's rule for it) and
+        the saved layout replaced by the new one."""
+        rules = super().resize_rules()
+        if self.built and self.sharded:
+            for variable in self._sharded_state():
+                rules[id(variable)] = ReCut(rules.get(id(variable), resize.DEFAULT),
+                                            self.ranks_per_group or len(self.groups[0]),
+                                            self._layout_of)
+            rules[id(self.shard_layout)] = NewLayout(self._layout_of)
+        return rules
+
     def resized_weights(self):
         """The inter strategy's where the new layout has several groups, else None (the mean).
 
         A run saved with one group never stepped its inter strategy, whose
         kept model is then the initial weights: it takes its start from the
-        resized weights instead, as a fresh run does after the broadcast."""
+        resized weights instead, as a fresh run does after the broadcast.
+        Sharded, the inter strategy's answer is this rank's shard of it,
+        gathered within the group (eagerly: every rank of the group restores)."""
         if not self.inter_active:
             return self.intra.resized_weights()
         if int(self.inter.step_counter.numpy()) == 0:
             self.inter.on_initial_state_synced()
             return None
-        return self.inter.resized_weights()
+        weights = self.inter.resized_weights()
+        if weights is None or not self.sharded:
+            return weights
+        return self.layout.unflatten(self.group_comm.allgather(weights[0], record=False))
 
     def resize_notice(self, saved_ranks, ranks):
         groups = f"{len(self.groups)} groups of {len(self.groups[0])}" if self.groups is not None else "new groups"

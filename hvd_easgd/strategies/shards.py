@@ -9,12 +9,15 @@ are flattened and concatenated into N elements, zero-padded to n·m with
 m = ⌈N/n⌉, and shard j is the elements [j·m, (j+1)·m). The padding is zeros
 on every rank, stays zeros under every strategy's update (a zero gradient,
 a zero difference), and is cut off when the shards are put back together.
+At another layout of groups (a resize), ``ReCut`` puts each saved group's
+shards together and cuts them again.
 """
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 
-from .. import validation
+from .. import resize, validation
 from ..comm.communicator import shard_length
 
 
@@ -84,3 +87,58 @@ class FlatShards:
     def describe(self):
         """``[n, j, m, N]``: what a checkpoint of shard state must be restored into."""
         return [self.parts, self.index, self.length, self.elements]
+
+
+class ReCut(resize.Rule):
+    """A sharded state variable at another layout of groups: gather each saved
+    group's shards, apply ``across`` with the groups as the ranks, cut again.
+
+    The saved p ranks formed p/n groups of ``saved_parts`` = n consecutive
+    ranks, rank j of a group holding shard j. Each saved group's value is its
+    n shards concatenated in rank order, padding stripped (the first N
+    elements); ``across`` (the inter strategy's rule for the variable,
+    ``resize.DEFAULT`` unless it declares one) maps those G values to the new
+    group's, and the new rank keeps its shard of that, zero-padded as
+    ``FlatShards`` pads. State every group holds alike (EASGD's center,
+    DiLoCo's θ and outer slots) is so kept exactly: any group's concatenation
+    is the whole of it.
+
+    Args:
+      across: the rule between groups.
+      saved_parts: n of the saved layout.
+      new_layout: ``rank -> (group index, groups, FlatShards of the rank)`` in the new layout.
+    """
+
+    name = "re_cut"
+
+    def __init__(self, across, saved_parts, new_layout):
+        self.across = across
+        self.saved_parts = int(saved_parts)
+        self.new_layout = new_layout
+
+    def __call__(self, saved, ranks, rank):
+        n = self.saved_parts
+        group, groups, layout = self.new_layout(rank)
+        if len(saved) % n or saved[0].shape != (shard_length(layout.elements, n),):
+            raise ValueError(f"`saved` must be shards of {layout.elements} elements cut by groups of {n} ranks. "
+                             f"Received: {len(saved)} shards of shape {saved[0].shape}")
+        wholes = [np.concatenate(saved[start:start + n])[:layout.elements] for start in range(0, len(saved), n)]
+        whole = self.across(wholes, groups, group)
+        padded = np.zeros(layout.parts * layout.length, whole.dtype)
+        padded[:layout.elements] = whole
+        return padded[layout.index * layout.length:(layout.index + 1) * layout.length]
+
+    def __repr__(self):
+        return f"shards.ReCut({self.across!r}, saved_parts={self.saved_parts})"
+
+
+class NewLayout(resize.Rule):
+    """The saved layout ``[n, j, m, N]`` becomes the new rank's (``FlatShards.describe``)."""
+
+    name = "new_layout"
+
+    def __init__(self, new_layout):
+        self.new_layout = new_layout
+
+    def __call__(self, saved, ranks, rank):
+        return np.asarray(self.new_layout(rank)[2].describe(), saved[0].dtype)

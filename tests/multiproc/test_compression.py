@@ -1,6 +1,6 @@
 """Compressed payloads across real ranks (issue 24, section B): the quantised allreduce
-and DiLoCo int8 under horovodrun --gloo at np = 3 (Horovod's alltoall + allgather form)
-and on the direct MPI path under mpirun at np = 3 (MpiDirectAlltoall), one launch each;
+and DiLoCo int8 under horovodrun --gloo and horovodrun --mpi at np = 3 (Horovod's alltoall +
+allgather form, under both of its controllers) and on the direct MPI path under mpirun at np = 3 (MpiDirectAlltoall), one launch each;
 and train.py on digits with --strategy diloco --compression int8 through Horovod under
 horovodrun --mpi (the allgather form at np = 2).
 """
@@ -15,7 +15,7 @@ from tests import reference as ref
 from tests.helpers import ROOT, launch, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
-LAUNCHES = [("gloo", "horovod", 3), ("mpirun", "mpi-direct", 3)]
+LAUNCHES = [("gloo", "horovod", 3), ("mpi", "horovod", 3), ("mpirun", "mpi-direct", 3)]
 
 
 @pytest.mark.parametrize("launcher, collectives, size", LAUNCHES, ids=[f"{l}-{c}-np{n}" for l, c, n in LAUNCHES])

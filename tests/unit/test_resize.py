@@ -226,12 +226,110 @@ def test_an_open_accumulation_window_counts_every_sample_once(tmp_path, p, q):
     assert int(strategy.step_counter.numpy()) == 2 and int(strategy.accumulated_samples.numpy()) == 0
 
 
-def test_hierarchical_refuses_to_resize_its_sharded_inter_state():
-    # each rank of a group holds its own shard of the center: the per-variable mean would mix shards
-    for p, q in ((4, 2), (2, 4)):
-        assert Hierarchical(SyncAverage(), EASGD(TAU), ranks_per_group=2).resize_refusal(p, q) == (
-            "--strategy hierarchical keeps its inter state as shards across the ranks of each group, and "
-            f"re-cutting them for another number of ranks is not supported yet: resume at {p} ranks")
+def test_hierarchical_refuses_what_it_cannot_re_cut():
+    # one group (or groups of one) holds the inter state as whole variables, not shards; by host, n is unknown
+    make = lambda n=2: Hierarchical(SyncAverage(), EASGD(TAU), ranks_per_group=n)  # noqa: E731
+    assert make().resize_refusal(4, 2) == (
+        "--strategy hierarchical keeps its inter state as shards across the ranks of each group, and re-cutting "
+        "them onto a single group of 2 is not supported yet: resume at 4 ranks, or at a multiple of 2 with 2 "
+        "groups or more")
+    assert make().resize_refusal(4, 5) == "--ranks-per-group 2 does not divide the 5 ranks of the resumed run"
+    assert Hierarchical(SyncAverage(), EASGD(TAU)).resize_refusal(4, 6).startswith(
+        "--strategy hierarchical keeps its inter state as shards across the ranks of each host, and re-cutting "
+        "them needs the saved group size: resume at 4 ranks")
+    assert make().resize_refusal(4, 6) is None and make().resize_refusal(6, 4) is None
+    assert make(1).resize_refusal(2, 3) is None  # groups of one: the replicated rule, EASGD's at p ranks
+
+
+def recut_reference(saved, key, n, groups, group, index, elements, across=None):
+    """Shard ``index`` of the new group's value: each saved group's n shards concatenated in rank
+    order, padding stripped, the groups combined by ``across`` (kept if equal, else their float64 mean)."""
+    wholes = [np.concatenate([saved[g * n + j][key] for j in range(n)])[:elements]
+              for g in range(len(saved) // n)]
+    if across is not None:
+        whole = across(wholes)
+    elif all(np.array_equal(wholes[0], w) for w in wholes):
+        whole = wholes[0]
+    else:
+        whole = np.mean(np.stack(wholes).astype(np.float64), axis=0).astype(wholes[0].dtype)
+    m = -(-elements // n)
+    padded = np.zeros(n * m, whole.dtype)
+    padded[:elements] = whole
+    return padded[index * m:(index + 1) * m]
+
+
+def test_re_cut_concatenates_each_groups_shards_strips_the_padding_and_cuts_again():
+    from hvd_easgd.strategies.shards import FlatShards, ReCut
+
+    spec = [keras.Variable(np.zeros((7,), np.float32))]  # N = 7 cut in n = 3: m = 3, 2 padding zeros
+    rng = np.random.default_rng(3)
+    saved = []
+    for g in range(2):  # 2 saved groups of 3, the padding zeros in each group's last shard
+        whole = np.concatenate([rng.standard_normal(7), np.zeros(2)]).astype(np.float32)
+        saved += [{"k": whole[j * 3:(j + 1) * 3]} for j in range(3)]
+    for groups in (1, 2, 3):
+        for rank in range(3 * groups):
+            rule = ReCut(resize.DEFAULT, 3, lambda r: (r // 3, groups, FlatShards(spec, 3, r % 3)))
+            got = rule([s["k"] for s in saved], 3 * groups, rank)
+            expected = recut_reference(saved, "k", 3, groups, rank // 3, rank % 3, 7)
+            np.testing.assert_array_equal(got, expected)
+            assert got.dtype == np.float32
+    zeros = ReCut(resize.RESTART_AT_ZERO, 3, lambda r: (0, 2, FlatShards(spec, 3, r)))
+    np.testing.assert_array_equal(zeros([s["k"] for s in saved], 6, 2), np.zeros(3, np.float32))
+
+
+INTERS = {"sync": SyncAverage, "easgd": lambda: EASGD(TAU), "periodic": lambda: PeriodicAverage(TAU),
+          "diloco": lambda: DiLoCo(TAU),
+          # compressed: PeriodicAverage's synced copy, and both's error-feedback residuals (per group: zeros)
+          "periodic-int8": lambda: PeriodicAverage(TAU, compression="int8"),
+          "diloco-int8": lambda: DiLoCo(TAU, compression="int8")}
+RECUT_CASES = [(inter, p, q) for inter in sorted(INTERS) for p, q in ((4, 6), (6, 4))
+               if "int8" not in inter or (p, q) == (4, 6)]
+
+
+@pytest.mark.parametrize("inter, p, q", RECUT_CASES, ids=[f"{i}-{p}to{q}" for i, p, q in RECUT_CASES])
+def test_a_sharded_hierarchical_run_re_cuts_its_inter_state_for_the_new_groups(tmp_path, inter, p, q):
+    # groups of 2: 2 -> 3 groups and 3 -> 2; 5 steps, tau 3: between two synchronisations
+    make = lambda: Hierarchical(SyncAverage(), INTERS[inter](), ranks_per_group=2)  # noqa: E731
+    saved, models, opts, cluster, shards = saved_then_resized(tmp_path, make, p, q, steps=5)
+    strategy = opts[0].strategy
+    keys = key_of(models[0], opts[0])
+    sharded = {keys[id(v)] for v in strategy._sharded_state()}
+    assert bool(sharded) == (inter != "sync" and inter != "periodic")  # PeriodicAverage keeps a copy to compress
+    feedback = getattr(strategy.inter, "error_feedback", None)
+    residuals = {keys[id(v)] for v in feedback.residuals} if feedback is not None else set()
+    assert residuals <= sharded and bool(residuals) == inter.endswith("int8")
+    assert any(np.any(saved[0][key]) for key in residuals) == bool(residuals)
+    layout_key, kernel = keys[id(strategy.shard_layout)], keys[id(models[0].layers[0].kernel)]
+    center = keys[id(strategy.inter.center[0])] if inter == "easgd" else None
+    for r, (model, opt) in enumerate(zip(models, opts)):
+        expected = ref.resized_state_reference(saved, q, r)
+        for key in sharded:
+            expected[key] = recut_reference(saved, key, 2, q // 2, r // 2, r % 2, ref.DIM,
+                                            (lambda wholes: np.zeros_like(wholes[0])) if key in residuals else None)
+        expected[layout_key] = np.array([2, r % 2, 3, ref.DIM], np.int64)
+        if center is not None:  # the weights restart from the whole center: any saved group's shards
+            expected[kernel] = np.concatenate([saved[0][center], saved[1][center]]).reshape(ref.DIM, 1)
+        got = checkpoint.state_arrays(model, opt)
+        assert sorted(got) == sorted(expected)
+        for key, value in expected.items():
+            np.testing.assert_array_equal(got[key], value, err_msg=f"rank {r}, {key}")
+    # shard state every group held alike is kept exactly (the center, theta, the outer slots)
+    for key in sharded - residuals:
+        wholes = {np.concatenate([s[key] for s in saved[g:g + 2]]).tobytes() for g in range(0, p, 2)}
+        assert len(wholes) == 1, key
+    if inter == "sync":  # the two-level allreduce: one step at q is flat SyncAverage's, to float tolerance
+        w = saved[0][kernel].ravel()
+        m = saved[0][keys[id(opts[0].variables[-1])]].ravel()
+        train(cluster, models, opts, shards, 1, start=5)
+        expected_w, _ = momentum_step(w, m, np.mean(grads_at([w] * q, shards, 5), axis=0))
+        for model in models:
+            assert_close(model.layers[0].kernel.numpy().ravel(), expected_w)
+    else:  # it trains on: a synchronisation at step 6, after which each new group's ranks agree
+        train(cluster, models, opts, shards, 1, start=5)
+        for g in range(0, q, 2):
+            np.testing.assert_array_equal(models[g].get_weights()[0], models[g + 1].get_weights()[0])
+        assert all(np.all(np.isfinite(model.get_weights()[0])) for model in models)
 
 
 def test_every_built_in_resizes_and_a_fixed_ranks_per_group_must_divide_the_new_size():
