@@ -93,23 +93,3 @@ def test_train_py_with_one_rank_per_group_runs_the_inter_strategy_alone_to_095(t
         assert json.load(f)["final"]["test_accuracy"] >= 0.95
 
 
-def test_train_py_sharded_hierarchical_checkpoints_at_4_and_resumes_re_cut_at_6(tmp_path):
-    # 2 groups of 2 -> 3 groups of 2 (issue 27, section 3; issue 24's sharded resume through train.py):
-    # the center's shards are re-cut for the new groups (shards.ReCut) and the run trains on
-    run_dir = str(tmp_path / "run")
-    common = ["--strategy", "hierarchical", "--inter", "easgd", "--ranks-per-group", "2", "--no-tensorboard",
-              "--lr", "0.1"]  # hierarchical's default 0.02 is still near chance after 3 epochs
-    proc = horovodrun([TRAIN, *common, "--epochs", "2", "--checkpoint-every", "1", "--run-dir", run_dir],
-                      np=4, controller="gloo", timeout=150)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with open(os.path.join(run_dir, "metrics.json")) as f:
-        before = json.load(f)["final"]["test_accuracy"]
-    proc = horovodrun([TRAIN, "--resume", run_dir, "--epochs", "4"], np=6, controller="gloo", timeout=150)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "resuming at 6 ranks from a checkpoint of 4" in proc.stdout, proc.stdout[-3000:]
-    with open(os.path.join(run_dir, "config.yaml")) as f:
-        assert yaml.safe_load(f)["groups"] == [[0, 1], [2, 3], [4, 5]]
-    with open(os.path.join(run_dir, "metrics.json")) as f:
-        metrics = json.load(f)
-    # it trains on from the re-cut center: better than at the checkpoint, and well above chance (0.1)
-    assert len(metrics["epochs"]) == 4 and metrics["final"]["test_accuracy"] >= max(0.8, before + 0.01)
