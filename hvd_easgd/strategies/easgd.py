@@ -71,14 +71,11 @@ import tensorflow as tf
 from .. import validation
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import allreduce_unless_non_finite, check_overlap, check_period, \
+from .local_updates import OVERLAP_HELP, allreduce_unless_non_finite, check_overlap, check_period, \
     finish_allreduce_unless_non_finite, local_lr_factor, local_step, start_allreduce_unless_non_finite, \
     starts_this_step, synchronised_this_step
 from .sync_average import SyncAverage
 from .warmup import run_phases
-
-
-OVERLAP_HELP = "delta: merge a synchronisation delta steps after its collective starts, 0 <= delta < tau (default 0)"
 
 
 def at_stability_bound(alpha, p):

@@ -114,6 +114,10 @@ def finish_allreduce_unless_non_finite(comm, handle, like):
     return summed[:-1], summed[-1][0]
 
 
+# The --overlap flag's help, one text for every strategy that takes it.
+OVERLAP_HELP = "delta: merge a synchronisation delta steps after its collective starts, 0 <= delta < tau (default 0)"
+
+
 def check_overlap(overlap, period):
     """δ, the steps between a synchronisation's start and its merge: an integer with 0 <= δ < τ.
 
