@@ -96,3 +96,24 @@ def test_overlap_refusals(make_strategy, message):
 
 def test_overlap_true_is_one_and_false_zero():
     assert (EASGD(period=4, overlap=True).overlap, EASGD(period=4, overlap=False).overlap) == (1, 0)
+
+
+@pytest.mark.parametrize("strategy", ["easgd", "periodic"])
+def test_a_checkpoint_mid_overlap_drains_and_resumes_bit_for_bit(strategy, tmp_path):
+    from hvd_easgd import checkpoint
+    cluster, models, opts, shards, w0 = ranks(strategy, 2)
+    train(cluster, models, opts, shards, 6, BATCH)  # in flight: started after step 6
+    cluster.run(lambda r: checkpoint.save(str(tmp_path), 1, models[r], opts[r], cluster.communicators[r], {}))
+    xs, center = ref.overlap_reference(strategy, shards, w0, LR, TAU, 6, BATCH, 2, ALPHA, drain_after=6)
+    assert_matches(models, opts, xs, center)  # the save drained: the saved state is the drained one
+    assert all(int(o.strategy.pending_handle.numpy()) == 0 for o in opts)
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    resumed_cluster, resumed, resumed_opts, _, _ = ranks(strategy, 2)
+    resumed_cluster.run(lambda r: checkpoint.restore(directory, manifest, resumed[r], resumed_opts[r],
+                                                     resumed_cluster.communicators[r]))
+    train(cluster, models, opts, shards, 6, BATCH, start=6)
+    train(resumed_cluster, resumed, resumed_opts, shards, 6, BATCH, start=6)
+    for a, b in zip(models, resumed):
+        np.testing.assert_array_equal(a.layers[0].kernel.numpy(), b.layers[0].kernel.numpy())
+    xs, center = ref.overlap_reference(strategy, shards, w0, LR, TAU, 12, BATCH, 2, ALPHA, drain_after=6)
+    assert_matches(resumed, resumed_opts, xs, center)
