@@ -73,7 +73,7 @@ TABLE = (
                   train_py=("--strategy", "easgd", "--tau", "10"), groups=("strategy", "topology_suite")),
     Configuration("easgd_tau10_overlap",
                   "hvd_easgd EASGD tau=10, overlap=True (allreduce issued before the inner update)",
-                  _easgd(10, overlap=True), train_py=("--strategy", "easgd", "--tau", "10", "--overlap"),
+                  _easgd(10, overlap=True), train_py=("--strategy", "easgd", "--tau", "10", "--overlap", "1"),
                   groups=("strategy",)),
     Configuration("accum4_sync", "hvd_easgd GradientAccumulation k=4 over SyncAverage",
                   lambda: hvd_easgd.GradientAccumulation(4, strategy=hvd_easgd.SyncAverage()),

@@ -147,6 +147,9 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
     if step_in_epoch and not steps_per_epoch:
         raise ValueError("`steps_per_epoch` must be given (micro-batches per epoch) for a mid-epoch checkpoint. "
                          f"Received: steps_per_epoch={steps_per_epoch!r}")
+    strategy = getattr(optimizer, "strategy", None)
+    if strategy is not None:
+        strategy.drain()  # a synchronisation in flight is merged first: a saved state holds nothing pending
     directory = checkpoint_dir(run_dir, epoch, step_in_epoch)
     name, file = os.path.basename(directory), f"rank-{comm.rank:05d}.npz"
     arrays = _shard_arrays(state_groups(model, optimizer))

@@ -253,3 +253,36 @@ def hierarchical_reference(rank_grads, counts, groups, lr, x0, inter, tau=1, alp
                     x = [kept.copy() for _ in x]
     flat = lambda v: v.ravel()[:size]  # noqa: E731
     return [flat(xg) for xg in x], flat(kept) if inter in ("easgd", "diloco") else None
+
+
+def overlap_reference(strategy, shards, w0, lr, tau, steps, batch_size, delta, alpha=None, drain_after=None):
+    """Returns (local weights per rank, EASGD's center or None) after ``steps`` plain-SGD steps with
+    overlap δ: the synchronisation starts after the inner update of t ≡ −δ (mod τ) and merges after that
+    of t ≡ 0 (t 1-based); ``drain_after=k`` merges what is in flight right after step k.
+
+    EASGD sends d_i = α(x_i − x̃) and merges x_i −= d_i, x̃ += Σd; PeriodicAverage sends x_i(t) and merges
+    x_i ← mean_j x_j(t) + (x_i − x_i(t)).
+    """
+    p = len(shards)
+    xs = [w0.copy() for _ in range(p)]
+    center = w0.copy()
+    pending = None
+
+    def merge(xs, center, sent):
+        if strategy == "easgd":
+            return [x - d for x, d in zip(xs, sent)], center + np.sum(sent, axis=0)
+        mean = np.sum(sent, axis=0) / p
+        return [mean + (x - s) for x, s in zip(xs, sent)], center
+
+    for step in range(steps):
+        t = step + 1
+        xs = [x - lr * grad(x, *batch(shards[i], step, batch_size)) for i, x in enumerate(xs)]
+        if pending is not None and t % tau == 0:
+            xs, center = merge(xs, center, pending)
+            pending = None
+        if (t + delta) % tau == 0:
+            pending = [alpha * (x - center) for x in xs] if strategy == "easgd" else [x.copy() for x in xs]
+        if drain_after == t and pending is not None:
+            xs, center = merge(xs, center, pending)
+            pending = None
+    return xs, (center if strategy == "easgd" else None)

@@ -2,6 +2,7 @@
 import keras
 
 from ..kept_model import KeptWeights
+from ..model_optimizers import distributed_optimizers
 
 
 class SwapKeptWeights(keras.callbacks.Callback):
@@ -29,8 +30,14 @@ class SwapKeptWeights(keras.callbacks.Callback):
         self._swap = None
         self._swap_state = False  # kept weights already in when evaluate/predict began
 
+    def _drain(self):
+        # A synchronisation in flight (``overlap``) is merged before the kept model is read.
+        for optimizer in distributed_optimizers(self.model):
+            optimizer.strategy.drain()
+
     def _swap_in(self):
         if self._swap is None:
+            self._drain()
             self._swap = KeptWeights(self.model).__enter__()
 
     def _swap_out(self):
@@ -47,6 +54,7 @@ class SwapKeptWeights(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._swap_out()
+        self._drain()  # fit ends with nothing in flight
 
     # evaluate (and fit's validation) and predict swap alike: in for the run, and
     # back out after it unless the kept weights were already in (swap_on_epoch).

@@ -26,6 +26,14 @@ collective's algorithm, for a payload of S bytes handed to it at p ranks::
 The account is one float64 variable: bytes and calls stay exact integers
 (to 2^53), and the wire figure has the fractions these formulas give.
 
+Started collectives (``start_allreduce`` / ``finish_allreduce``): the
+allreduce of a payload is started in one step and its result taken δ steps
+later (the local-update strategies' ``overlap``). The account is recorded at
+the start, exactly as the blocking allreduce records it. This base class
+gives the semantics only: the start reduces at once (blocking) and holds the
+result in variables of this communicator until the finish hands it out; a
+transport that can leave the reduction in flight overrides the pair.
+
 Sub-communicators (``split``): a communicator over some of the ranks, with
 its own ``rank`` and ``size`` (among those ranks) and its own account. What
 a sub-communicator records is also recorded in its parent's account, so the
@@ -107,6 +115,9 @@ class Communicator:
         self.parent = parent
         self._ranks = None
         self._splits = {}
+        # Started allreduces held for their finish: {payload signature: (handle variable, result variables)}.
+        self._held = {}
+        self._last_handle = None
 
     @property
     def ranks(self):
@@ -232,6 +243,53 @@ class Communicator:
         if not with_errors:
             return reduced
         return reduced, [t - compression.decompress(w, d) for t, w, d in zip(tensors, wire, dtypes)]
+
+    def start_allreduce(self, tensors, op="sum", compression=Compression.none, with_errors=False):
+        """Starts the allreduce of ``tensors``; ``finish_allreduce`` takes its result.
+
+        The account is recorded here, as ``allreduce`` records it. Every rank
+        must start and finish its collectives in the same order.
+
+        Returns:
+          A scalar int64 handle (> 0); with ``with_errors``, ``(handle, errors)``,
+          the errors as ``allreduce_with_errors`` gives them (known at the start).
+        """
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        reduced, errors = self._allreduce(tensors, op, compression, True, with_errors=True)
+        handle = self._hold(reduced)
+        return (handle, errors) if with_errors else handle
+
+    def finish_allreduce(self, handle, like):
+        """The result of the started allreduce ``handle``, shaped as ``like`` (its payload).
+
+        A handle that is not in flight (finished already, or never started
+        with a payload of ``like``'s shapes) is an error, not a wait.
+        """
+        like = [tf.convert_to_tensor(t) for t in like]
+        held_handle, held = self._held_for(like)
+        tf.debugging.assert_equal(held_handle, tf.cast(handle, tf.int64),
+                                  message="finish_allreduce: this handle is not in flight")
+        with tf.control_dependencies([held_handle.assign(0)]):
+            return [tf.identity(v) for v in held]
+
+    def _held_for(self, tensors):
+        key = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+        if key not in self._held:
+            with tf.init_scope():
+                self._held[key] = (tf.Variable(0, dtype=tf.int64, trainable=False, name="held_handle"),
+                                   [tf.Variable(tf.zeros(t.shape, t.dtype), trainable=False, name="held_result")
+                                    for t in tensors])
+                if self._last_handle is None:
+                    self._last_handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="last_handle")
+        return self._held[key]
+
+    def _hold(self, reduced):
+        held_handle, held = self._held_for(reduced)
+        for v, r in zip(held, reduced):
+            v.assign(r)
+        handle = self._last_handle.assign_add(1)
+        held_handle.assign(handle)
+        return tf.identity(handle)
 
     def broadcast(self, tensors, root_rank=0):
         """Returns rank ``root_rank``'s values of ``tensors`` on every rank."""

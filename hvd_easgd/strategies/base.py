@@ -410,6 +410,14 @@ class SyncStrategy:
         for child in self.children():
             child.on_state_restored()
 
+    def drain(self):
+        """Eager, on every rank alike: completes and merges a synchronisation in flight
+        (``overlap``), so that the state holds nothing pending. Called before a
+        checkpoint is written and before the kept model is evaluated or saved;
+        the default asks the children."""
+        for child in self.children():
+            child.drain()
+
     def kept_variables(self):
         """The variables of the model you keep, one per trainable variable, in
         the order ``build`` received them; ``None`` when the kept model is the

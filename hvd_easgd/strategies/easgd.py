@@ -46,10 +46,21 @@ feedback carried by the state itself; no residual variable is needed, and
 so nothing per rank beyond the local weights (the resize rule is unchanged).
 The NaN/Inf flag is checked before encoding and travels exactly.
 
-``overlap=True`` computes d_i from x_i and x̃ as they stand at the *start*
-of a communication step and issues the allreduce before the inner update,
-so the runtime can overlap it with the step's compute; x_i ← x_i − d_i and
-x̃ ← x̃ + Σd are applied after the inner update. The pull is one step stale.
+Overlap (``overlap`` = δ, 0 ≤ δ < τ): the elastic step's allreduce is
+started δ steps before the step it is merged at, and the local steps go on
+meanwhile. Per period, counting t after the warm-up:
+
+  at t ≡ −δ (mod τ), after the inner update:  d_i = α (x_i − x̃), start Σ_j d_j
+  at t ≡ 0 (mod τ), after the inner update:   x_i ← x_i − d_i,  x̃ ← x̃ + Σ_j d_j
+
+so the merges fall on the steps they fall on without overlap, and the pull is
+δ steps stale. δ = 0 is the blocking elastic step; δ = 1 is the former
+``overlap=True`` (d from x and x̃ at the start of the merging step), and
+``True``/``False`` still mean 1/0. Bytes and calls are those without overlap
+(recorded when the collective starts). The in-flight d_i and the handle are
+strategy state; a checkpoint first drains (``drain``: the merge happens at
+once), so a saved state has nothing in flight and the resize rule below is
+unchanged.
 """
 import math
 import warnings
@@ -61,8 +72,9 @@ from .. import validation
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     state_variable_name
-from .local_updates import allreduce_unless_non_finite, local_lr_factor, local_step, \
-    synchronised_this_step
+from .local_updates import OVERLAP_HELP, allreduce_unless_non_finite, check_overlap, \
+    check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, start_allreduce_unless_non_finite, \
+    starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
@@ -107,8 +119,9 @@ class EASGD(SyncStrategy):
       warmup_steps: SyncAverage for this many steps, then x̃ ← x and t counts
         from there (``warmup.run_phases``, the rule of every warm-up;
         ``WarmUp(EASGD(...), steps)`` computes the same).
-      overlap: start the allreduce of a communication step before that step's
-        inner update (one-step-stale pull).
+      overlap: δ, the steps between the start of an elastic step's allreduce
+        and its merge: an integer 0 <= δ < τ (default 0; ``True`` means 1;
+        module docstring).
       compression: the format of the elastic differences: ``"none"``
         (default), ``"fp16"``, ``"bf16"``, ``"int8"`` or ``"int4"`` (module
         docstring); the warm-up's SyncAverage sends its gradients in it too.
@@ -137,7 +150,7 @@ class EASGD(SyncStrategy):
                   type=float),
         CliOption("--rho", "rho", "extra elastic force added to every local gradient (default 0)", type=float),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
-        CliOption("--overlap", "overlap", "overlap the elastic allreduce with the step's compute", switch=True),
+        CliOption("--overlap", "overlap", OVERLAP_HELP, type=int),
     )
     across_groups = True
 
@@ -167,7 +180,8 @@ class EASGD(SyncStrategy):
                 "rho=9.0)", rho)
         self.rho = validation.number("rho", rho, minimum=0)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
-        self.overlap = bool(overlap)
+        self.overlap = check_overlap(overlap, self.period)
+        check_overlap_schedule(self.overlap, self.schedule)
         # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
         self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
         self._checked_size = None
@@ -223,9 +237,16 @@ class EASGD(SyncStrategy):
                        for v in trainable_variables]
         self.skipped_elastic_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="easgd_skipped_elastic")
         self.schedule.build(self)
+        if self.overlap:
+            # The elastic step in flight: its handle (0: none) and the d_i to subtract at the merge.
+            self.pending_handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="easgd_pending_handle")
+            self.pending_diffs = [tf.Variable(tf.zeros_like(v), trainable=False,
+                                              name=state_variable_name("easgd_pending", v))
+                                  for v in trainable_variables]
 
     def _extra_state(self):
-        return self.center + [self.skipped_elastic_steps] + self.schedule.state()
+        own = self.center + [self.skipped_elastic_steps] + self.schedule.state()
+        return own + [self.pending_handle] + self.pending_diffs if self.overlap else own
 
     def on_initial_state_synced(self):
         super().on_initial_state_synced()
@@ -266,23 +287,47 @@ class EASGD(SyncStrategy):
                    self.on_warmup_end, main_counts=True)
 
     def _elastic_or_local_step(self, grad_sums, variables, apply_update, sample_count, mean):
+        if self.overlap:
+            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
+            # Never both at once: t ≡ 0 and t ≡ −δ (mod τ) differ for 0 < δ < τ.
+            tf.cond(self._merges_this_step(), self._merge_pending, tf.no_op)
+            tf.cond(starts_this_step(self), self._start_pending, tf.no_op)
+            return tf.constant(0)
         self.schedule.observe()
         communicates = self.schedule.due(self.local_steps() + 1)
-        if self.overlap:
-            # d from x and x̃ at the start of the step; the allreduce is issued
-            # before the inner update so it can run alongside the step's work.
-            pending = tf.cond(communicates, self._start_elastic, self._no_elastic)
-            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
-            tf.cond(communicates, lambda: self._synchronise(lambda: pending), tf.no_op)
-        else:
-            self._local_step(grad_sums, variables, apply_update, sample_count, mean)
-            tf.cond(communicates, lambda: self._synchronise(self._start_elastic), tf.no_op)
+        self._local_step(grad_sums, variables, apply_update, sample_count, mean)
+        tf.cond(communicates, lambda: self._synchronise(self._start_elastic), tf.no_op)
         return tf.constant(0)
 
     def _synchronise(self, started):
         self._finish_elastic(*started())
         self.schedule.after_sync(self.comm)
         return tf.no_op()
+
+    # --- overlap (module docstring) ---------------------------------------------------
+    def _merges_this_step(self):
+        return tf.logical_and(synchronised_this_step(self), self.pending_handle > 0)
+
+    def _start_pending(self):
+        alpha = self.moving_rate
+        diffs = [alpha * (v - c) for v, c in zip(self.variables, self.center)]
+        handle, errors = start_allreduce_unless_non_finite(self.comm, diffs, self.compression)
+        for pending, d, e in zip(self.pending_diffs, diffs, errors):
+            pending.assign(d - e)  # what the center receives from this rank (e = 0 uncompressed)
+        self.pending_handle.assign(handle)
+        return tf.no_op()
+
+    def _merge_pending(self):
+        diff_sums, bad_ranks = finish_allreduce_unless_non_finite(self.comm, self.pending_handle, self.pending_diffs)
+        self._finish_elastic([tf.convert_to_tensor(d) for d in self.pending_diffs], diff_sums, bad_ranks)
+        self.pending_handle.assign(0)
+        return tf.no_op()
+
+    def drain(self):
+        """Merges an elastic step in flight now (eager; before a checkpoint or an evaluation)."""
+        super().drain()
+        if self.overlap and self._built and int(self.pending_handle.numpy()) > 0:
+            self._merge_pending()
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean,

@@ -80,14 +80,69 @@ def allreduce_unless_non_finite(comm, tensors, compression=Compression.none, wit
     With ``with_errors`` a third value: this rank's compression error per
     tensor (``Communicator.allreduce_with_errors``), for error feedback.
     """
-    finite = all_finite(tensors)
-    flag = tf.reshape(tf.cast(tf.logical_not(finite), tensors[0].dtype), [1])
-    payload = zeros_unless(finite, lambda: tensors) + [flag]
+    payload = _unless_non_finite(tensors)
     if with_errors:
         summed, errors = comm.allreduce_with_errors(payload, op="sum", compression=compression)
         return summed[:-1], summed[-1][0], errors[:-1]
     summed = comm.allreduce(payload, op="sum", compression=compression)
     return summed[:-1], summed[-1][0]
+
+
+def _unless_non_finite(tensors):
+    finite = all_finite(tensors)
+    flag = tf.reshape(tf.cast(tf.logical_not(finite), tensors[0].dtype), [1])
+    return zeros_unless(finite, lambda: tensors) + [flag]
+
+
+def start_allreduce_unless_non_finite(comm, tensors, compression=Compression.none):
+    """``allreduce_unless_non_finite`` started (``Communicator.start_allreduce``), for an overlap.
+
+    Returns:
+      ``(handle, errors)``: the collective's handle, and this rank's compression
+      error per tensor (zeros without compression).
+    """
+    handle, errors = comm.start_allreduce(_unless_non_finite(tensors), op="sum", compression=compression,
+                                          with_errors=True)
+    return handle, errors[:-1]
+
+
+def finish_allreduce_unless_non_finite(comm, handle, like):
+    """``(sums, ranks whose tensors held NaN/Inf)`` of the allreduce started as ``handle`` on tensors
+    shaped as ``like``."""
+    summed = comm.finish_allreduce(handle, [tf.convert_to_tensor(t) for t in like]
+                                   + [tf.zeros([1], tf.convert_to_tensor(like[0]).dtype)])
+    return summed[:-1], summed[-1][0]
+
+
+# The --overlap flag's help, one text for every strategy that takes it.
+OVERLAP_HELP = "delta: merge a synchronisation delta steps after its collective starts, 0 <= delta < tau (default 0)"
+
+
+def check_overlap(overlap, period):
+    """δ, the steps between a synchronisation's start and its merge: an integer with 0 <= δ < τ.
+
+    ``True`` and ``False`` (EASGD's switch before δ) mean 1 and 0.
+    """
+    if isinstance(overlap, bool):
+        overlap = int(overlap)
+    return validation.integer("overlap", overlap, minimum=0, maximum=period - 1,
+                              condition=f" (below period={period}: a merge lands before the next start)")
+
+
+def check_overlap_schedule(overlap, schedule):
+    """Refuses δ > 0 with an adaptive period: the start step t ≡ −δ (mod τ) is
+    fixed δ steps before a sync, and an adaptive τ is only known at the sync."""
+    if overlap and schedule.adaptive:
+        raise ValueError("`overlap` > 0 needs a fixed period: a synchronisation starts overlap steps before it is "
+                         f"due, and an adaptive period is only decided at the previous one. Received: overlap={overlap!r}, "
+                         "period='adaptive...'")
+
+
+def starts_this_step(strategy):
+    """Right after a main-phase local step: whether it starts an overlapped
+    synchronisation, t ≡ −δ (mod τ), which merges at the next t ≡ 0."""
+    return tf.logical_and(strategy.step_counter > strategy.warmup_steps,
+                          tf.equal((strategy.local_steps() + strategy.overlap) % strategy.period, 0))
 
 
 def synchronised_this_step(strategy):

@@ -42,6 +42,21 @@ weights and statistics, a copy every rank holds alike), with error feedback
 Without compression the weights travel as before (no copy is kept). The
 bytes are those of ``allreduce_traffic`` on the same tensors.
 
+Overlap (``overlap`` = δ, 0 ≤ δ < τ): the average's allreduce starts δ
+steps before its merge and the local steps go on meanwhile; a rank keeps the
+progress it made since it sent::
+
+    at t ≡ −δ (mod τ), after the local step:  send x_i(t), start Σ_j x_j(t)
+    at t ≡ 0 (mod τ), after the local step:   x_i ← (1/p) Σ_j x_j(t) + (x_i − x_i(t))
+
+(the same for the statistics s_i). This is the average of the sent weights,
+moved by this rank's own last δ steps: at δ = 0 the bracket is 0 and it is
+the average above; with plain SGD its mean over ranks is the mean of the
+x_j, as without overlap, only the ranks differ by their last δ steps. Bytes
+and calls are those without overlap. A checkpoint first drains (``drain``:
+the merge happens at once), so nothing is in flight in a saved state. Not yet
+combined with ``compression`` (refused).
+
 The statistics ride in the weights' allreduce because they are state the
 average must leave identical: averaging the weights alone would leave each
 rank's BatchNorm normalising with its own statistics. They are still averaged
@@ -58,8 +73,9 @@ from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, local_lr_factor, local_step, \
-    synchronised_this_step
+from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, allreduce_unless_non_finite, check_overlap, \
+    check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, \
+    start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
@@ -77,6 +93,8 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
       compression: ``"none"`` (default: the weights travel), or ``"fp16"``,
         ``"bf16"``, ``"int8"``, ``"int4"``: the differences from the last
         synchronised weights travel in that format (module docstring).
+      overlap: δ, the steps between the start of an average's allreduce and
+        its merge: an integer 0 <= δ < τ (default 0; module docstring).
 
     The kept model (``kept_variables()`` is None): right after an average
     every rank holds the same weights, and that is the model. Between two
@@ -105,13 +123,14 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
                   "'adaptive:T0' for AdaComm's period from T0 (default 10)", type=cli_period),
         CliOption("--tau-max", "max_period", "the largest adaptive tau (required with --tau adaptive)", type=int),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
+        CliOption("--overlap", "overlap", OVERLAP_HELP, type=int),
     )
     # On a flat shard of the variables (Hierarchical shards the state across groups).
     across_groups = True
 
     payload_kind = WEIGHT_DIFFERENCES
 
-    def __init__(self, period=10, warmup_steps=0, compression="none", max_period=None):
+    def __init__(self, period=10, warmup_steps=0, compression="none", max_period=None, overlap=0):
         super().__init__()
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.period, self.schedule = make_schedule(period, max_period)
@@ -119,6 +138,11 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
                           "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
+        self.overlap = check_overlap(overlap, self.period)
+        check_overlap_schedule(self.overlap, self.schedule)
+        if self.overlap and self.compression.name != "none":
+            raise validation.refusal("overlap", "0 with compression (PeriodicAverage does not yet overlap a "
+                                     f"compressed average; compression={self.compression.name!r})", overlap)
         # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
         self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
         self.synced = None
@@ -138,6 +162,11 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
                            for v in self.averaged_variables]
             if error_feedback_wanted(self.compression):
                 self.error_feedback = ErrorFeedback(self, "periodic_residual", self.averaged_variables)
+        if self.overlap:
+            # The average in flight: its handle (0: none) and what this rank sent, x_i(t).
+            self.pending_handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="periodic_pending_handle")
+            self.pending_sent = [tf.Variable(v, trainable=False, name=state_variable_name("periodic_pending", v))
+                                 for v in self.averaged_variables]
 
     def _extra_state(self):
         own = [self.skipped_averages]
@@ -145,7 +174,10 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
             own += self.synced
         if self.error_feedback is not None:
             own += self.error_feedback.residuals
-        return own + self.schedule.state()
+        own = own + self.schedule.state()
+        if self.overlap:
+            own += [self.pending_handle] + self.pending_sent
+        return own
 
     def _sync_to_weights(self):
         """x̄ ← x: every rank holds the same weights here (after the broadcast, after the warm-up)."""
@@ -172,6 +204,12 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
+        if self.overlap:
+            # Never both at once: t ≡ 0 and t ≡ −δ (mod τ) differ for 0 < δ < τ.
+            merges = tf.logical_and(synchronised_this_step(self), self.pending_handle > 0)
+            tf.cond(merges, self._merge_pending, tf.no_op)
+            tf.cond(starts_this_step(self), self._start_pending, tf.no_op)
+            return tf.constant(0)
         self.schedule.observe()
         tf.cond(self.schedule.due(self.local_steps()), self._synchronise, tf.no_op)
         return tf.constant(0)
@@ -180,6 +218,37 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
         self._average()
         self.schedule.after_sync(self.comm)
         return tf.no_op()
+
+    # --- overlap (module docstring) ---------------------------------------------------
+    def _start_pending(self):
+        sent = [tf.convert_to_tensor(v) for v in self.averaged_variables]
+        handle, _ = start_allreduce_unless_non_finite(self.comm, sent)
+        for pending, x in zip(self.pending_sent, sent):
+            pending.assign(x)
+        self.pending_handle.assign(handle)
+        return tf.no_op()
+
+    def _merge_pending(self):
+        sums, bad_ranks = finish_allreduce_unless_non_finite(self.comm, self.pending_handle, self.pending_sent)
+
+        def replace():
+            for v, sent, total in zip(self.averaged_variables, self.pending_sent, sums):
+                v.assign(total / tf.cast(self.comm.size, total.dtype) + (v - sent))
+            return tf.no_op()
+
+        def skip():
+            self.skipped_averages.assign_add(1)
+            return tf.no_op()
+
+        tf.cond(tf.equal(bad_ranks, 0), replace, skip)
+        self.pending_handle.assign(0)
+        return tf.no_op()
+
+    def drain(self):
+        """Merges an average in flight now (eager; before a checkpoint or an evaluation)."""
+        super().drain()
+        if self.overlap and self._built and int(self.pending_handle.numpy()) > 0:
+            self._merge_pending()
 
     def _average(self):
         if self.synced is not None:
@@ -276,6 +345,8 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
         config = {"period": self.schedule.config_period(), "warmup_steps": self.warmup_steps}
         if self.schedule.adaptive:
             config["max_period"] = self.schedule.maximum
+        if self.overlap:
+            config["overlap"] = self.overlap
         if self.compression.name != "none":
             config["compression"] = self.compression.name
         return config

@@ -52,8 +52,8 @@ def test_a_resolved_value_comes_back_as_a_new_config():
 
 @pytest.mark.parametrize("argv, changed", [
     ([], {}),
-    (["--strategy", "easgd", "--tau", "4", "--overlap", "--epochs", "3"],
-     {"strategy": "easgd", "epochs": 3, "tau": 4, "overlap": True}),
+    (["--strategy", "easgd", "--tau", "4", "--overlap", "1", "--epochs", "3"],
+     {"strategy": "easgd", "epochs": 3, "tau": 4, "overlap": 1}),
     (["--strategy", "hierarchical", "--ranks-per-group", "2", "--inter", "easgd", "--tau", "5",
       "--moving-rate", "0.1"],  # no --scale-lr rule: auto keeps --lr
      {"strategy": "hierarchical", "scale_lr": False, "tau": 5, "moving_rate": 0.1, "inter": "easgd",
