@@ -58,8 +58,8 @@ fragment's steps), its own error-feedback residuals, and one skip count for
 all. Bytes: over τ steps the same total as F = 1 plus F − 1 more flags;
 one synchronisation sends only its fragment's payload, about 1/F of it
 (``peak_sync_traffic``). F must not exceed the number of trainable variables
-(refused at build); on Hierarchical's flat shard (one variable) F > 1 is
-refused.
+(refused at build); as Hierarchical's inter strategy (one flat shard
+variable, across groups) F > 1 is refused when the Hierarchical is made.
 
 Floating non-trainable state (BatchNorm's moving statistics) is not part of
 the outer step (it is no gradient's weight): it follows the one rule of every
@@ -323,7 +323,16 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         carries it, and the next outer step averages it once over the q ranks.
         Restarting from θ would drop those up to τ − 1 inner steps. At a
         synchronisation (x_j = θ) both are θ. Nothing is rescaled: Δ is
-        averaged over the communicator's size, q."""
+        averaged over the communicator's size, q.
+
+        With fragments (F > 1) the same rule holds fragment by fragment: the
+        layout depends on the variables alone, so it is the same at q; every
+        fragment's θ and its own outer optimizer's slots are kept, the shared
+        skip count too, the local weights of every fragment become the mean
+        (a fragment synchronised at its last offset has x_j = θ there, so its
+        mean is θ), and each fragment's error-feedback residuals restart at
+        zero (``resize.RESTART_AT_ZERO``). The step counter keeps every
+        fragment's phase."""
         return None
 
     def resize_notice(self, saved_ranks, ranks):

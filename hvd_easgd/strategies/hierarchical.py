@@ -176,6 +176,13 @@ class Hierarchical(SyncStrategy):
         if isinstance(inter, GradientAccumulation):
             raise ValueError("`inter` must not be a GradientAccumulation: wrap the Hierarchical strategy instead "
                              f"(GradientAccumulation(k, strategy=Hierarchical(...))). Received: inter={inter!r}")
+        # Checked here, not at build: the inter strategy is built on one flat shard variable, and a
+        # layout of whole variables has nothing to split there (with one rank per group it is flat DiLoCo).
+        fragmented = [s for s in walk(inter) if getattr(s, "fragments", 1) > 1]
+        if fragmented:
+            raise ValueError("`inter` must not split the variables into fragments: fragments do not apply across "
+                             "groups, where the inter strategy holds one flat shard of the variables; use "
+                             f"--strategy diloco --fragments F (flat) instead. Received: inter={inter!r}")
         self.ranks_per_group = validation.integer("ranks_per_group", ranks_per_group, minimum=1, allow_none=True,
                                                   condition=", or None for one group per host")
         self.intra = intra
