@@ -3,7 +3,10 @@
 ranks on digits), 8 ranks oversubscribing the 2-core machine, each reaching 0.95 test accuracy.
 Horovodrun --mpi (the mission's launcher; --gloo at 8 ranks is the stack issue's elsewhere), so
 --collectives auto resolves to mpi-direct. 50-90 s a run (seed 0, 2026-12-02; --accumulate 4 is 100 epochs
-of 1-2 updates). Hierarchical is an expected failure (strict) until it has a rule: see its reason."""
+of 1-2 updates). Not here: `--strategy hierarchical --ranks-per-group 4 --inter easgd`, an open defect
+(issue 26): Hierarchical has no --scale-lr rule, so at its defaults it trains at 0.02 and ended at 0.944
+(seed 0); sync's factor for the 4 ranks of a group (--lr 0.08) reached 0.978. A rule needs ranks_per_group
+and the inter strategy, which the class-level lr_scale_factor(size, k) is not given."""
 import json
 import os
 
@@ -18,12 +21,6 @@ RUNS = {
     "easgd": ["--strategy", "easgd"],
     "periodic": ["--strategy", "periodic"],
     "diloco": ["--strategy", "diloco"],
-    "hierarchical": pytest.param(["--strategy", "hierarchical", "--ranks-per-group", "4", "--inter", "easgd"],
-                                 marks=pytest.mark.xfail(strict=True, reason=(
-                                     "open defect: Hierarchical has no --scale-lr rule, so it trains at 0.02 and "
-                                     "ends at 0.944 after 100 updates (seed 0); its refusal's advice, sync's "
-                                     "factor for the 4 ranks of a group (--lr 0.08), reaches 0.978. A rule needs "
-                                     "ranks_per_group, which the class-level lr_scale_factor(size, k) is not given"))),
     "accumulate": ["--accumulate", "4"],
 }
 
