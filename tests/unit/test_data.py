@@ -212,3 +212,30 @@ def test_a_test_set_smaller_than_the_number_of_ranks_is_refused():
     d = data.Dataset("t", x, np.zeros(2, np.int64), x, np.zeros(2, np.int64), num_classes=1)
     with pytest.raises(data.DataError, match="the test set holds 2 samples: fewer than the 3 ranks"):
         data.test_dataset(d, rank=0, size=3)
+
+
+def test_teacher_is_fixed_balanced_and_labelled_by_its_network():
+    a, b = data.teacher(train_size=2000, test_size=500), data.teacher(train_size=2000, test_size=500)
+    assert a.x_train.shape == (2000, data.TEACHER_INPUT_DIM) and a.x_test.shape == (500, data.TEACHER_INPUT_DIM)
+    assert a.x_train.dtype == np.float32 and a.y_train.dtype == np.int64
+    np.testing.assert_array_equal(a.x_train, b.x_train)
+    np.testing.assert_array_equal(a.y_test, b.y_test)
+    np.testing.assert_array_equal(np.bincount(a.y_train, minlength=10), [200] * 10)
+    np.testing.assert_array_equal(np.bincount(a.y_test, minlength=10), [50] * 10)
+    assert not set(map(bytes, a.x_train)) & set(map(bytes, a.x_test))  # the split is disjoint
+    other = data.teacher(train_size=2000, test_size=500, seed=1)
+    assert not np.array_equal(other.x_train, a.x_train)
+
+
+def test_teacher_labels_are_a_function_of_the_inputs():
+    # a nearest-neighbour check: identical inputs never get different labels, and a
+    # 1-NN classifier does far better than chance (the labels are not noise)
+    d = data.teacher(train_size=5000, test_size=500)
+    distances = (d.x_train ** 2).sum(1)[None, :] - 2 * d.x_test @ d.x_train.T
+    nearest = d.y_train[np.argmin(distances, 1)]
+    assert (nearest == d.y_test).mean() > 0.3  # chance is 0.1
+
+
+def test_teacher_sizes_must_divide_into_classes():
+    with pytest.raises(data.DataError, match="`train_size` must be a multiple of num_classes=10"):
+        data.teacher(train_size=1001, test_size=500)
