@@ -42,12 +42,32 @@ residual e_i and sends Δ_i + e_i next time (``error_feedback.py``); the
 outer optimizer steps on the decoded mean. The bytes are those of
 ``allreduce_traffic`` (the flag an exact value of the quantised allreduce).
 
+Fragments (Streaming DiLoCo, Douillard et al. 2025, arXiv:2501.18512):
+with ``fragments=F`` (1 <= F <= τ) the trainable variables are split into F
+fragments and fragment f synchronises alone (steps 2's Δ, mean, outer step
+and x ← θ on its variables only) at the local steps t ≡ ⌊f·τ/F⌋ (mod τ),
+t >= 1 counted from the end of the warm-up; fragment 0 at t ≡ 0 is today's
+schedule, so F = 1 is the plain DiLoCo above, state layout included.
+Layout: by whole variables, greedy in variable order to the fragment with
+the fewest bytes so far (ties: the lowest index). Whole tensors keep the
+grouped allreduce and every compression format unchanged; the paper's
+strided layer blocks would need per-element slicing. Each fragment has its
+own outer optimizer (a fresh copy of the given one's config: an optimizer
+whose step depends on its iteration count, Adam, then counts its own
+fragment's steps), its own error-feedback residuals, and one skip count for
+all. Bytes: over τ steps the same total as F = 1 plus F − 1 more flags;
+one synchronisation sends only its fragment's payload, about 1/F of it
+(``peak_sync_traffic``). F must not exceed the number of trainable variables
+(refused at build); on Hierarchical's flat shard (one variable) F > 1 is
+refused.
+
 Floating non-trainable state (BatchNorm's moving statistics) is not part of
 the outer step (it is no gradient's weight): it follows the one rule of every
 strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
 account.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from .. import validation
@@ -113,14 +133,18 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         CliOption("--outer-momentum", "outer_momentum", "momentum of the outer Nesterov SGD (default 0.7)",
                   type=float),
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
+        CliOption("--fragments", "fragments", "Streaming DiLoCo: synchronise F fragments of the variables at "
+                  "staggered steps, 1 <= F <= tau (default 1)", type=int),
     )
     # On a flat shard of the variables (Hierarchical shards the state across groups).
     across_groups = True
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
-                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none"):
+                 outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none", fragments=1):
         super().__init__()
         self.period = check_period(period)
+        self.fragments = validation.integer("fragments", fragments, minimum=1, maximum=self.period,
+                                            condition=" (tau)")
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
@@ -161,14 +185,25 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         # θ starts equal to x, identical on all ranks after the initial broadcast.
         self.synced = [tf.Variable(v, trainable=False, name=state_variable_name("synced", v))
                        for v in trainable_variables]
-        self.outer_optimizer.build(self.synced)
+        self.fragment_indices = fragment_layout(trainable_variables, self.fragments)
+        self.outer_optimizers = [self.outer_optimizer] + [
+            self.outer_optimizer.__class__.from_config({**self.outer_optimizer.get_config(),
+                                                        "name": f"{self.outer_optimizer.name}_fragment_{f}"})
+            for f in range(1, self.fragments)]
+        for optimizer, indices in zip(self.outer_optimizers, self.fragment_indices):
+            optimizer.build([self.synced[i] for i in indices])
         self.skipped_outer_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_skipped_outer_steps")
+        self.error_feedbacks = [None] * self.fragments
         if error_feedback_wanted(self.compression):
-            self.error_feedback = ErrorFeedback(self, "diloco_residual", trainable_variables)
+            prefix = "diloco_residual"
+            self.error_feedbacks = [ErrorFeedback(self, prefix, [trainable_variables[i] for i in indices])
+                                    for indices in self.fragment_indices]
+            self.error_feedback = self.error_feedbacks[0] if self.fragments == 1 else None
 
     def _extra_state(self):
-        residuals = self.error_feedback.residuals if self.error_feedback is not None else []
-        return self.synced + list(self.outer_optimizer.variables) + [self.skipped_outer_steps] + residuals
+        residuals = [e for feedback in self.error_feedbacks if feedback is not None for e in feedback.residuals]
+        slots = [v for optimizer in self.outer_optimizers for v in optimizer.variables]
+        return self.synced + slots + [self.skipped_outer_steps] + residuals
 
     def _sync_to_weights(self):
         """θ ← x (``KeepsSyncedWeights``): the first pseudo-gradient holds the τ local steps alone."""
@@ -186,11 +221,22 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     # --- one step ----------------------------------------------------------------
 
+    def fragment_offset(self, f):
+        """The local step t (mod τ) at which fragment f synchronises: ⌊f·τ/F⌋."""
+        return f * self.period // self.fragments
+
     def weights_synchronised(self):
-        return synchronised_this_step(self)
+        """Whether ANY fragment synchronised this step: the weights then changed beyond the
+        update (Hierarchical gathers them); with F = 1 the plain τ rule."""
+        if self.fragments == 1:
+            return synchronised_this_step(self)
+        phase = self.local_steps() % self.period
+        hits = [tf.equal(phase, self.fragment_offset(f)) for f in range(self.fragments)]
+        return tf.logical_and(self.step_counter > self.warmup_steps, tf.reduce_any(tf.stack(hits)))
 
     def weight_synchronisations_per_step(self):
-        return 1.0 / self.period
+        return self.fragments / self.period
+
     def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
         run_phases(self.step_counter, self.warmup_steps,
                    lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
@@ -199,12 +245,19 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
-        tf.cond(tf.equal(self.local_steps() % self.period, 0), self._outer_step, tf.no_op)
+        phase = self.local_steps() % self.period
+        for f in range(self.fragments):
+            tf.cond(tf.equal(phase, self.fragment_offset(f)), lambda f=f: self._outer_step(f), tf.no_op)
 
-    def _outer_step(self):
-        pseudo_gradients = [s - v for s, v in zip(self.synced, self.variables)]
-        if self.error_feedback is not None:
-            pseudo_gradients = self.error_feedback.add(pseudo_gradients)
+    def _outer_step(self, f=0):
+        """Fragment f's synchronisation: its Δ, one allreduce, its outer step, x ← θ on its variables."""
+        indices = self.fragment_indices[f]
+        synced = [self.synced[i] for i in indices]
+        variables = [self.variables[i] for i in indices]
+        error_feedback, outer_optimizer = self.error_feedbacks[f], self.outer_optimizers[f]
+        pseudo_gradients = [s - v for s, v in zip(synced, variables)]
+        if error_feedback is not None:
+            pseudo_gradients = error_feedback.add(pseudo_gradients)
         if self.compression.name == "none":
             sums, bad_ranks = allreduce_unless_non_finite(self.comm, pseudo_gradients)
         else:
@@ -213,7 +266,7 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
         def apply():
             size = tf.cast(self.comm.size, sums[0].dtype)
-            self.outer_optimizer.apply([total / size for total in sums], self.synced)
+            outer_optimizer.apply([total / size for total in sums], synced)
             return tf.no_op()
 
         def skip():
@@ -221,10 +274,10 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
             return tf.no_op()
 
         tf.cond(tf.equal(bad_ranks, 0), apply, skip)
-        if self.error_feedback is not None:
-            self.error_feedback.keep(errors, tf.equal(bad_ranks, 0))
+        if error_feedback is not None:
+            error_feedback.keep(errors, tf.equal(bad_ranks, 0))
         # Every rank restarts from θ: the new one, or after a skip the unchanged one.
-        for v, s in zip(self.variables, self.synced):
+        for v, s in zip(variables, synced):
             v.assign(s)
         return tf.no_op()
 
@@ -265,9 +318,22 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()
-        has_alltoall = self.comm.has_alltoall if self.comm is not None else True
-        sent = allreduce_traffic(trainable_variables, size, self.compression, 1, has_alltoall)
+        sent = None
+        for traffic in self._fragment_traffic(trainable_variables, size):
+            sent = traffic if sent is None else sent + traffic
         return ExpectedTraffic(across_groups=sent.per(self.period))
+
+    def _fragment_traffic(self, trainable_variables, size):
+        has_alltoall = self.comm.has_alltoall if self.comm is not None else True
+        return [allreduce_traffic([trainable_variables[i] for i in indices], size, self.compression, 1, has_alltoall)
+                for indices in fragment_layout(trainable_variables, self.fragments)]
+
+    def peak_sync_traffic(self, trainable_variables, size):
+        """The bytes of the largest ONE synchronisation (the busiest fragment) at ``size`` ranks:
+        about 1/F of F = 1's, where ``expected_traffic``'s average per step is unchanged."""
+        if size == 1:
+            return 0
+        return max(traffic.bytes for traffic in self._fragment_traffic(trainable_variables, size))
 
     def get_config(self):
         outer = self._outer_optimizer_arg
@@ -275,6 +341,7 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
                 "outer_momentum": self.outer_momentum,
                 "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
                 "warmup_steps": self.warmup_steps,
+                **({"fragments": self.fragments} if self.fragments > 1 else {}),
                 **({"compression": self.compression.name} if self.compression.name != "none" else {})}
 
     @classmethod
@@ -283,3 +350,20 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         if config.get("outer_optimizer") is not None:
             config["outer_optimizer"] = keras.saving.deserialize_keras_object(config["outer_optimizer"])
         return cls(**config)
+
+
+def fragment_layout(variables, fragments):
+    """The variable indices of each of ``fragments`` fragments: whole variables, in
+    variable order, each to the fragment with the fewest bytes so far (ties: the
+    lowest fragment). Refuses more fragments than variables (an empty fragment
+    would synchronise nothing)."""
+    if fragments > len(variables):
+        raise ValueError(f"`fragments` must be at most the number of trainable variables ({len(variables)}; "
+                         f"1 on Hierarchical's flat shard): a fragment holds whole variables. "
+                         f"Received: fragments={fragments}")
+    layout, loads = [[] for _ in range(fragments)], [0] * fragments
+    for i, v in enumerate(variables):
+        f = loads.index(min(loads))
+        layout[f].append(i)
+        loads[f] += int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+    return layout
