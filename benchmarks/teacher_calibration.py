@@ -3,7 +3,7 @@
     horovodrun -np 2 -H node1:1,node2:1 --mpi python -m benchmarks.teacher_calibration --out r.json
 
 Every rank trains ``student_mlp`` on ``--data teacher`` with SyncAverage (SGD,
-momentum 0.9, batch 32 per rank) and evaluates the test set every
+momentum 0.9, ``--batch`` per rank, 256 by default) and evaluates the test set every
 ``--eval-steps`` steps (the evaluation's time is left out of the training
 clock). It stops at ``--target`` or after ``--cap`` seconds of training. At
 np = 1 the step time is the compute alone: the comm fraction of a run at np = 2
@@ -23,8 +23,9 @@ from hvd_easgd.app import data, models
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--lr", type=float, default=0.04)
-    parser.add_argument("--target", type=float, default=0.76)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--batch", type=int, default=256, help="per rank")
+    parser.add_argument("--target", type=float, default=0.90)
     parser.add_argument("--cap", type=float, default=240.0)
     parser.add_argument("--eval-steps", type=int, default=50)
     parser.add_argument("--max-steps", type=int, default=100_000)
@@ -58,7 +59,7 @@ def main():
 
     rng = np.random.default_rng(args.seed)
     index = rng.permutation(len(d.y_train))[comm.rank::comm.size]
-    model.fit(d.x_train[index], d.y_train[index], batch_size=32, epochs=10, shuffle=True, verbose=0,
+    model.fit(d.x_train[index], d.y_train[index], batch_size=args.batch, epochs=1000, shuffle=True, verbose=0,
               callbacks=hvd_easgd.callbacks.defaults() + [Clock()])
     if comm.rank == 0:
         steady = clock["step_seconds"][5:]

@@ -76,10 +76,10 @@ def wide_mlp(input_shape, num_classes, hidden=(2560, 2048)):
 def student_mlp(input_shape, num_classes, hidden=(1024, 1024)):
     """The student of ``--data teacher``: 1.09 M parameters at 32 inputs and 10 classes
     (32·1024 + 1024·1024 + 1024·10 weights and 2,058 biases), so 4.36 MB of float32
-    gradients per step for about 0.2 GFLOP at batch 32 (forward and backward).
+    gradients per step for about 1.7 GFLOP at batch 256 (forward and backward).
 
     At 100 Mbit/s a SyncAverage step at p = 2 moves 4.36 MB each way, about 0.35 s,
-    against milliseconds of compute: communication dominates (docs/benchmarks.md).
+    against tens of milliseconds of compute: communication dominates (docs/benchmarks.md).
     """
     return wide_mlp(input_shape, num_classes, hidden)
 
