@@ -77,6 +77,14 @@ def parse_args(argv=None, prog=PROG):
     p.add_argument("--epochs", type=int, default=20, help="time-to-accuracy epochs")
     p.add_argument("--seeds", type=int, default=3, help="time-to-accuracy seeds")
     p.add_argument("--target", type=float, default=0.95, help="time-to-accuracy target test accuracy")
+    p.add_argument("--tta-model", choices=("cnn", "student_mlp"), default="cnn",
+                   help="the time-to-accuracy workload: cnn (digits) or student_mlp (--data teacher, where "
+                        "communication dominates; docs/benchmarks.md)")
+    p.add_argument("--tta-batch", type=int, help="time-to-accuracy per-rank batch (default 32)")
+    p.add_argument("--tta-lr", type=float, help="time-to-accuracy base learning rate (default: train.py's --lr)")
+    p.add_argument("--tta-cap", type=float, default=0.0,
+                   help="training seconds per configuration and seed; a run that hits it stops and, short of "
+                        "--target, counts as not reached (0: no cap)")
     p.add_argument("--no-fit", action="store_true", help="skip the model.fit comparison")
     p.add_argument("--no-allreduce", action="store_true", help="skip the allreduce microbenchmark")
     p.add_argument("--no-mwms", action="store_true", help="skip the MultiWorkerMirroredStrategy baseline")
@@ -228,6 +236,7 @@ def worker_command(args, np_, controller, out_json, tta):
         cmd.append("--quick")
     if tta:
         cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target)]
+        cmd += tta_workload_flags(args)
     return cmd, binding, env
 
 
@@ -325,6 +334,16 @@ def run_mwms(args, out_dir, results):
             runs = [summarise(r["seed"], r["curve"], args.target) for r in merged["time_to_accuracy"]]
             results.setdefault("_mwms_tta", dict(mean_over_seeds(runs), lr=merged["tta_lr"]))
         print(f"[compare] MWMS np={np_}: {statistics.median(sps):,.0f} samples/s", flush=True)
+
+
+def tta_workload_flags(args):
+    """The worker flags that choose the time-to-accuracy workload and bound its runs."""
+    flags = ["--tta-model", args.tta_model, "--tta-cap", repr(args.tta_cap)]
+    if args.tta_batch is not None:
+        flags += ["--tta-batch", str(args.tta_batch)]
+    if args.tta_lr is not None:
+        flags += ["--tta-lr", repr(args.tta_lr)]
+    return flags
 
 
 def tta_np(args):

@@ -7,6 +7,13 @@ Horovod worker and the MWMS baseline so both are summarised alike.
 import statistics
 
 
+def workload_name(tta):
+    """What a time to accuracy trained (results from before --tta-model trained the digits CNN)."""
+    if tta.get("model", "cnn") == "cnn":
+        return "Digits CNN"
+    return f"{tta['model']} on --data {tta['data']}"
+
+
 def summarise(seed, curve, target):
     reached = next((point for point in curve if point["accuracy"] >= target), None)
     return {"seed": seed, "epochs_to_target": reached["epoch"] if reached else None,

@@ -91,6 +91,11 @@ TABLE = (
     Configuration("diloco_tau10", "hvd_easgd DiLoCo tau=10 (outer Nesterov SGD, hvd_easgd's defaults)",
                   lambda: hvd_easgd.DiLoCo(period=10), train_py=("--strategy", "diloco", "--tau", "10"),
                   groups=("topology",)),
+    # Streaming DiLoCo: the same period, the variables in 4 fragments, one fragment synchronised at a time
+    # (the same bytes per period, spread over it); run with --configs (the time to accuracy of issue 25).
+    Configuration("diloco_tau10_f4", "hvd_easgd DiLoCo tau=10, 4 fragments (Streaming DiLoCo)",
+                  lambda: hvd_easgd.DiLoCo(period=10, fragments=4),
+                  train_py=("--strategy", "diloco", "--tau", "10", "--fragments", "4"), groups=("streaming",)),
     # What crosses the wire (docs/compression.md): the compressed twins of the rows above.
     Configuration("sync_int8", "hvd_easgd SyncAverage, int8 gradients (block-scaled, error feedback)",
                   lambda: hvd_easgd.SyncAverage(compression="int8"),
@@ -128,7 +133,8 @@ HIERARCHICAL = group("hierarchical")  # they split the ranks into groups (proces
 TOPOLOGY = HIERARCHICAL + group("topology")
 # Compressed payloads: run across rated links with --configs (benchmarks/wire.py's suites).
 COMPRESSION = group("compression")
-ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY + COMPRESSION
+STREAMING = group("streaming")
+ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY + COMPRESSION + STREAMING
 # What a --topology run compares: the flat references, then the topology strategies.
 TOPOLOGY_SUITE = group("topology_suite") + TOPOLOGY
 FIT = group("fit")

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .curves import mean_curve  # noqa: E402
+from .curves import mean_curve, workload_name  # noqa: E402
 
 ORDER = ("no_comm", "raw_horovod", "sync", "easgd_tau4", "easgd_tau10", "easgd_tau10_overlap", "accum4_sync",
          "sync_two_level", "hier_easgd_tau10", "periodic_tau10", "diloco_tau10",
@@ -94,7 +94,7 @@ def accuracy_vs_time(tta, path):
     if not tta:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    _accuracy_curves(ax, tta, f"Digits CNN, np={tta['np']} {tta['controller']}, {tta['seeds']} seeds")
+    _accuracy_curves(ax, tta, f"{workload_name(tta)}, np={tta['np']} {tta['controller']}, {tta['seeds']} seeds")
     return _save(fig, ax, path)
 
 
@@ -105,7 +105,7 @@ def time_to_accuracy_by_rate(ttas, out_dir):
     fig, axes = plt.subplots(1, len(ttas), figsize=(6 * len(ttas), 4.5), squeeze=False)
     for ax, tta in zip(axes[0], ttas):
         link = tta["link"]
-        _accuracy_curves(ax, tta, f"Digits CNN across {link['nominal']} ({link['measured_mbit']:,.0f} Mbit/s "
+        _accuracy_curves(ax, tta, f"{workload_name(tta)} across {link['nominal']} ({link['measured_mbit']:,.0f} Mbit/s "
                                   f"measured), np={tta['np']}, {tta['seeds']} seeds")
     return _save_panels(fig, axes[0], os.path.join(out_dir, "time_to_accuracy_by_rate.png"))
 

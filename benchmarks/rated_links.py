@@ -79,7 +79,11 @@ def worker_command(args, out_json, tta=False):
         cmd += ["--repeats", str(args.repeats)]
     if tta:
         cmd += ["--tta-seeds", str(args.seeds), "--tta-epochs", str(args.epochs), "--tta-target", str(args.target),
-                "--tta-configs", ",".join(tta_configs_of(args))]
+                "--tta-configs", ",".join(tta_configs_of(args)), "--tta-model", getattr(args, "tta_model", "cnn"),
+                "--tta-cap", repr(getattr(args, "tta_cap", 0.0))]
+        for flag in ("tta_batch", "tta_lr"):
+            if getattr(args, flag, None) is not None:
+                cmd += ["--" + flag.replace("_", "-"), repr(getattr(args, flag))]
     return cmd
 
 

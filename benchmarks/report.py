@@ -7,6 +7,7 @@ range; a ratio against another launch (MWMS) is of medians only.
 """
 import statistics
 
+from . import curves
 from .names import CUSTOM_LOOP, FIT
 from .runner import spread, table
 
@@ -145,14 +146,26 @@ def throughput_table(rows, model):
         "lrllrrrrr")
 
 
+def _ceiling_note(tta):
+    """The no-communication ceiling and the cap per run, where the results have them."""
+    note = ""
+    if tta.get("ceiling"):
+        c = tta["ceiling"]
+        note += (f" No-communication ceiling: {c['samples_per_second']:,.0f} samples/s "
+                 f"({c['samples_per_second_per_rank']:,.0f} per rank alone).")
+    if tta.get("cap_seconds"):
+        note += f" Every run capped at {tta['cap_seconds']:g} s of training (—: not reached)."
+    return note
+
+
 def tta_table(tta):
-    intro = (f"Digits CNN, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
+    intro = (f"{curves.workload_name(tta)}, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
              f"SGD momentum 0.9 at the learning rate train.py --lr {tta['base_lr']} --scale-lr gives each "
              f"configuration, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; wall time = training only "
              "(slowest rank), no evaluation or tracing; EASGD evaluated on its center"
              + ("; DiLoCo at --lr itself (--scale-lr refuses it), Hierarchical at its inter strategy's flat "
                 "rule for all ranks" if set(tta["per_config"]) & {"diloco_tau10", "hier_easgd_tau10"} else "")
-             + ".")
+             + "." + _ceiling_note(tta))
     return intro + "\n\n" + table(
         ["config", "lr", f"epochs to {tta['target']}", f"seconds to {tta['target']}", "seeds reaching it",
          "final test acc.", f"training seconds ({tta['epochs']} epochs)"],

@@ -68,6 +68,12 @@ def parse_args(argv=None):
     p.add_argument("--tta-configs",
                    help=f"comma-separated configurations the time to accuracy trains (default: {','.join(STRATEGIES)} "
                         "and the --plugin strategies)")
+    p.add_argument("--tta-model", default="cnn", choices=tuple(TTA_DATA),
+                   help="the time-to-accuracy workload: cnn (digits) or student_mlp (--data teacher)")
+    p.add_argument("--tta-batch", type=int, default=None, help="time-to-accuracy per-rank batch (default: --batch)")
+    p.add_argument("--tta-cap", type=float, default=0.0,
+                   help="training seconds a configuration gets per seed; one that hits it stops there "
+                        "(and counts as not reaching the target if it had not); 0: no cap")
     p.add_argument("--tta-lr", type=float, default=None,
                    help="time-to-accuracy base learning rate, scaled as train.py --scale-lr does "
                         "(default: train.py's --lr)")
@@ -303,6 +309,10 @@ def fit_throughput(launch, args):
 
 
 # --- time to accuracy ---------------------------------------------------------------------
+# The workloads time to accuracy trains: a model and the data set it learns.
+TTA_DATA = {"cnn": "digits", "student_mlp": "teacher"}
+
+
 def train_py_strategy(name, plugins=()):
     """The strategy ``train.py`` builds from configuration ``name``'s flags (its row's ``train_py``)."""
     return cli.make_strategy(cli.parse_args(list(configurations.lookup(name, plugins).train_py)))
@@ -318,14 +328,32 @@ def scaled_learning_rate(base, size, name, plugins=()):
         return base
 
 
+def no_comm_ceiling(launch, args, data, batch, steps=20):
+    """Samples/s of one rank training alone (no_comm, ``steps`` steps after a traced warm-up call),
+    the slowest rank's, and p times it: what p ranks would reach if communication were free."""
+    import tensorflow as tf
+
+    config = configurations.Configuration("no_comm", args.tta_model, data.input_shape, data.num_classes, batch,
+                                          launch.comm, plugins=args.plugin)
+    x = tf.constant(data.x_train[: steps * batch].reshape(steps, batch, *data.input_shape))
+    y = tf.constant(data.y_train[: steps * batch].reshape(steps, batch))
+    config.trace()
+    config.run(x[:2], y[:2]).numpy()
+    launch.barrier()
+    start = time.perf_counter()
+    config.run(x, y).numpy()
+    per_rank = steps * batch / launch.slowest(time.perf_counter() - start)
+    return {"samples_per_second_per_rank": per_rank, "samples_per_second": per_rank * launch.size, "steps": steps}
+
+
 def time_to_accuracy(launch, args):
     """Trains each strategy ``--tta-epochs`` epochs per seed, epochs interleaved
     across strategies; wall time counts training only (the slowest rank's),
     not evaluation or tracing. Learning rates follow ``train.py --scale-lr``."""
     import tensorflow as tf
 
-    data = hvd_easgd.data.digits()
-    batch = args.batch
+    data = hvd_easgd.data.load(TTA_DATA[args.tta_model])
+    batch = args.tta_batch or args.batch
     n = len(data.y_train)
     per_epoch = steps_per_epoch(n, batch, launch.size)
     base_lr = args.tta_lr if args.tta_lr is not None else DEFAULT_LR
@@ -333,8 +361,8 @@ def time_to_accuracy(launch, args):
     lrs = {name: scaled_learning_rate(base_lr, launch.size, name, args.plugin) for name in names}
     results = {name: [] for name in names}
     for seed in range(args.tta_seeds):
-        configs = [configurations.Configuration(name, "cnn", data.input_shape, data.num_classes, batch,
-                                                launch.comm, lr=lrs[name], seed=seed, plugins=args.plugin)
+        configs = [configurations.Configuration(name, args.tta_model, data.input_shape, data.num_classes,
+                                                batch, launch.comm, lr=lrs[name], seed=seed, plugins=args.plugin)
                    for name in names]
         for config in configs:
             config.trace()
@@ -343,6 +371,8 @@ def time_to_accuracy(launch, args):
         for epoch in range(args.tta_epochs):
             index = epoch_indices(n, seed, epoch, launch.rank, launch.size, per_epoch, batch)
             for config in rotated(configs, epoch):
+                if args.tta_cap and wall[config.name] >= args.tta_cap:
+                    continue  # capped: its curve ends here (the rank-0 slowest wall, the same on every rank)
                 # Accumulation windows never span an epoch (as hvd_easgd's trainer does).
                 steps = per_epoch - per_epoch % config.window
                 x = tf.constant(data.x_train[index[: steps * batch]].reshape(steps, batch, *data.input_shape))
@@ -360,6 +390,8 @@ def time_to_accuracy(launch, args):
                    + ", ".join(f"{n}={c[-1]['accuracy']:.3f}" for n, c in points.items()))
     return {"target": args.tta_target, "epochs": args.tta_epochs, "seeds": args.tta_seeds, "np": launch.size,
             "controller": args.controller, "batch_per_rank": batch, "base_lr": base_lr,
+            "model": args.tta_model, "data": TTA_DATA[args.tta_model], "cap_seconds": args.tta_cap or None,
+            "steps_per_epoch": per_epoch, "ceiling": no_comm_ceiling(launch, args, data, batch),
             "per_config": {name: dict(curves.mean_over_seeds(runs), lr=lrs[name])
                            for name, runs in results.items()}}
 

@@ -99,7 +99,7 @@ def build_parser():
     train = parser.add_argument_group("model, data and optimizer")
     train.add_argument("--model", help=f"{' | '.join(MODELS)}; not given: {DEFAULT_MODEL}, or "
                                        f"{VARIABLE_SIZE_MODEL} for images:DIR")
-    train.add_argument("--data", help="digits | synthetic | npz:PATH | images:DIR")
+    train.add_argument("--data", help="digits | synthetic | teacher | npz:PATH | images:DIR")
     train.add_argument("--image-shape", help="H,W,C of --data synthetic")
     train.add_argument("--num-classes", type=int, help="classes of --data synthetic")
     train.add_argument("--optimizer", choices=OPTIMIZERS)

@@ -1,4 +1,4 @@
-"""Training data: the embedded digits, synthetic images, npz files and image folders.
+"""Training data: the embedded digits, synthetic images, a teacher's task, npz files and image folders.
 
 Every rank loads the same global split and reads its own shard of it. The
 split has its own fixed seed (``SPLIT_SEED``), so ``--seed`` never moves it.
@@ -195,10 +195,76 @@ def image_folder(path):
     return Dataset("images", x_train, y_train, x_test, y_test, len(classes))
 
 
+# --- the teacher's task ------------------------------------------------------------
+# A generated classification task whose labels a fixed random network (the
+# teacher) assigns: no download, the same arrays from the same seed on every rank
+# and every machine (NumPy's PCG64 and float64 arithmetic, cast to float32 at the
+# end). The labels are a deterministic function of the inputs, so the ceiling is
+# 100%. Two choices make it learnable steadily rather than to a plateau: the
+# teacher is the student's own family (a ReLU MLP) at a much smaller width, and
+# the samples nearer than a margin to the teacher's decision boundary are dropped
+# (a 32 -> 64 tanh teacher without a margin left the student at 0.74-0.78). The
+# set is small on purpose: an epoch at 2 ranks x 256 is 39 steps, so a run to the
+# target spans many epochs and train.py's per-epoch evaluation times it finely.
+# The teacher's seed is its own (TEACHER_SEED): --seed moves the student's
+# weights and the data order, never the task.
+TEACHER_SEED = 20260312
+TEACHER_INPUT_DIM = 32
+TEACHER_HIDDEN = 32
+TEACHER_NUM_CLASSES = 10
+TEACHER_MARGIN = 0.5  # of the pool's median gap between the two largest logits
+TEACHER_TRAIN_SIZE = 20_000
+TEACHER_TEST_SIZE = 5_000
+
+
+def teacher(train_size=TEACHER_TRAIN_SIZE, test_size=TEACHER_TEST_SIZE, input_dim=TEACHER_INPUT_DIM,
+            hidden=TEACHER_HIDDEN, num_classes=TEACHER_NUM_CLASSES, margin=TEACHER_MARGIN, seed=TEACHER_SEED):
+    """Gaussian inputs labelled by a random two-layer ReLU network, every class equally often.
+
+    The teacher is x -> argmax(relu(x W1) W2 + b) with W1 ~ N(0, 2/d) and
+    W2 ~ N(0, 1/h). A random network's argmax favours some classes; the biases
+    b are set so that each class takes about 1/k of a calibration sample (rounds
+    of moving each class's bias by the log of its share). A sample is kept only
+    if its two largest logits differ by at least ``margin`` times the pool's
+    median difference, and the split takes exactly train_size/k and test_size/k
+    kept samples of each class, in the pool's order. Inputs have shape
+    (N, input_dim), float32. Vectorised: the default set takes well under a second.
+    """
+    for name, value in {"train_size": train_size, "test_size": test_size}.items():
+        if value % num_classes:
+            raise DataError(f"`{name}` must be a multiple of num_classes={num_classes}. Received: {name}={value}")
+    rng = np.random.default_rng(seed)
+    w1 = rng.standard_normal((input_dim, hidden)) * np.sqrt(2 / input_dim)
+    w2 = rng.standard_normal((hidden, num_classes)) / np.sqrt(hidden)
+    features = lambda x: np.maximum(x @ w1, 0) @ w2  # noqa: E731
+    calibration = features(rng.standard_normal((4_000, input_dim)))
+    bias = np.zeros(num_classes)
+    for _ in range(4 * num_classes):  # a class with share s moves by -log(s k): shares converge to 1/k
+        share = np.bincount(np.argmax(calibration + bias, 1), minlength=num_classes) / len(calibration)
+        bias -= 0.5 * np.log(np.maximum(share, 1e-3) * num_classes)
+    per_class = (train_size + test_size) // num_classes
+    pool = rng.standard_normal((4 * (train_size + test_size), input_dim))
+    logits = features(pool) + bias
+    top2 = np.sort(logits, 1)[:, -2:]
+    gap = top2[:, 1] - top2[:, 0]
+    labels = np.where(gap >= margin * np.median(gap), np.argmax(logits, 1), -1)  # -1: too near the boundary
+    chosen = [np.flatnonzero(labels == c)[:per_class] for c in range(num_classes)]
+    if min(len(c) for c in chosen) < per_class:  # cannot happen with the defaults; say so if it does
+        raise DataError(f"the teacher's pool holds too few samples of some class for {per_class} per class")
+    index = np.sort(np.concatenate(chosen))
+    x, y = pool[index].astype(np.float32), labels[index].astype(np.int64)
+    test = np.zeros(len(index), bool)
+    for c in range(num_classes):  # the last test_size/k samples of each class (in pool order) are the test set
+        test[np.flatnonzero(y == c)[-(test_size // num_classes):]] = True
+    return Dataset("teacher", x[~test], y[~test], x[test], y[test], num_classes)
+
+
 def load(spec, image_shape=SYNTHETIC_IMAGE_SHAPE, num_classes=SYNTHETIC_NUM_CLASSES, seed=0):
-    """``digits`` | ``synthetic`` | ``npz:PATH`` | ``images:DIR``."""
+    """``digits`` | ``synthetic`` | ``teacher`` | ``npz:PATH`` | ``images:DIR``."""
     if spec == "digits":
         return digits()
+    if spec == "teacher":
+        return teacher()
     if spec == "synthetic":
         return synthetic(image_shape, num_classes, seed=seed)
     kind, _, path = spec.partition(":")
@@ -206,7 +272,7 @@ def load(spec, image_shape=SYNTHETIC_IMAGE_SHAPE, num_classes=SYNTHETIC_NUM_CLAS
         return npz(path)
     if kind == "images" and path:
         return image_folder(path)
-    raise DataError(f"--data must be digits, synthetic, npz:PATH or images:DIR. Received: {spec!r}")
+    raise DataError(f"--data must be digits, synthetic, teacher, npz:PATH or images:DIR. Received: {spec!r}")
 
 
 # --- sharding -------------------------------------------------------------------

@@ -32,7 +32,7 @@ def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
 
 def test_every_strategy_row_has_a_train_py_equivalent():
     with_flags = {row.name for row in names.TABLE if row.train_py}
-    assert with_flags == set(names.STRATEGIES + names.TOPOLOGY + names.COMPRESSION)
+    assert with_flags == set(names.STRATEGIES + names.TOPOLOGY + names.COMPRESSION + names.STREAMING)
     for name in with_flags:
         args = cli.parse_args(list(names.BY_NAME[name].train_py))
         assert args.strategy in registry.available(), name
@@ -77,3 +77,16 @@ def test_mwms_worker_refuses_time_to_accuracy_without_a_learning_rate(capsys):
     with pytest.raises(SystemExit):
         compare.mwms.parse_args(["--worker", "--index", "0", "--out-dir", "x", "--tta-seeds", "1"])
     assert "--tta-seeds needs --tta-lr" in capsys.readouterr().err
+
+
+def test_the_tta_workload_flags_reach_the_rated_link_worker():
+    from benchmarks import rated_links
+
+    args = compare.parse_args(["--link-rates", "100mbit", "--configs", "sync,diloco_tau10_f4", "--models", "cnn",
+                               "--tta-model", "student_mlp", "--tta-batch", "256", "--tta-lr", "0.05",
+                               "--tta-cap", "90"])
+    cmd = rated_links.worker_command(args, "out.json", tta=True)
+    flags = worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:])
+    assert (flags.tta_model, flags.tta_batch, flags.tta_lr, flags.tta_cap) == ("student_mlp", 256, 0.05, 90.0)
+    assert flags.tta_config_list == ["sync", "diloco_tau10_f4"]  # the baselines never train to accuracy
+    assert worker.TTA_DATA[flags.tta_model] == "teacher"

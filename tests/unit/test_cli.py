@@ -35,7 +35,7 @@ def exit_and_stderr(argv, capsys):
     (["--accumulate", "0"], "--accumulate must be > 0"),
     (["--data", "npz:/nonexistent/data.npz"], "--data npz:/nonexistent/data.npz: no such file"),
     (["--data", "images:/nonexistent"], "no such directory"),
-    (["--data", "mnist"], "--data must be digits, synthetic, npz:PATH or images:DIR"),
+    (["--data", "mnist"], "--data must be digits, synthetic, teacher, npz:PATH or images:DIR"),
     (["--image-shape", "32,32"], "--image-shape must be H,W,C"),
     (["--data", "images:/tmp", "--batch-size", "8"], "images of different sizes cannot be stacked"),
     (["--model", "vgg"], "--model must be one of"),
