@@ -27,9 +27,13 @@ HOSTS, RANKS_PER_HOST = 2, 2
 LEVELS = ("within_group", "across_groups")
 
 
+BRANCHES = 4  # kernels of n/4 weights each: enough whole variables for the fragmented configurations
+
+
 def _model(n):
-    model = keras.Sequential([keras.Input((n // 64,)), keras.layers.Dense(64, use_bias=False)])
-    return model
+    inputs = keras.Input((n // (64 * BRANCHES),))
+    outputs = keras.layers.Concatenate()([keras.layers.Dense(64, use_bias=False)(inputs) for _ in range(BRANCHES)])
+    return keras.Model(inputs, outputs)
 
 
 def _level(traffics, level):

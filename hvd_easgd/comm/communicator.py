@@ -244,6 +244,11 @@ class Communicator:
             return reduced
         return reduced, [t - compression.decompress(w, d) for t, w, d in zip(tensors, wire, dtypes)]
 
+    # Whether start_allreduce runs the collective behind the caller's next steps. No transport does yet:
+    # each reduces at once, blocking, and holds the result (docs/strategies.md, Overlap). A strategy's
+    # traffic hook reports its overlapped share from this, so the cost model does not project hidden time.
+    reduces_in_background = False
+
     def start_allreduce(self, tensors, op="sum", compression=Compression.none, with_errors=False):
         """Starts the allreduce of ``tensors``; ``finish_allreduce`` takes its result.
 

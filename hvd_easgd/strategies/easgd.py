@@ -69,6 +69,7 @@ import keras
 import tensorflow as tf
 
 from .. import validation
+from ..comm.communicator import Communicator
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     state_variable_name
@@ -428,13 +429,17 @@ class EASGD(SyncStrategy):
         """On every τ-th step ONE call: the elastic differences and the
         non-finite flag (one element of their dtype). BatchNorm statistics are
         averaged outside the account (``hvd_easgd.statistics``). With
-        ``overlap`` all of it runs behind the step's compute (``overlapped`` 1)."""
+        ``overlap`` all of it could run behind the step's compute (``overlapped`` 1),
+        where the communicator's ``reduces_in_background``; no transport does yet (0)."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()
         has_alltoall = self.comm.has_alltoall if self.comm is not None else True
         sent = allreduce_traffic(trainable_variables, size, self.compression, 1, has_alltoall)
-        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=1.0 if self.overlap else 0.0)
+        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=1.0 if self.overlap and self._reduces_in_background() else 0.0)
+
+    def _reduces_in_background(self):
+        return self.comm.reduces_in_background if self.comm is not None else Communicator.reduces_in_background
 
     def get_config(self):
         config = {"period": self.schedule.config_period(), "moving_rate": self._moving_rate_arg,
