@@ -193,6 +193,8 @@ def test_hierarchicals_rule_needs_a_layout_of_its_groups():
                                          r"Received: ranks_per_group=None$"):
         Hierarchical().lr_scale_factor(4)  # one group per host: n is known once bound
     assert Hierarchical().lr_scale_factor(1) == 1.0  # train.py's check at one rank, before the ranks start
+    bound = Hierarchical(inter=EASGD()).bind(SimulatedCluster(8, ranks_per_host=2).communicators[0])
+    assert bound.lr_scale_factor(8) == pytest.approx(2 * math.sqrt(4 / 2) * math.sqrt(2), rel=1e-12)  # G 4, n 2
     assert Hierarchical(ranks_per_group=4).lr_scale_factor(1) == 1.0
 
 
