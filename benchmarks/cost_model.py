@@ -2,19 +2,27 @@
 
 Imports no TensorFlow: what each configuration sends comes from the committed
 table ``docs/results/traffic/traffic.json`` (written from the strategies' own
-``expected_traffic`` hooks by ``python -m benchmarks traffic``).
+``expected_traffic`` hooks by ``python -m benchmarks traffic``), split by the
+collective that carries it.
 
-Per step and rank, at H hosts × n ranks (p = H·n), a collective of S bytes
-over q ranks with per-message latency α and bandwidth B costs
+Per step and rank, at H hosts × n ranks (p = H·n), a collective over q ranks
+with per-message latency α and bandwidth B costs, S being what one rank hands
+to it (the byte account's payload: ``comm/communicator.py``):
 
-* ring allreduce            2(q−1)·α + 2(q−1)/q · S/B
-* halving/doubling          2·log2(q)·α + 2(q−1)/q · S/B
-* reduce-scatter, allgather (q−1)·α + (q−1)/q · S/B
-* hierarchical composite    intra RS + inter allreduce on the S/n shard + intra AG
+* allreduce (ring)          2(q−1)·α + 2(q−1)/q · S/B
+* allreduce (halving/doubling, what Open MPI chose here)  2·log2(q)·α + 2(q−1)/q · S/B
+* reduce-scatter            (q−1)·α + (q−1)/q · S/B      (S: the whole input)
+* alltoall                  (q−1)·α + (q−1)/q · S/B      (S: all q chunks)
+* allgather                 (q−1)·α + (q−1) · S/B        (S: a rank's part)
+* broadcast                 ⌈log2 q⌉·α + (q−1)/q · S/B   (scatter, then pipelined)
+* hierarchical composite    intra reduce-scatter + inter allreduce on the S/n shard + intra allgather
 
 and step time is c + comm, or max(c, comm) where the strategy overlaps.
 A flat collective over hosts numbered host by host crosses each host's link
-once per ring edge, so it runs at the across-hosts α and B.
+once per ring edge, so it runs at the across-hosts α and B. An allgather's
+part is a share of a whole that does not grow with q (a shard of the model,
+a chunk of the quantised payload), so from the table's q_ref to q it scales
+by q_ref/q; every other kind's S stays what the table says.
 """
 import argparse
 import json
@@ -51,15 +59,32 @@ def halving_doubling(q, size, alpha, bandwidth):
 
 
 def reduce_scatter(q, size, alpha, bandwidth):
+    """``size``: the whole input; each rank keeps 1/q of the sum."""
     return 0.0 if q <= 1 else (q - 1) * alpha + (q - 1) / q * size / bandwidth
 
 
-allgather = reduce_scatter
+def alltoall(q, size, alpha, bandwidth):
+    """``size``: all q chunks a rank hands over; it keeps one and sends q−1."""
+    return 0.0 if q <= 1 else (q - 1) * alpha + (q - 1) / q * size / bandwidth
+
+
+def allgather(q, part, alpha, bandwidth):
+    """``part``: one rank's part; each rank sends it to the q−1 others (receives as much)."""
+    return 0.0 if q <= 1 else (q - 1) * alpha + (q - 1) * part / bandwidth
+
+
+def broadcast(q, size, alpha, bandwidth):
+    """A scatter then a pipelined gather of ``size`` from one root: what the account's (q−1)/q assumes."""
+    return 0.0 if q <= 1 else math.ceil(math.log2(q)) * alpha + (q - 1) / q * size / bandwidth
+
+
+COLLECTIVES = {"allreduce": ring_allreduce, "reducescatter": reduce_scatter, "alltoall": alltoall,
+               "allgather": allgather, "broadcast": broadcast}
 
 
 def hierarchical_allreduce(hosts, ranks_per_host, size, intra, inter, inter_algorithm=ring_allreduce):
     """intra reduce-scatter, inter allreduce of the 1/n shard, intra allgather; ``intra``/``inter`` = (α, B)."""
-    return (2 * reduce_scatter(ranks_per_host, size, *intra)
+    return (reduce_scatter(ranks_per_host, size, *intra) + allgather(ranks_per_host, size / ranks_per_host, *intra)
             + inter_algorithm(hosts, size / ranks_per_host, *inter))
 
 
@@ -73,32 +98,40 @@ def load_table(path=TABLE_PATH):
     return json.loads(pathlib.Path(path).read_text())
 
 
-def _scaled(level, params, p, p_ref):
-    """Wire bytes of one level at p ranks: the table's (p_ref) wire/payload ratio scaled by (p−1)/p."""
-    payload = level["bytes_a"] + level["bytes_b"] * params
-    if p <= 1 or not payload:
-        return payload, 0.0
-    return payload, payload * level["wire_over_bytes"] * ((p - 1) / p) / ((p_ref - 1) / p_ref)
+def level_time(level, params, q, q_ref, link, shard=1.0):
+    """Seconds per step of one level of a table entry at q ranks over ``link`` = (α, B).
+
+    Each collective kind of the level (``collectives``: payload ``a + b·N``
+    and calls per step at the table's q_ref ranks) is charged by its own
+    formula (``COLLECTIVES``) on its per-call payload; ``shard`` scales the
+    ``b·N`` part (Hierarchical's across level sends a 1/n shard), and an
+    allgather's part scales by q_ref/q (module docstring).
+    """
+    total = 0.0
+    for kind, entry in sorted(level.get("collectives", {}).items()):
+        calls = entry["calls"]
+        if not calls:
+            continue
+        size = (entry["bytes_a"] + entry["bytes_b"] * params * shard) / calls
+        if kind == "allgather":
+            size *= q_ref / q
+        total += calls * COLLECTIVES[kind](q, size, *link)
+    return total
 
 
 def comm_time(entry, reference, params, hosts, ranks_per_host, inter, intra=(INTRA_ALPHA, INTRA_BANDWIDTH)):
     """Seconds per step one configuration communicates (table ``entry``) at ``hosts`` × ``ranks_per_host``."""
     alpha, bandwidth = inter
-    p = hosts * ranks_per_host
-    across, within = entry["across_groups"], entry["within_group"]
+    n_ref, hosts_ref = reference["ranks_per_host"], reference["hosts"]
     if entry["ranks_per_group"] > 1:  # groups are hosts: within at intra, across on the 1/n shard
-        n_ref = reference["ranks_per_host"]
-        _, wire_in = _scaled(within, params, ranks_per_host, n_ref)
-        _, wire_out = _scaled(across, params, hosts, reference["hosts"])
-        wire_out *= n_ref / ranks_per_host  # the shard is S/n; n such sets share a host's link
-        t_in = within["calls"] * 2 * (ranks_per_host - 1) * intra[0] + wire_in / intra[1]
-        t_out = across["calls"] * 2 * max(hosts - 1, 0) * alpha + wire_out * ranks_per_host / bandwidth
+        t_in = level_time(entry["within_group"], params, ranks_per_host, n_ref, intra)
+        # n such sets (one per index within the host) share a host's link: B/n each.
+        t_out = level_time(entry["across_groups"], params, hosts, hosts_ref, (alpha, bandwidth / ranks_per_host),
+                           shard=n_ref / ranks_per_host)
         return t_in + t_out
-    p_ref = reference["hosts"] * reference["ranks_per_host"]
-    _, wire = _scaled(across, params, p, p_ref)
-    if hosts <= 1:
-        alpha, bandwidth = intra
-    return across["calls"] * 2 * max(p - 1, 0) * alpha + wire / bandwidth
+    p = hosts * ranks_per_host
+    link = intra if hosts <= 1 else inter
+    return level_time(entry["across_groups"], params, p, hosts_ref * n_ref, link)
 
 
 def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64, configurations=None):
