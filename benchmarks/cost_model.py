@@ -1,4 +1,4 @@
-"""``python -m benchmarks project``: an α–β cost model of a training step at scale.
+"""The α–β cost model of a training step at scale (``python -m benchmarks project``: projection.py).
 
 Imports no TensorFlow: what each configuration sends comes from the committed
 table ``docs/results/traffic/traffic.json`` (written from the strategies' own
@@ -24,11 +24,9 @@ part is a share of a whole that does not grow with q (a shard of the model,
 a chunk of the quantised payload), so from the table's q_ref to q it scales
 by q_ref/q; every other kind's S stays what the table says.
 """
-import argparse
 import json
 import math
 import pathlib
-import sys
 
 TABLE_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "traffic" / "traffic.json"
 LINKS = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "25gbit": 25e9 / 8, "100gbit": 100e9 / 8,
@@ -36,18 +34,6 @@ LINKS = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "25gbit": 2
 # Within a host: shared memory (an assumption: ~10 GB/s, 1 µs a message).
 INTRA_BANDWIDTH, INTRA_ALPHA = 10e9, 1e-6
 INTER_ALPHA = 10e-6
-# The models listed: (trainable parameters, seconds per step per rank: c). Stated assumptions,
-# not measurements, except where marked. OVERLAP_WORKLOAD is the overlap issue's workload:
-# a placeholder until its helper commits it (change it here only).
-OVERLAP_WORKLOAD = ("overlap_mlp", 1_500_000, 0.010)
-MODELS = {
-    "digits_cnn": (34_826, 0.004),
-    "wide_mlp": (1_059_850, 0.006),
-    OVERLAP_WORKLOAD[0]: OVERLAP_WORKLOAD[1:],
-    "resnet50": (25_600_000, 64 / 400.0),   # 64 images/step at ~400 images/s per GPU (assumed)
-    "1b": (1_000_000_000, 1.0),
-}
-BATCH = {"digits_cnn": 64, "wide_mlp": 64, OVERLAP_WORKLOAD[0]: 64, "resnet50": 64, "1b": 8}
 
 
 def ring_allreduce(q, size, alpha, bandwidth):
@@ -146,79 +132,3 @@ def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64,
             p = hosts * ranks_per_host
             rows.append((name, hosts, p * batch / t, compute / t))
     return rows
-
-
-def _positive(text, name, kind=float):
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or value <= 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={text}")
-    return value
-
-
-def _bandwidth(text):
-    if text.lower() in LINKS:
-        return LINKS[text.lower()]
-    try:
-        return _positive(text, "link") / 8  # bits/s
-    except ValueError:
-        raise ValueError(f"`link` must be one of {', '.join(LINKS)} or bits/s. Received: link={text}") from None
-
-
-def _calibration(path):
-    try:
-        values = json.loads(pathlib.Path(path).read_text())
-        return _positive(values["alpha"], "alpha"), _positive(values["bandwidth"], "bandwidth")
-    except (OSError, KeyError, TypeError, json.JSONDecodeError):
-        raise ValueError(f"`calibration` must be a JSON file with alpha and bandwidth. "
-                         f"Received: calibration={path}") from None
-
-
-def main(argv=None, prog="python -m benchmarks project"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", default="8,64,512,1024")
-    parser.add_argument("--ranks-per-host", default="8")
-    parser.add_argument("--link", default="100gbit", help=f"{', '.join(LINKS)} or bits/s")
-    parser.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)} (default: all)")
-    parser.add_argument("--params", default=None, help="trainable parameters (your own model)")
-    parser.add_argument("--step-time", default=None, help="compute seconds per step (your own model)")
-    parser.add_argument("--alpha", default=str(INTER_ALPHA), help="seconds per message across hosts")
-    parser.add_argument("--bandwidth", default=None, help="bytes/s across hosts (overrides --link)")
-    parser.add_argument("--calibration", default=None,
-                        help="JSON with alpha (s) and bandwidth (bytes/s) across hosts (link_probe.alpha_sweep)")
-    parser.add_argument("--configuration", default=None, help="one configuration of the traffic table")
-    args = parser.parse_args(argv)
-    try:
-        hosts = [_positive(h, "hosts", int) for h in args.hosts.split(",")]
-        ranks = _positive(args.ranks_per_host, "ranks_per_host", int)
-        bandwidth = _positive(args.bandwidth, "bandwidth") if args.bandwidth else _bandwidth(args.link)
-        alpha = _positive(args.alpha, "alpha")
-        if args.calibration:
-            alpha, bandwidth = _calibration(args.calibration)
-        if args.model is not None and args.model not in MODELS:
-            raise ValueError(f"`model` must be one of {', '.join(MODELS)}. Received: model={args.model}")
-        models = {args.model: MODELS[args.model]} if args.model else dict(MODELS)
-        if args.params or args.step_time:
-            base = MODELS.get(args.model, (None, None))
-            models = {args.model or "custom": (
-                _positive(args.params, "params", int) if args.params else base[0],
-                _positive(args.step_time, "step_time") if args.step_time else base[1])}
-            if None in models[next(iter(models))]:
-                raise ValueError("`params` and `step_time` must both be given for a custom model. "
-                                 f"Received: params={args.params}, step_time={args.step_time}")
-        table = load_table()
-        if args.configuration and args.configuration not in table["configurations"]:
-            raise ValueError(f"`configuration` must be one of {', '.join(table['configurations'])}. "
-                             f"Received: configuration={args.configuration}")
-    except ValueError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 2
-    print(f"{'model':<12} {'configuration':<20} {'hosts':>6} {'ranks':>6} {'samples/s':>12} {'efficiency':>10}")
-    for model, (params, compute) in models.items():
-        batch = BATCH.get(model, 64)
-        for name, h, rate, eff in project(table, params, compute, hosts, ranks, (alpha, bandwidth), batch,
-                                          [args.configuration] if args.configuration else None):
-            print(f"{model:<12} {name:<20} {h:>6} {h * ranks:>6} {rate:>12.4g} {eff:>10.3f}")
-    return 0

@@ -113,7 +113,9 @@ def test_cli_one_row_per_host_count_and_fast():
     assert [r.split()[2] for r in rows] == ["8", "64", "512", "1024"]
     last = rows[-1].split()
     assert last[3] == "8192"
-    params, compute = cost_model.MODELS["resnet50"]
+    from benchmarks import workloads
+    resnet50 = workloads.models()["resnet50"]
+    params, compute = resnet50.params, resnet50.compute
     table = cost_model.load_table()
     comm = cost_model.comm_time(table["configurations"]["sync"], table["reference"], params, 1024, 8,
                                 (cost_model.INTER_ALPHA, 100e9 / 8))
@@ -121,7 +123,7 @@ def test_cli_one_row_per_host_count_and_fast():
 
 
 @pytest.mark.parametrize("args", [("--hosts", "0"), ("--link", "fast"), ("--model", "nope"), ("--params", "x"),
-                                  ("--params", "100",)])
+                                  ("--params", "100",), ("--paper", "nope"), ("--check",)])
 def test_cli_bad_input_is_one_line_and_exit_2(args):
     result = _cli(*args)
     assert result.returncode == 2
@@ -129,7 +131,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(args):
 
 
 def test_imports_no_tensorflow():
-    code = "import sys, benchmarks.cost_model; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
+    code = ("import sys, benchmarks.cost_model, benchmarks.projection; "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules and 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert math.isfinite(cost_model.LINKS["100gbit"])
 
