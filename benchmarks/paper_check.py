@@ -114,6 +114,15 @@ def _reading(row):
     return f"{where}; {why}"
 
 
+def _most(result):
+    worst = max(result["rows"], key=lambda r: r["reported"] - r["predicted"])
+    gap = 100 * (worst["reported"] - worst["predicted"])
+    why = (" Its parameters are mostly in the fully connected layers at the top, whose gradients come first in "
+           "backprop and have the whole convolutional backward pass to hide behind." if worst["model"] == "VGG-16"
+           else "")
+    return f"{worst['model']} is the model that disagrees most ({gap:.0f} points).{why}"
+
+
 def _bracket(result):
     inside = [r["model"] for r in result["rows"] if r["predicted"] <= r["reported"] <= r["predicted_all_hidden"]]
     if len(inside) == len(result["rows"]):
@@ -177,12 +186,13 @@ Where they disagree, and why:
 
 - **Overlap.** The model's step is c + comm. Horovod starts each fused allreduce while backprop is still
   computing the earlier layers' gradients, so part of comm hides behind c. {_bracket(result)}
-  VGG-16 is the model that disagrees most: its 138 M parameters are mostly in the fully connected layers at the
-  top, whose gradients come first in backprop and have the whole convolutional backward pass to hide behind.
+  {_most(result)}
 - **Within a server.** The flat ring and the two-level form move the same bytes across the server's link
   (the across level carries a quarter of the gradients on each of the 4 sets sharing that link), so the model
-  predicts them alike; within a server it charges shared memory at 10 GB/s, where the paper's GPUs went over
-  PCIe (no NVLink stated): a few ms more per step, not charged.
+  predicts them alike, the two-level form a point or few lower for its steps inside the server. Those it
+  charges at an assumed {cost_model.INTRA_BANDWIDTH / 1e9:g} GB/s and {cost_model.INTRA_ALPHA * 1e6:g} µs
+  (shared memory); the paper's GPUs met over PCIe or NVLink (it does not say), which NCCL's hierarchical
+  allreduce uses at a rate of that order, so this term is small either way.
 - **The link.** 25 Gbit/s is per server, and the 4 GPUs share it: the ring's one crossing per server is what
   makes the model's flat ring run at the full line rate. An all-to-all or parameter-server pattern would divide
   it by 4.

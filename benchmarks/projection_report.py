@@ -183,6 +183,9 @@ Regenerate everything on this page (the tables, `docs/results/projection/*.json`
 
     {data['command']}
 
+(after `python -m benchmarks traffic`, which rewrites the traffic table from the strategies' hooks, whenever a
+strategy's traffic changed; `{data['command']} --check` fails while a committed file is stale).
+
 This is the α–β cost model of the [Benchmarks](benchmarks.md) page (`benchmarks/cost_model.py`), projected;
 nothing here ran at these sizes. The across-sites rows (1 Gbit/s and 100 Mbit/s at 1 to 100 ms a message)
 are **projection only**: no latency can be emulated on this machine (no `netem`), so the model's α was never
