@@ -74,7 +74,7 @@ def results(table=None):
         low, _ = _efficiency(flat, reference, params, images[2], ALPHA[2], line * LINK_SHARE[1])
         high, _ = _efficiency(flat, reference, params, images[1], ALPHA[1], line * LINK_SHARE[2])
         compute = BATCH / images[0]
-        hidden = 1 - compute * (1 / reported - 1) / comm  # the share of comm that c/(c + (1−o)·comm) = reported needs
+        hidden = 1 - compute * (1 / reported - 1) / comm  # the o that solves c/(c + (1−o)·comm) = reported
         rows.append({
             "model": name, "params": params, "gradient_bytes": 4 * params, "images_per_second": images[0],
             "images_range": [images[1], images[2]], "images_source": images_source,

@@ -122,16 +122,16 @@ def _efficiency_tables(data):
                 f"![scaling efficiency against hosts, {model}, one panel per link]"
                 f"(figures/projection_{model}.png)", "",
                 f"Scaling efficiency at {' / '.join(str(h) for h in data['hosts'])} hosts × "
-                f"{data['ranks_per_host']} ranks. Samples/s = efficiency × the no-communication ideal, "
-                f"{' / '.join(f'{x:,.0f}' for x in ideal)}.", "",
+                f"{data['ranks_per_host']} ranks; the no-communication ideal is "
+                f"{' / '.join(f'{x:.3g}' for x in ideal)} samples/s.", "",
                 "| configuration | " + " | ".join(links) + " |", "|---|" + "---:|" * len(links)]
         for name in per_link[links[0]]:
             out.append(f"| {name} | " + " | ".join(_cell(per_link[link][name]["efficiency"]) for link in links) + " |")
-        out += ["", f"Samples/s at {data['hosts'][-1]:,} hosts ({data['hosts'][-1] * data['ranks_per_host']:,} ranks):",
+        out += ["", f"Samples/s over the cluster at {' / '.join(str(h) for h in data['hosts'])} hosts:",
                 "", "| configuration | " + " | ".join(links) + " |", "|---|" + "---:|" * len(links)]
         for name in per_link[links[0]]:
-            out.append(f"| {name} | " + " | ".join(f"{per_link[link][name]['samples_per_second'][-1]:,.4g}"
-                                                   for link in links) + " |")
+            rates = (per_link[link][name]["samples_per_second"] for link in links)
+            out.append(f"| {name} | " + " | ".join(" / ".join(f"{x:.3g}" for x in r) for r in rates) + " |")
         out.append("")
     return "\n".join(out)
 
