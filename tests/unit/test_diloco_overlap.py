@@ -79,11 +79,10 @@ def assert_matches(models, opts, xs, theta):
 
 
 @pytest.mark.parametrize("tau, fragments, delta, steps, name", [
-    (4, 1, 1, 10, "none"),   # merges at 5 and 9
+    # δ = 1 at F = 1 is test_the_mixing_factor_...'s, δ = 2 at F = 3 test_drain_then_a_mid_overlap_...'s
     (4, 1, 2, 10, "none"),   # merges at 6 and 10
-    (10, 3, 1, 17, "none"),  # offsets 0, 3, 6 (F does not divide τ): merges at 4, 7, 11, 14
-    (10, 3, 2, 17, "none"),  # merges at 5, 8, 12, 15; 16 started, in flight at the end
-    (4, 2, 1, 11, "int8"),   # offsets 0, 2: merges at 3, 5, 7, 9, 11, with each fragment's error feedback
+    (10, 3, 1, 12, "none"),  # offsets 0, 3, 6 (F does not divide τ): merges at 4, 7, 11
+    (4, 2, 1, 9, "int8"),    # offsets 0, 2: merges at 3, 5, 7, 9, with each fragment's error feedback
 ])
 def test_overlap_matches_the_numpy_reference(tau, fragments, delta, steps, name):
     shards, w0 = ref.least_squares_shards(P)
@@ -119,7 +118,7 @@ def test_overlap_matches_the_numpy_reference(tau, fragments, delta, steps, name)
 def test_the_mixing_factor_weighs_the_local_against_the_synced_weights():
     shards, w0 = ref.least_squares_shards(P)
     runs = {}
-    for mixing in (0.0, 1.0):  # 0.5, the default, in test_overlap_matches_the_numpy_reference
+    for mixing in (0.0, 0.5, 1.0):  # F = 1, δ = 1; 0.5 is the default
         cluster, models, opts = ranks(lambda: DiLoCo(4, overlap=1, mixing=mixing), w0)
         train(cluster, models, opts, shards, 5)  # started at 4, merged at 5
         xs, theta = ref.DiLoCoOverlapReference(shards, w0, masks(1), 4, 1, mixing=mixing).run(5)
@@ -129,6 +128,8 @@ def test_the_mixing_factor_weighs_the_local_against_the_synced_weights():
     for got in runs[0.0]:  # α = 0: every rank restarts from θ
         np.testing.assert_allclose(got, theta, rtol=1e-6)
     assert not np.allclose(runs[1.0][0], runs[1.0][1])  # α = 1: the ranks keep their own weights
+    for half, none, full in zip(runs[0.5], runs[0.0], runs[1.0]):  # one merge, the last step: linear in α
+        np.testing.assert_allclose(half, (none + full) / 2, rtol=1e-5, atol=1e-6)
     assert DiLoCo(10, overlap=1).get_config()["mixing"] == 0.5 and "overlap" not in DiLoCo(10).get_config()
 
 
@@ -148,8 +149,8 @@ def test_drain_then_a_mid_overlap_resume_continues_bit_for_bit(tmp_path):
     manifest, directory = checkpoint.latest(str(tmp_path))
     resumed_cluster.run(lambda r: checkpoint.restore(directory, manifest, resumed[r], resumed_opts[r],
                                                      resumed_opts[r].comm))
-    train(cluster, models, opts, shards, 9, start=7)  # nothing merges at 8; 10 starts f0, 12 merges; 13, 15
-    train(resumed_cluster, resumed, resumed_opts, shards, 9, start=7)
+    train(cluster, models, opts, shards, 6, start=7)  # nothing merges at 8; 10 starts f0, 12 merges it
+    train(resumed_cluster, resumed, resumed_opts, shards, 6, start=7)
     for a, b in zip(weights(models), weights(resumed)):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(opts, resumed_opts):
@@ -158,7 +159,7 @@ def test_drain_then_a_mid_overlap_resume_continues_bit_for_bit(tmp_path):
                 assert int(x.numpy()) > 0 and int(y.numpy()) > 0
                 continue
             np.testing.assert_array_equal(x.numpy(), y.numpy())
-    assert_matches(resumed, resumed_opts, *reference.run(9, start=7))
+    assert_matches(resumed, resumed_opts, *reference.run(6, start=7))
 
 
 @pytest.mark.parametrize("kwargs, message", [
