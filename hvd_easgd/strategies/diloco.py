@@ -61,8 +61,8 @@ one synchronisation sends only its fragment's payload, about 1/F of it
 (refused at build); as Hierarchical's inter strategy (one flat shard
 variable, across groups) F > 1 is refused when the Hierarchical is made.
 
-Overlap (``overlap`` = δ >= 1; Streaming DiLoCo, arXiv:2501.18512, §2.3
-"Overlapping communication" and its Algorithm 2): a synchronisation's
+Overlap (``overlap`` = δ >= 1; Streaming DiLoCo, arXiv:2501.18512, its
+section on overlapping communication with computation): a synchronisation's
 allreduce is started at its step and the inner steps go on; δ steps later
 the mean arrives, the outer optimizer steps θ with it, and the local weights
 become a mix of the new synced and the local weights::
@@ -71,8 +71,11 @@ become a mix of the new synced and the local weights::
     at s + δ, after the inner step:                θ_f ← outer_f(θ_f, (1/p) Σ_j Δ_j)
                                                    x_if ← α·x_if + (1 − α)·θ_f
 
-with α the mixing factor (``mixing``; the paper's α, default 0.5, its choice:
-the local weights keep half of the δ steps they took meanwhile). α = 0 drops
+with α the mixing factor (``mixing``; the paper's α, default 0.5, the paper's
+value: an even mix of the new θ and what the rank reached meanwhile). It is an
+argument (and ``--mixing``) because no one value is right everywhere: other
+Streaming DiLoCo implementations default to α = 0, and it was not measured
+here. α = 0 drops
 those δ steps (every rank restarts from θ, stale by δ); α = 1 never pulls a
 rank back to θ, so the ranks drift apart. At δ = 0 nothing is mixed: the
 blocking rule above (x ← θ). The schedule: one synchronisation in flight at a
