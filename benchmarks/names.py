@@ -96,11 +96,6 @@ TABLE = (
     Configuration("diloco_tau10_f4", "hvd_easgd DiLoCo tau=10, 4 fragments (Streaming DiLoCo)",
                   lambda: hvd_easgd.DiLoCo(period=10, fragments=4),
                   train_py=("--strategy", "diloco", "--tau", "10", "--fragments", "4"), groups=("streaming",)),
-    # ... and with overlap 1: each fragment's allreduce merged one inner step after it starts (mixing 0.5).
-    Configuration("diloco_tau10_f4_overlap1", "hvd_easgd DiLoCo tau=10, 4 fragments, overlap 1 (Streaming DiLoCo)",
-                  lambda: hvd_easgd.DiLoCo(period=10, fragments=4, overlap=1),
-                  train_py=("--strategy", "diloco", "--tau", "10", "--fragments", "4", "--overlap", "1"),
-                  groups=("streaming",)),
     # What crosses the wire (docs/compression.md): the compressed twins of the rows above.
     Configuration("sync_int8", "hvd_easgd SyncAverage, int8 gradients (block-scaled, error feedback)",
                   lambda: hvd_easgd.SyncAverage(compression="int8"),
