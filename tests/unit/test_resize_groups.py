@@ -20,7 +20,8 @@ import tests.reference as ref
 from tests import least_squares
 from hvd_easgd import EASGD, SyncAverage, checkpoint
 from hvd_easgd.comm.simulated_comm import SimulatedCluster
-from hvd_easgd.strategies import DiLoCo, Hierarchical, PeriodicAverage
+from hvd_easgd.app import config_compare
+from hvd_easgd.strategies import DiLoCo, Hierarchical, PeriodicAverage, regroup
 
 pytestmark = pytest.mark.unit
 
@@ -36,10 +37,6 @@ CASES = [(inter, 4, 2, 2, 1) for inter in ("sync", "easgd", "periodic", "diloco"
     ("easgd", 2, 1, 4, 2), ("diloco", 2, 1, 4, 2),  # groups of one -> 2 x 2
     ("easgd", 6, 2, 6, 3), ("diloco", 6, 2, 6, 3), ("sync", 6, 2, 6, 3),  # 3 x 2 -> 2 x 3, at the same size
     ("diloco-int8", 4, 2, 6, 3)]  # residuals per group: zeros
-
-
-def make(inter, n):
-    return lambda: Hierarchical(SyncAverage(), INTERS[inter](), ranks_per_group=n)
 
 
 def ranks_of(cluster, make_strategy, w0, offset):
@@ -128,19 +125,37 @@ def momentum_step(w, slot, g):
     return w + slot, slot
 
 
-@pytest.mark.parametrize("inter, p, n, q, m", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}to{c[3]}x{c[4]}" for c in CASES])
-def test_hierarchical_resumes_in_groups_of_another_size(tmp_path, inter, p, n, q, m):
-    shards, w0 = ref.least_squares_shards(max(p, q))
-    cluster = SimulatedCluster(p)
-    models, opts = ranks_of(cluster, make(inter, n), w0, 0.0)
+def saved_run(tmp_path, make_strategy, p, ranks_per_host=None):
+    """p ranks train ``STEPS`` micro-batches and save mid-epoch: (shards, w0, models, opts, manifest, directory)."""
+    shards, w0 = ref.least_squares_shards(6)
+    cluster = SimulatedCluster(p, ranks_per_host=ranks_per_host)
+    models, opts = ranks_of(cluster, make_strategy, w0, 0.0)
     least_squares.train(cluster, models, opts, shards[:p], STEPS, BATCH)  # tau 3: between two synchronisations
     cluster.run(lambda r: checkpoint.save(str(tmp_path), 1, models[r], opts[r], opts[r].comm, {},
                                           step_in_epoch=STEPS, steps_per_epoch=100))
+    return (shards, w0, models, opts) + checkpoint.latest(str(tmp_path))
+
+
+@pytest.mark.parametrize("inter, p, n, q, m", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}to{c[3]}x{c[4]}" for c in CASES])
+def test_hierarchical_resumes_in_groups_of_another_size(tmp_path, inter, p, n, q, m):
+    check_resume(tmp_path, inter, p, n, q, m)
+
+
+@pytest.mark.parametrize("p, n, q, m", [(4, 2, 2, 1), (4, 2, 6, 3)])
+def test_one_group_per_host_reads_the_saved_group_size_from_the_shards(tmp_path, p, n, q, m):
+    check_resume(tmp_path, "easgd", p, n, q, m, by_host=True)
+
+
+def check_resume(tmp_path, inter, p, n, q, m, by_host=False):
+    """Saved at p ranks in groups of n, resumed at q in groups of m (by host: hosts of that many ranks)."""
+    def strategy(size):
+        return lambda: Hierarchical(SyncAverage(), INTERS[inter](), ranks_per_group=None if by_host else size)
+
+    shards, w0, models, opts, manifest, directory = saved_run(tmp_path, strategy(n), p, n if by_host else None)
     saved = [checkpoint.state_arrays(model, opt) for model, opt in zip(models, opts)]
-    manifest, directory = checkpoint.latest(str(tmp_path))
     assert manifest["process_groups"] == [list(range(g, g + n)) for g in range(0, p, n)]
-    resized = SimulatedCluster(q)
-    new_models, new_opts = ranks_of(resized, make(inter, m), w0, 50.0)  # other weights: the restore sets them
+    resized = SimulatedCluster(q, ranks_per_host=m if by_host else None)
+    new_models, new_opts = ranks_of(resized, strategy(m), w0, 50.0)  # other weights: the restore sets them
     resized.run(lambda r: checkpoint.restore(directory, manifest, new_models[r], new_opts[r], new_opts[r].comm))
     old, new = roles(models[0], opts[0]), roles(new_models[0], new_opts[0])
     # per-weight inter state (PeriodicAverage keeps none uncompressed), and weights that differ per saved group
@@ -168,3 +183,28 @@ def test_hierarchical_resumes_in_groups_of_another_size(tmp_path, inter, p, n, q
             for r in range(g + 1, g + m):
                 np.testing.assert_array_equal(new_models[g].get_weights()[0], new_models[r].get_weights()[0])
         assert all(np.all(np.isfinite(model.get_weights()[0])) for model in new_models)
+
+
+def test_what_does_not_pair_up_is_refused_in_one_line(tmp_path):
+    # EASGD's state resumed as DiLoCo's (a config compare refuses it first in train.py); non-consecutive groups
+    _, w0, _, _, manifest, directory = saved_run(tmp_path, lambda: Hierarchical(
+        SyncAverage(), EASGD(TAU), ranks_per_group=2), 4)
+    resized = SimulatedCluster(2)
+    models, opts = ranks_of(resized, lambda: Hierarchical(SyncAverage(), DiLoCo(TAU), ranks_per_group=1), w0, 0.0)
+    with pytest.raises(checkpoint.CheckpointError) as raised:
+        checkpoint.restore(directory, manifest, models[0], opts[0], opts[0].comm)
+    assert str(raised.value).startswith("the saved strategy state does not fit this run's layout: the saved inter "
+                                        "state (") and "\n" not in str(raised.value)
+    with pytest.raises(regroup.LayoutMismatch, match=r"^the saved shard layouts \[\[2, 1, 3, 6\], \[2, 0, 3, 6\]\] "
+                                                     r"are not groups of 2 consecutive ranks over 6 elements$"):
+        regroup.in_this_layout([[]] * 2, [[2, 1, 3, 6], [2, 0, 3, 6]], [], [(6, 1)], np.float32)
+
+
+def test_another_ranks_per_group_fits_a_checkpoint_that_names_its_groups_only():
+    strategy = Hierarchical(SyncAverage(), EASGD(TAU), ranks_per_group=1)
+    manifest = {"num_ranks": 4, "config": {"strategy": "hierarchical", "ranks_per_group": 2}}
+    config = {"strategy": "hierarchical", "ranks_per_group": 1}
+    assert config_compare.resume_mismatches(manifest, config, 4, strategy) == ["ranks_per_group"]  # older: no groups
+    manifest["process_groups"] = [[0, 1], [2, 3]]
+    assert config_compare.resume_mismatches(manifest, config, 4, strategy) == []
+    assert config_compare.resume_mismatches(manifest, config, 2, strategy) == []
