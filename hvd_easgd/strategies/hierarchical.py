@@ -119,8 +119,8 @@ from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
 from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, all_finite, as_dense, \
     check_count, count_off_the_wire, count_on_the_wire, element_bytes, walk
-from . import regroup
 from .easgd import EASGD
+from .regroup import LayoutMismatch, in_this_layout, saved_shard_layout
 from .shards import FlatShards, NewLayout, ReCut
 from .sync_average import SyncAverage
 
@@ -469,18 +469,18 @@ class Hierarchical(SyncStrategy):
         ``ReCut`` cuts it) and in pieces where it keeps one per weight; the saved
         shard layout ``[n, j, m, N]`` is read from the shards, so a group per
         host needs no saved group size."""
-        layouts = [regroup.saved_shard_layout(state[2]) if len(state) > 2 else None for state in saved]
+        layouts = [saved_shard_layout(state[2]) if len(state) > 2 else None for state in saved]
         saved_sharded = layouts[0] is not None
         if not (saved_sharded or self.sharded):
             return super().saved_state_in_layout(saved)
         if not all(layouts) and saved_sharded:
-            raise regroup.LayoutMismatch("some saved ranks hold no Hierarchical shard layout")
+            raise LayoutMismatch("some saved ranks hold no Hierarchical shard layout")
         own = 3 if saved_sharded else 2  # step_counter, skip_counts (, shard_layout)
         intra_end = own + len(self.intra.state_variables())
-        inter = regroup.in_this_layout([state[intra_end:] for state in saved], layouts if saved_sharded else None,
-                                       self.inter.state_variables(), [tuple(v.shape) for v in self.variables],
-                                       tf.as_dtype(self.variables[0].dtype).as_numpy_dtype,
-                                       self.layout.length if self.sharded else None)
+        inter = in_this_layout([state[intra_end:] for state in saved], layouts if saved_sharded else None,
+                               self.inter.state_variables(), [tuple(v.shape) for v in self.variables],
+                               tf.as_dtype(self.variables[0].dtype).as_numpy_dtype,
+                               self.layout.length if self.sharded else None)
         layout = [np.zeros(4, np.int64)] if self.sharded else []  # replaced by the new layout (NewLayout)
         return [list(state[:2]) + layout + list(state[own:intra_end]) + whole for state, whole in zip(saved, inter)]
 
