@@ -208,3 +208,34 @@ def test_another_ranks_per_group_fits_a_checkpoint_that_names_its_groups_only():
     manifest["process_groups"] = [[0, 1], [2, 3]]
     assert config_compare.resume_mismatches(manifest, config, 4, strategy) == []
     assert config_compare.resume_mismatches(manifest, config, 2, strategy) == []
+
+
+def test_whole_values_join_a_groups_shards_and_split_into_the_variables_again():
+    # two variables, (3, 2) and (2,): N = 8, cut in groups of 3: m = 3 and one padding zero; between two
+    # per-weight states a counter (int64) and a learning rate (float32 scalar) that are no weight
+    shapes, rng = [(3, 2), (2,)], np.random.default_rng(5)
+    wholes = [rng.standard_normal(8).astype(np.float32) for _ in range(2)]  # saved group 0's two states
+    counter, rate = np.int64(7), np.float32(0.1)
+
+    def shard(whole, j):
+        return np.concatenate([whole, [0.0]]).astype(np.float32)[3 * j:3 * j + 3]
+
+    sharded = [[shard(wholes[0], j), counter, rate, shard(wholes[1], j)] for j in range(3)]
+    layouts = [[3, j, 3, 8] for j in range(3)]
+    assert regroup.segments(sharded[0], shapes, np.float32, 3) == [(regroup.SHARD, 1), (regroup.OTHER, 1),
+                                                                   (regroup.OTHER, 1), (regroup.SHARD, 1)]
+    per_weight = [np.zeros(s, np.float32) for s in shapes] + [counter, rate] + [np.zeros(s, np.float32)
+                                                                               for s in shapes]
+    got = regroup.in_this_layout(sharded, layouts, per_weight, shapes, np.float32)  # -> one variable per weight
+    for state in got:
+        assert len(state) == 6 and state[2] == counter and state[3] == rate
+        np.testing.assert_array_equal(state[0], wholes[0][:6].reshape(3, 2))
+        np.testing.assert_array_equal(state[1], wholes[0][6:])
+        np.testing.assert_array_equal(state[5], wholes[1][6:])
+    back = regroup.in_this_layout(got[:1], None, sharded[0], shapes, np.float32, shard=3)  # -> whole, to re-cut
+    assert len(back[0]) == 4
+    np.testing.assert_array_equal(back[0][0], wholes[0])
+    np.testing.assert_array_equal(back[0][3], wholes[1])
+    with pytest.raises(regroup.LayoutMismatch, match=r"^the saved inter state \(shard×2, other, other\) does "
+                                                     r"not pair up with this run's \(shard×1, other, other, shard×1\)$"):
+        regroup.in_this_layout([per_weight[:2] + per_weight[2:4]], None, sharded[0], shapes, np.float32, shard=3)
