@@ -55,7 +55,11 @@ A checkpoint saved at p ranks resumes at q != p where the strategy's
 maps the p shards to this rank's state by the rules the strategy declares for
 its state (``resize_rules``; ``hvd_easgd.resize``), and the weights restart
 from the variables the strategy names (``resized_weights``: EASGD's center).
-``load_resized`` does the same from in-memory per-rank states.
+``load_resized`` does the same from in-memory per-rank states. The manifest
+names the strategy's process groups (``process_groups``; Hierarchical's), and
+a resume in other groups is mapped alike, at the same number of ranks too;
+a strategy whose state changes shape with its groups first reads the saved
+entries in its own layout (``saved_state_in_layout``).
 """
 import contextlib
 import io
@@ -381,11 +385,13 @@ def restore(directory, manifest, model, optimizer, comm):
 
     At the number of ranks that saved it, each rank loads its own shard. At
     another number (the strategy's ``resize_refusal`` says where that is
-    allowed; the trainer checks it first), every rank reads the p saved shards
-    and takes its state by the strategy's rules (``load_resized``).
+    allowed; the trainer checks it first), or in other process groups than the
+    manifest names (Hierarchical at another ``ranks_per_group``), every rank
+    reads the p saved shards and takes its state by the strategy's rules
+    (``load_resized``).
     """
     groups = state_groups(model, optimizer)
-    if manifest["num_ranks"] == comm.size and not regrouped(manifest, optimizer):
+    if manifest["num_ranks"] == comm.size and not _regrouped(manifest, optimizer):
         path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
         with np.load(path) as shard:
             _check_fits(path, shard.files, groups)
@@ -409,7 +415,7 @@ def _process_groups(optimizer):
     return None if groups is None else [[int(r) for r in group] for group in groups]
 
 
-def regrouped(manifest, optimizer):
+def _regrouped(manifest, optimizer):
     """True when the strategy's groups of ranks are not those the checkpoint was
     saved with (its manifest's ``process_groups``): its state is then mapped as
     at another number of ranks. A manifest without them (older) is taken to
