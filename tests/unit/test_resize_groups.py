@@ -32,10 +32,10 @@ INTERS = {"sync": SyncAverage, "easgd": lambda: EASGD(TAU), "periodic": lambda: 
 
 # (inter, saved ranks, saved group size, new ranks, new group size)
 CASES = [(inter, 4, 2, 2, 1) for inter in ("sync", "easgd", "periodic", "diloco")] + [
-    ("easgd", 4, 2, 2, 2), ("diloco", 4, 2, 2, 2),  # 2 x 2 -> one group of 2
-    ("easgd", 4, 2, 4, 4), ("periodic", 4, 2, 4, 4),  # 2 x 2 -> one group of 4, at the same size
+    ("diloco", 4, 2, 2, 2),  # 2 x 2 -> one group of 2
+    ("easgd", 4, 2, 4, 4),  # 2 x 2 -> one group of 4, at the same size
     ("easgd", 2, 1, 4, 2), ("diloco", 2, 1, 4, 2),  # groups of one -> 2 x 2
-    ("easgd", 6, 2, 6, 3), ("diloco", 6, 2, 6, 3), ("sync", 6, 2, 6, 3),  # 3 x 2 -> 2 x 3, at the same size
+    ("easgd", 6, 2, 6, 3), ("sync", 6, 2, 6, 3),  # 3 x 2 -> 2 x 3, at the same size
     ("diloco-int8", 4, 2, 6, 3)]  # residuals per group: zeros
 
 
@@ -141,9 +141,8 @@ def test_hierarchical_resumes_in_groups_of_another_size(tmp_path, inter, p, n, q
     check_resume(tmp_path, inter, p, n, q, m)
 
 
-@pytest.mark.parametrize("p, n, q, m", [(4, 2, 2, 1), (4, 2, 6, 3)])
-def test_one_group_per_host_reads_the_saved_group_size_from_the_shards(tmp_path, p, n, q, m):
-    check_resume(tmp_path, "easgd", p, n, q, m, by_host=True)
+def test_one_group_per_host_reads_the_saved_group_size_from_the_shards(tmp_path):
+    check_resume(tmp_path, "easgd", 4, 2, 6, 3, by_host=True)  # hosts of 2 -> hosts of 3
 
 
 def check_resume(tmp_path, inter, p, n, q, m, by_host=False):
