@@ -18,7 +18,7 @@ import pytest
 import hvd_easgd
 import tests.reference as ref
 from tests import least_squares
-from hvd_easgd import EASGD, SyncAverage, checkpoint
+from hvd_easgd import EASGD, GradientAccumulation, SyncAverage, checkpoint
 from hvd_easgd.comm.simulated_comm import SimulatedCluster
 from hvd_easgd.app import config_compare
 from hvd_easgd.strategies import DiLoCo, Hierarchical, PeriodicAverage, regroup
@@ -238,3 +238,24 @@ def test_whole_values_join_a_groups_shards_and_split_into_the_variables_again():
     with pytest.raises(regroup.LayoutMismatch, match=r"^the saved inter state \(shard×2, other, other\) does "
                                                      r"not pair up with this run's \(shard×1, other, other, shard×1\)$"):
         regroup.in_this_layout([per_weight[:2] + per_weight[2:4]], None, sharded[0], shapes, np.float32, shard=3)
+
+
+def test_an_accumulation_around_hierarchical_hands_it_its_part_and_sums_its_open_window(tmp_path):
+    # GradientAccumulation(2, Hierarchical(...)): 5 micro-batches, a window open; 2 x 2 -> 2 x 1
+    def strategy(n):
+        return lambda: GradientAccumulation(2, strategy=Hierarchical(SyncAverage(), EASGD(TAU), ranks_per_group=n))
+
+    _, w0, models, opts, manifest, directory = saved_run(tmp_path, strategy(2), 4)
+    saved = [checkpoint.state_arrays(model, opt) for model, opt in zip(models, opts)]
+    resized = SimulatedCluster(2)
+    new_models, new_opts = ranks_of(resized, strategy(1), w0, 50.0)
+    resized.run(lambda r: checkpoint.restore(directory, manifest, new_models[r], new_opts[r], new_opts[r].comm))
+    old, window = keys_of(models[0], opts[0]), opts[0].strategy.accumulators[0]
+    assert all(np.any(s[old[id(window)]]) for s in saved)
+    center = np.concatenate([saved[j][old[id(opts[0].strategy.strategy.inter.center[0])]] for j in range(2)])
+    for r, (model, opt) in enumerate(zip(new_models, new_opts)):
+        got, new = checkpoint.state_arrays(model, opt), keys_of(model, opt)
+        total = np.sum([s[old[id(window)]] for s in saved], axis=0, dtype=np.float64).astype(np.float32)
+        np.testing.assert_array_equal(got[new[id(opt.strategy.accumulators[0])]], total if r == 0 else np.zeros_like(total))
+        np.testing.assert_array_equal(got[new[id(opt.strategy.strategy.inter.center[0])]], center.reshape(-1, 1))
+        np.testing.assert_array_equal(model.layers[0].kernel.numpy(), center.reshape(-1, 1))
