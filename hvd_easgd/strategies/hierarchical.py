@@ -548,9 +548,10 @@ class Hierarchical(SyncStrategy):
         rate = self.inter.weight_synchronisations_per_step()
         gather = float(layout.length * e)
         # Wire: (n−1)/n of the reduce-scatter's payload, (n−1)× each allgather's (comm/communicator.py).
-        scattered = Traffic(float(scatter), 1.0, scatter * WIRE_FACTORS["reducescatter"](n))
-        gathered = Traffic(gather, 1.0, gather * WIRE_FACTORS["allgather"](n))
-        within = scattered + gathered + Traffic(gather * rate, rate, gather * rate * WIRE_FACTORS["allgather"](n))
+        scattered = Traffic.of("reducescatter", scatter, 1, scatter * WIRE_FACTORS["reducescatter"](n))
+        gathered = Traffic.of("allgather", gather, 1, gather * WIRE_FACTORS["allgather"](n))
+        within = scattered + gathered + Traffic.of("allgather", gather * rate, rate,
+                                                   gather * rate * WIRE_FACTORS["allgather"](n))
         across = self.inter.expected_traffic([layout.spec], (), group_count, 1, sample_counts)
         return ExpectedTraffic(within, across.total, n)
 
