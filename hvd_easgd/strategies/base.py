@@ -516,6 +516,26 @@ class SyncStrategy:
             rules.update(child.resize_rules())
         return rules
 
+    def saved_state_in_layout(self, saved):
+        """``saved`` (p lists of arrays: each saved rank's values of
+        ``state_variables()`` as the saving run held them) as this run's
+        ``state_variables()`` hold them, entry for entry, before the resize
+        rules map them. The same lists unless a strategy's state changes shape
+        with its groups of ranks (``Hierarchical``'s shards); a composite hands
+        each child its part of every list (only the last child's part may
+        change length: it is the rest)."""
+        children = self.children()
+        if not children:
+            return saved
+        start = len(self.state_variables()) - sum(len(child.state_variables()) for child in children)
+        out = [list(state[:start]) for state in saved]
+        for i, child in enumerate(children):
+            end = None if i == len(children) - 1 else start + len(child.state_variables())
+            for state, part in zip(out, child.saved_state_in_layout([s[start:end] for s in saved])):
+                state.extend(part)
+            start = end
+        return out
+
     def resized_weights(self):
         """The variables (one per trainable variable) every rank's weights restart
         from after a resume at another number of ranks, read once the resized
