@@ -5,6 +5,7 @@ Horovod starts wherever possible (so no rank waits in a collective for a
 rank that has already left); see hvd_easgd.errors.
 """
 import argparse
+import dataclasses
 import errno
 import inspect
 import os
@@ -333,9 +334,11 @@ def parse_args(argv=None):
     if args.resume:
         args.run_dir = args.resume
     options = _given_strategy_options(args)
+    lr_given = args.lr is not None
     _validate(args, options)
-    return TrainConfig(**{name: getattr(args, name) for name in TrainConfig.option_defaults()},
-                       strategy_options=options)
+    config = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.option_defaults()},
+                         strategy_options=options)
+    return _resolve_scale_lr(config, lr_given)
 
 
 def _validate(args, options):
@@ -379,14 +382,6 @@ def _validate(args, options):
     args.checkpoint_on_signal = ",".join(names) or "none"
     if args.lr_warmup_epochs < 0:
         raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
-    if args.lr_warmup_epochs and not args.scale_lr:
-        raise UsageError("--lr-warmup-epochs goes with a scaled rate (--scale-lr, or --scale-lr auto without --lr), "
-                         f"and this run keeps --lr {args.lr}. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
-    if args.scale_lr:
-        try:  # a strategy without a measured rule is refused here, before Horovod starts
-            registry.get(args.strategy).lr_scale_factor(1, args.accumulate)
-        except ValueError as err:
-            raise UsageError(f"--scale-lr: {err}") from None
     try:  # before anything starts, so every rank leaves alike
         check_collectives(args.collectives)
     except ValueError as err:  # the runtime's one message, as this command line's one line
@@ -413,18 +408,35 @@ def _validate(args, options):
 
 
 def _resolve_lr(args):
-    """``--lr`` and ``--scale-lr`` as they take effect: ``--lr`` not given is
-    ``DEFAULT_LR``, and ``--scale-lr auto`` becomes True or False
-    (``lr_scaling.auto_scales``), so config.yaml and a resume see the choice made.
-    ``--epochs`` not given stays None here: its default needs the number of
-    ranks (``trainer``)."""
+    """``--lr`` as it takes effect: not given, ``DEFAULT_LR``. ``--epochs`` not
+    given stays None here: its default needs the number of ranks (``trainer``)."""
     if args.scale_lr not in (True, False, "auto"):
         raise UsageError(f"--scale-lr must be auto, true or false. Received: scale_lr={args.scale_lr!r}")
-    lr_given = args.lr is not None
-    if not lr_given:
+    if args.lr is None:
         args.lr = DEFAULT_LR
-    if args.scale_lr == "auto":
-        args.scale_lr = auto_scales(registry.get(args.strategy), args.optimizer, lr_given)
+
+
+def _resolve_scale_lr(config, lr_given):
+    """``config`` with ``--scale-lr auto`` resolved to True or False
+    (``lr_scaling.auto_scales``), so config.yaml and a resume see the choice
+    made. Asked of the strategy the run builds (``make_strategy``), as its rule
+    may need its options (Hierarchical's n and inter strategy); a strategy
+    without a measured rule is refused under ``--scale-lr`` here, before
+    Horovod starts."""
+    scale_lr = config.scale_lr
+    if scale_lr is not False:
+        strategy = make_strategy(config)
+        if scale_lr == "auto":
+            scale_lr = auto_scales(strategy, config.optimizer, lr_given)
+        else:
+            try:  # at one rank: the number of ranks is not known yet
+                strategy.lr_scale_factor(1)
+            except ValueError as err:
+                raise UsageError(f"--scale-lr: {err}") from None
+    if config.lr_warmup_epochs and not scale_lr:
+        raise UsageError("--lr-warmup-epochs goes with a scaled rate (--scale-lr, or --scale-lr auto without --lr), "
+                         f"and this run keeps --lr {config.lr}. Received: --lr-warmup-epochs={config.lr_warmup_epochs}")
+    return dataclasses.replace(config, scale_lr=scale_lr)
 
 
 def strategy_kwargs(config, name=None):

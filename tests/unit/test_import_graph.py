@@ -1,5 +1,6 @@
 """hvd_easgd's modules import in layers: no cycles, not even ones hidden in functions."""
 import ast
+import functools
 import os
 
 import pytest
@@ -26,6 +27,7 @@ def _modules():
     return found
 
 
+@functools.cache  # parsed once for the module's tests, which only read it
 def import_graph():
     """``{module: modules it imports}``, counting imports inside functions too."""
     modules = _modules()

@@ -388,11 +388,19 @@ def test_scale_lr_rule():
     with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy diloco has no --scale-lr rule"):
         cli.parse_args(["--strategy", "diloco", "--scale-lr"])
     assert [auto_scales(registry.get(name), "momentum", lr_given=False)
-            for name in ("sync", "easgd", "periodic", "diloco", "hierarchical")] == [True, True, True, False, False]
-    # Hierarchical: named, with its reason, instead of the generic list of strategies with a rule
-    with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy hierarchical has no --scale-lr rule: "
-                                                r"its intra level .* Tune --lr"):
-        cli.parse_args(["--strategy", "hierarchical", "--ranks-per-group", "2", "--scale-lr"])
+            for name in ("sync", "easgd", "periodic", "diloco")] == [True, True, True, False]
+    # Hierarchical's rule needs its options (the inter strategy's): asked of the strategy built, not the class
+    hierarchical = ["--strategy", "hierarchical", "--ranks-per-group", "2"]
+    assert [auto_scales(cli.make_strategy(cli.parse_args(hierarchical + ["--inter", inter])), "momentum", False)
+            for inter in ("easgd", "sync", "diloco")] == [True, True, False]
+    assert [cli.parse_args(hierarchical + ["--inter", inter]).scale_lr for inter in ("easgd", "diloco")] == [
+        True, False]
+    with pytest.raises(TypeError, match=r"^Hierarchical's --scale-lr rule needs its options"):
+        auto_scales(registry.get("hierarchical"), "momentum", lr_given=False)
+    # --inter diloco: named, with the inter strategy's reason
+    with pytest.raises(errors.UsageError, match=r"^--scale-lr: --strategy diloco has no --scale-lr rule: "
+                                                r".* Tune --lr and --outer-lr instead$"):
+        cli.parse_args(hierarchical + ["--inter", "diloco", "--scale-lr"])
 
 
 def test_building_them_from_the_command_line_creates_no_tensorflow_variable():

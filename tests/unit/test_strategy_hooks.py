@@ -160,6 +160,14 @@ class _Silent(SyncStrategy):
     (GradientAccumulation(4, strategy=SyncAverage()), 2, 4 * math.sqrt(2)),  # m = 2·4
     (EASGD(), 8, 4.0), (GradientAccumulation(9, strategy=EASGD()), 2, 6.0),  # size·sqrt(k), 2·sqrt(size/2) past 2
     (PeriodicAverage(), 4, 4.0), (GradientAccumulation(4, strategy=PeriodicAverage()), 2, 4.0),
+    # Hierarchical: the inter strategy's rule at G = size/n ranks and n·k micro-batches; sync's at G = 1
+    (Hierarchical(inter=EASGD(), ranks_per_group=4), 8, 2 * math.sqrt(4)),            # G 2, n·k 4
+    (Hierarchical(inter=SyncAverage(), ranks_per_group=2), 4, 4.0),                   # flat sync's m = 4
+    (Hierarchical(inter=PeriodicAverage(), ranks_per_group=2), 8, 4 * math.sqrt(2)),  # G 4, n·k 2
+    (GradientAccumulation(2, strategy=Hierarchical(inter=EASGD(), ranks_per_group=2)), 8,
+     2 * math.sqrt(4 / 2) * math.sqrt(2 * 2)),                                        # G 4, n·k 4
+    (Hierarchical(inter=EASGD(), ranks_per_group=4), 4, 4.0),                         # G 1: SyncAverage(4)
+    (Hierarchical(inter=EASGD(), ranks_per_group=8), 8, 4 * math.sqrt(2)),            # G 1: SyncAverage(8)
 ])
 def test_each_strategy_gives_its_own_factor(strategy, size, by_hand):
     assert strategy.lr_scale_factor(size) == pytest.approx(by_hand, rel=1e-12)
@@ -167,7 +175,7 @@ def test_each_strategy_gives_its_own_factor(strategy, size, by_hand):
 
 @pytest.mark.parametrize("strategy, reason", [
     (DiLoCo(), "--strategy diloco has no --scale-lr rule: the inner --lr sets the ranks' drift"),
-    (Hierarchical(), "--strategy hierarchical has no --scale-lr rule: its intra level averages"),
+    (Hierarchical(inter=DiLoCo(), ranks_per_group=2), "--strategy diloco has no --scale-lr rule"),  # at G = 1 too
     (GradientAccumulation(2, strategy=DiLoCo()), "--strategy diloco has no --scale-lr rule"),
     (_Silent(), "--strategy silent has no --scale-lr rule: it declares none (lr_scale_factor); tune --lr"),
 ])
@@ -175,6 +183,19 @@ def test_a_strategy_without_a_rule_refuses_with_its_reason(strategy, reason):
     with pytest.raises(NoScaleRule) as err:
         strategy.lr_scale_factor(2)
     assert str(err.value).startswith(reason)
+
+
+def test_hierarchicals_rule_needs_a_layout_of_its_groups():
+    with pytest.raises(ValueError, match=r"^`ranks_per_group` must divide the number of ranks p=6\. "
+                                         r"Received: ranks_per_group=4$"):
+        Hierarchical(ranks_per_group=4).lr_scale_factor(6)
+    with pytest.raises(ValueError, match=r"^`ranks_per_group` must be known for --scale-lr's rule: .*"
+                                         r"Received: ranks_per_group=None$"):
+        Hierarchical().lr_scale_factor(4)  # one group per host: n is known once bound
+    assert Hierarchical().lr_scale_factor(1) == 1.0  # train.py's check at one rank, before the ranks start
+    bound = Hierarchical(inter=EASGD()).bind(SimulatedCluster(8, ranks_per_host=2).communicators[0])
+    assert bound.lr_scale_factor(8) == pytest.approx(2 * math.sqrt(4 / 2) * math.sqrt(2), rel=1e-12)  # G 4, n 2
+    assert Hierarchical(ranks_per_group=4).lr_scale_factor(1) == 1.0
 
 
 # --- resuming at another number of ranks -----------------------------------------------------

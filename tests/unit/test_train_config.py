@@ -55,8 +55,8 @@ def test_a_resolved_value_comes_back_as_a_new_config():
     (["--strategy", "easgd", "--tau", "4", "--overlap", "1", "--epochs", "3"],
      {"strategy": "easgd", "epochs": 3, "tau": 4, "overlap": 1}),
     (["--strategy", "hierarchical", "--ranks-per-group", "2", "--inter", "easgd", "--tau", "5",
-      "--moving-rate", "0.1"],  # no --scale-lr rule: auto keeps --lr
-     {"strategy": "hierarchical", "scale_lr": False, "tau": 5, "moving_rate": 0.1, "inter": "easgd",
+      "--moving-rate", "0.1"],  # the inter strategy's --scale-lr rule: auto scales, as for sync
+     {"strategy": "hierarchical", "tau": 5, "moving_rate": 0.1, "inter": "easgd",
       "ranks_per_group": 2}),
     (["--strategy", "diloco", "--tau", "5", "--outer-lr", "0.5", "--lr", "0.1"],
      {"strategy": "diloco", "lr": 0.1, "scale_lr": False, "tau": 5, "outer_lr": 0.5}),
