@@ -92,6 +92,8 @@ class TrainConfig:
     elastic_commit_every: Optional[int] = None
     eval_every: int = 1
     tensorboard: bool = True
+    # Write timeline.json: background collectives and train steps (comm/timeline.py).
+    timeline: bool = False
     verbose: Optional[int] = None
 
     def __post_init__(self):
