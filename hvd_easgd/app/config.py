@@ -93,7 +93,7 @@ class TrainConfig:
     eval_every: int = 1
     tensorboard: bool = True
     # Write timeline.json: background collectives and train steps (comm/timeline.py).
-    timeline: bool = False
+    step_timeline: bool = False
     verbose: Optional[int] = None
 
     def __post_init__(self):

@@ -1,4 +1,5 @@
-"""The direct MPI communicator: every collective is one synchronous MPI call inside the step.
+"""The direct MPI communicator: every collective is one synchronous MPI call inside the step (a started
+allreduce, on the communicator's worker thread: communicator.py, Started collectives).
 
 Why it exists: one model's gradients (153 KB in 8 tensors) take ~1 ms
 through ``hvd.grouped_allreduce`` in a ``tf.function`` over MPI at np = 2,
