@@ -92,9 +92,9 @@ class TrainConfig:
     elastic_commit_every: Optional[int] = None
     eval_every: int = 1
     tensorboard: bool = True
-    # Write timeline.json: background collectives and train steps (comm/timeline.py).
-    step_timeline: bool = False
     verbose: Optional[int] = None
+    # --step-timeline: write timeline.json: background collectives and train steps (comm/timeline.py).
+    step_timeline: bool = False
 
     def __post_init__(self):
         # Frozen all the way down: a copy the caller cannot change under us.
