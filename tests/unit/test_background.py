@@ -148,3 +148,22 @@ def test_overlap_share_counts_collective_time_while_a_step_computes_outside_its_
                 "collectives": [{"handle": 1, "submit": 2.0, "start": 2.0, "end": 6.0}]}
     assert overlap_share(blocking) == 0.0
     assert overlap_share({"steps": [], "waits": [], "collectives": []}) == 0.0
+
+
+def test_a_compressed_start_travels_compressed_and_its_errors_are_known_at_the_start():
+    from hvd_easgd.comm import Compression
+
+    cluster = SimulatedCluster(P, timeout=30)
+    in_background(cluster, set())
+    values = [np.array([1.0001, -2.5, 3.3333], np.float32) * (r + 1) for r in range(P)]
+    started = cluster.run(lambda r: cluster.communicators[r].start_allreduce(
+        [tf.constant(values[r])], compression=Compression.fp16, with_errors=True))
+    like = [tf.zeros([3])]
+    sums = cluster.run(lambda r: cluster.communicators[r].finish_allreduce(started[r][0], like=like))
+    halves = [v.astype(np.float16) for v in values]
+    expected = (halves[0] + halves[1] + halves[2]).astype(np.float32)  # summed as fp16, in rank order
+    for r in range(P):
+        assert sums[r][0].dtype == tf.float32
+        np.testing.assert_array_equal(sums[r][0].numpy(), expected)
+        np.testing.assert_array_equal(started[r][1][0].numpy(), values[r] - halves[r].astype(np.float32))
+        assert cluster.communicators[r].account() == {"bytes": 3 * 2, "calls": 1}  # 3 fp16 elements
