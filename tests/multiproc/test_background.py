@@ -1,5 +1,5 @@
 """Started allreduces really run in the background (comm/background.py) under real ranks: on Horovod's
-path (horovodrun --gloo) and the direct one (--collectives mpi-direct under horovodrun --mpi), exactly
+path (horovodrun --gloo and --mpi) and the direct one (--collectives mpi-direct under horovodrun --mpi), exactly
 (tests/reference.py's overlap_reference, scripts/background_checks.py); and train.py --step-timeline shows
 the collectives running while the steps compute, with the final weights of the blocking twin
 (HVD_EASGD_BACKGROUND=0, the tests' switch)."""
@@ -30,7 +30,7 @@ def pending_after_each_step(delta):
     return out
 
 
-@pytest.mark.parametrize("launcher, collectives", [("gloo", "horovod"), ("mpi", "mpi-direct")])
+@pytest.mark.parametrize("launcher, collectives", [("gloo", "horovod"), ("mpi", "horovod"), ("mpi", "mpi-direct")])
 def test_started_allreduces_run_on_the_worker_and_match_the_reference(launcher, collectives, tmp_path):
     proc = launch([script("background_checks.py"), str(tmp_path), collectives], launcher, timeout=200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
