@@ -28,8 +28,11 @@ SUBCOMMANDS = {
                                                   "seeds: final accuracy and wire bytes per step, goals checked"),
     "traffic": Subcommand("benchmarks.traffic_table", "write (or --check) docs/results/traffic/traffic.json "
                                                       "from the strategies' expected_traffic hooks"),
-    "project": Subcommand("benchmarks.cost_model", "the alpha-beta cost model: samples/s and scaling "
-                                                   "efficiency at many hosts, from the traffic table"),
+    "project": Subcommand("benchmarks.projection", "the alpha-beta cost model: samples/s and scaling "
+                                                   "efficiency at many hosts, from the traffic table; --paper "
+                                                   "horovod, --report (docs/projection.md)"),
+    "tta-report": Subcommand("benchmarks.tta_report", "re-render a rated-link run's results.md, its plots and "
+                                                      "docs/time-to-accuracy.md from its results.json (--check)"),
     "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the docs pages generated "
                                                                 "from the committed results in docs/results/"),
 }

@@ -1,26 +1,32 @@
-"""``python -m benchmarks project``: an α–β cost model of a training step at scale.
+"""The α–β cost model of a training step at scale (``python -m benchmarks project``: projection.py).
 
 Imports no TensorFlow: what each configuration sends comes from the committed
 table ``docs/results/traffic/traffic.json`` (written from the strategies' own
-``expected_traffic`` hooks by ``python -m benchmarks traffic``).
+``expected_traffic`` hooks by ``python -m benchmarks traffic``), split by the
+collective that carries it.
 
-Per step and rank, at H hosts × n ranks (p = H·n), a collective of S bytes
-over q ranks with per-message latency α and bandwidth B costs
+Per step and rank, at H hosts × n ranks (p = H·n), a collective over q ranks
+with per-message latency α and bandwidth B costs, S being what one rank hands
+to it (the byte account's payload: ``comm/communicator.py``):
 
-* ring allreduce            2(q−1)·α + 2(q−1)/q · S/B
-* halving/doubling          2·log2(q)·α + 2(q−1)/q · S/B
-* reduce-scatter, allgather (q−1)·α + (q−1)/q · S/B
-* hierarchical composite    intra RS + inter allreduce on the S/n shard + intra AG
+* allreduce (ring)          2(q−1)·α + 2(q−1)/q · S/B
+* allreduce (halving/doubling, what Open MPI chose here)  2·log2(q)·α + 2(q−1)/q · S/B
+* reduce-scatter            (q−1)·α + (q−1)/q · S/B      (S: the whole input)
+* alltoall                  (q−1)·α + (q−1)/q · S/B      (S: all q chunks)
+* allgather                 (q−1)·α + (q−1) · S/B        (S: a rank's part)
+* broadcast                 ⌈log2 q⌉·α + (q−1)/q · S/B   (scatter, then pipelined)
+* hierarchical composite    intra reduce-scatter + inter allreduce on the S/n shard + intra allgather
 
 and step time is c + comm, or max(c, comm) where the strategy overlaps.
 A flat collective over hosts numbered host by host crosses each host's link
-once per ring edge, so it runs at the across-hosts α and B.
+once per ring edge, so it runs at the across-hosts α and B. An allgather's
+part is a share of a whole that does not grow with q (a shard of the model,
+a chunk of the quantised payload), so from the table's q_ref to q it scales
+by q_ref/q; every other kind's S stays what the table says.
 """
-import argparse
 import json
 import math
 import pathlib
-import sys
 
 TABLE_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "traffic" / "traffic.json"
 LINKS = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "25gbit": 25e9 / 8, "100gbit": 100e9 / 8,
@@ -28,18 +34,6 @@ LINKS = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "25gbit": 2
 # Within a host: shared memory (an assumption: ~10 GB/s, 1 µs a message).
 INTRA_BANDWIDTH, INTRA_ALPHA = 10e9, 1e-6
 INTER_ALPHA = 10e-6
-# The models listed: (trainable parameters, seconds per step per rank: c). Stated assumptions,
-# not measurements, except where marked. OVERLAP_WORKLOAD is the overlap issue's workload:
-# a placeholder until its helper commits it (change it here only).
-OVERLAP_WORKLOAD = ("overlap_mlp", 1_500_000, 0.010)
-MODELS = {
-    "digits_cnn": (34_826, 0.004),
-    "wide_mlp": (1_059_850, 0.006),
-    OVERLAP_WORKLOAD[0]: OVERLAP_WORKLOAD[1:],
-    "resnet50": (25_600_000, 64 / 400.0),   # 64 images/step at ~400 images/s per GPU (assumed)
-    "1b": (1_000_000_000, 1.0),
-}
-BATCH = {"digits_cnn": 64, "wide_mlp": 64, OVERLAP_WORKLOAD[0]: 64, "resnet50": 64, "1b": 8}
 
 
 def ring_allreduce(q, size, alpha, bandwidth):
@@ -51,15 +45,32 @@ def halving_doubling(q, size, alpha, bandwidth):
 
 
 def reduce_scatter(q, size, alpha, bandwidth):
+    """``size``: the whole input; each rank keeps 1/q of the sum."""
     return 0.0 if q <= 1 else (q - 1) * alpha + (q - 1) / q * size / bandwidth
 
 
-allgather = reduce_scatter
+def alltoall(q, size, alpha, bandwidth):
+    """``size``: all q chunks a rank hands over; it keeps one and sends q−1."""
+    return 0.0 if q <= 1 else (q - 1) * alpha + (q - 1) / q * size / bandwidth
+
+
+def allgather(q, part, alpha, bandwidth):
+    """``part``: one rank's part; each rank sends it to the q−1 others (receives as much)."""
+    return 0.0 if q <= 1 else (q - 1) * alpha + (q - 1) * part / bandwidth
+
+
+def broadcast(q, size, alpha, bandwidth):
+    """A scatter then a pipelined gather of ``size`` from one root: what the account's (q−1)/q assumes."""
+    return 0.0 if q <= 1 else math.ceil(math.log2(q)) * alpha + (q - 1) / q * size / bandwidth
+
+
+COLLECTIVES = {"allreduce": ring_allreduce, "reducescatter": reduce_scatter, "alltoall": alltoall,
+               "allgather": allgather, "broadcast": broadcast}
 
 
 def hierarchical_allreduce(hosts, ranks_per_host, size, intra, inter, inter_algorithm=ring_allreduce):
     """intra reduce-scatter, inter allreduce of the 1/n shard, intra allgather; ``intra``/``inter`` = (α, B)."""
-    return (2 * reduce_scatter(ranks_per_host, size, *intra)
+    return (reduce_scatter(ranks_per_host, size, *intra) + allgather(ranks_per_host, size / ranks_per_host, *intra)
             + inter_algorithm(hosts, size / ranks_per_host, *inter))
 
 
@@ -73,32 +84,40 @@ def load_table(path=TABLE_PATH):
     return json.loads(pathlib.Path(path).read_text())
 
 
-def _scaled(level, params, p, p_ref):
-    """Wire bytes of one level at p ranks: the table's (p_ref) wire/payload ratio scaled by (p−1)/p."""
-    payload = level["bytes_a"] + level["bytes_b"] * params
-    if p <= 1 or not payload:
-        return payload, 0.0
-    return payload, payload * level["wire_over_bytes"] * ((p - 1) / p) / ((p_ref - 1) / p_ref)
+def level_time(level, params, q, q_ref, link, shard=1.0):
+    """Seconds per step of one level of a table entry at q ranks over ``link`` = (α, B).
+
+    Each collective kind of the level (``collectives``: payload ``a + b·N``
+    and calls per step at the table's q_ref ranks) is charged by its own
+    formula (``COLLECTIVES``) on its per-call payload; ``shard`` scales the
+    ``b·N`` part (Hierarchical's across level sends a 1/n shard), and an
+    allgather's part scales by q_ref/q (module docstring).
+    """
+    total = 0.0
+    for kind, entry in sorted(level.get("collectives", {}).items()):
+        calls = entry["calls"]
+        if not calls:
+            continue
+        size = (entry["bytes_a"] + entry["bytes_b"] * params * shard) / calls
+        if kind == "allgather":
+            size *= q_ref / q
+        total += calls * COLLECTIVES[kind](q, size, *link)
+    return total
 
 
 def comm_time(entry, reference, params, hosts, ranks_per_host, inter, intra=(INTRA_ALPHA, INTRA_BANDWIDTH)):
     """Seconds per step one configuration communicates (table ``entry``) at ``hosts`` × ``ranks_per_host``."""
     alpha, bandwidth = inter
-    p = hosts * ranks_per_host
-    across, within = entry["across_groups"], entry["within_group"]
+    n_ref, hosts_ref = reference["ranks_per_host"], reference["hosts"]
     if entry["ranks_per_group"] > 1:  # groups are hosts: within at intra, across on the 1/n shard
-        n_ref = reference["ranks_per_host"]
-        _, wire_in = _scaled(within, params, ranks_per_host, n_ref)
-        _, wire_out = _scaled(across, params, hosts, reference["hosts"])
-        wire_out *= n_ref / ranks_per_host  # the shard is S/n; n such sets share a host's link
-        t_in = within["calls"] * 2 * (ranks_per_host - 1) * intra[0] + wire_in / intra[1]
-        t_out = across["calls"] * 2 * max(hosts - 1, 0) * alpha + wire_out * ranks_per_host / bandwidth
+        t_in = level_time(entry["within_group"], params, ranks_per_host, n_ref, intra)
+        # n such sets (one per index within the host) share a host's link: B/n each.
+        t_out = level_time(entry["across_groups"], params, hosts, hosts_ref, (alpha, bandwidth / ranks_per_host),
+                           shard=n_ref / ranks_per_host)
         return t_in + t_out
-    p_ref = reference["hosts"] * reference["ranks_per_host"]
-    _, wire = _scaled(across, params, p, p_ref)
-    if hosts <= 1:
-        alpha, bandwidth = intra
-    return across["calls"] * 2 * max(p - 1, 0) * alpha + wire / bandwidth
+    p = hosts * ranks_per_host
+    link = intra if hosts <= 1 else inter
+    return level_time(entry["across_groups"], params, p, hosts_ref * n_ref, link)
 
 
 def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64, configurations=None):
@@ -113,79 +132,3 @@ def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64,
             p = hosts * ranks_per_host
             rows.append((name, hosts, p * batch / t, compute / t))
     return rows
-
-
-def _positive(text, name, kind=float):
-    try:
-        value = kind(text)
-    except ValueError:
-        value = None
-    if value is None or value <= 0:
-        raise ValueError(f"`{name}` must be a positive number. Received: {name}={text}")
-    return value
-
-
-def _bandwidth(text):
-    if text.lower() in LINKS:
-        return LINKS[text.lower()]
-    try:
-        return _positive(text, "link") / 8  # bits/s
-    except ValueError:
-        raise ValueError(f"`link` must be one of {', '.join(LINKS)} or bits/s. Received: link={text}") from None
-
-
-def _calibration(path):
-    try:
-        values = json.loads(pathlib.Path(path).read_text())
-        return _positive(values["alpha"], "alpha"), _positive(values["bandwidth"], "bandwidth")
-    except (OSError, KeyError, TypeError, json.JSONDecodeError):
-        raise ValueError(f"`calibration` must be a JSON file with alpha and bandwidth. "
-                         f"Received: calibration={path}") from None
-
-
-def main(argv=None, prog="python -m benchmarks project"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", default="8,64,512,1024")
-    parser.add_argument("--ranks-per-host", default="8")
-    parser.add_argument("--link", default="100gbit", help=f"{', '.join(LINKS)} or bits/s")
-    parser.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)} (default: all)")
-    parser.add_argument("--params", default=None, help="trainable parameters (your own model)")
-    parser.add_argument("--step-time", default=None, help="compute seconds per step (your own model)")
-    parser.add_argument("--alpha", default=str(INTER_ALPHA), help="seconds per message across hosts")
-    parser.add_argument("--bandwidth", default=None, help="bytes/s across hosts (overrides --link)")
-    parser.add_argument("--calibration", default=None,
-                        help="JSON with alpha (s) and bandwidth (bytes/s) across hosts (link_probe.alpha_sweep)")
-    parser.add_argument("--configuration", default=None, help="one configuration of the traffic table")
-    args = parser.parse_args(argv)
-    try:
-        hosts = [_positive(h, "hosts", int) for h in args.hosts.split(",")]
-        ranks = _positive(args.ranks_per_host, "ranks_per_host", int)
-        bandwidth = _positive(args.bandwidth, "bandwidth") if args.bandwidth else _bandwidth(args.link)
-        alpha = _positive(args.alpha, "alpha")
-        if args.calibration:
-            alpha, bandwidth = _calibration(args.calibration)
-        if args.model is not None and args.model not in MODELS:
-            raise ValueError(f"`model` must be one of {', '.join(MODELS)}. Received: model={args.model}")
-        models = {args.model: MODELS[args.model]} if args.model else dict(MODELS)
-        if args.params or args.step_time:
-            base = MODELS.get(args.model, (None, None))
-            models = {args.model or "custom": (
-                _positive(args.params, "params", int) if args.params else base[0],
-                _positive(args.step_time, "step_time") if args.step_time else base[1])}
-            if None in models[next(iter(models))]:
-                raise ValueError("`params` and `step_time` must both be given for a custom model. "
-                                 f"Received: params={args.params}, step_time={args.step_time}")
-        table = load_table()
-        if args.configuration and args.configuration not in table["configurations"]:
-            raise ValueError(f"`configuration` must be one of {', '.join(table['configurations'])}. "
-                             f"Received: configuration={args.configuration}")
-    except ValueError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return 2
-    print(f"{'model':<12} {'configuration':<20} {'hosts':>6} {'ranks':>6} {'samples/s':>12} {'efficiency':>10}")
-    for model, (params, compute) in models.items():
-        batch = BATCH.get(model, 64)
-        for name, h, rate, eff in project(table, params, compute, hosts, ranks, (alpha, bandwidth), batch,
-                                          [args.configuration] if args.configuration else None):
-            print(f"{model:<12} {name:<20} {h:>6} {h * ranks:>6} {rate:>12.4g} {eff:>10.3f}")
-    return 0

@@ -2,7 +2,8 @@
 
 A curve is a list of ``{"epoch", "seconds", "accuracy"}`` points, one per
 epoch, ``seconds`` being cumulative training wall time. Shared by the
-Horovod worker and the MWMS baseline so both are summarised alike.
+Horovod worker and the MWMS baseline so both are summarised alike; the
+reports name the workloads a run trained from here too.
 """
 import statistics
 
@@ -14,8 +15,38 @@ def workload_name(tta):
     return f"{tta['model']} on --data {tta['data']}"
 
 
+# The throughput passes' models (``--models``): the digits CNN trains on digits, the wide MLP on
+# digits features too (``benchmarks.worker.throughput``), whatever the time to accuracy trains.
+THROUGHPUT_MODELS = {"cnn": "digits CNN (8×8×1)", "resnet": "ResNet, synthetic 32×32×3",
+                     "wide_mlp": "wide MLP (5.4 M parameters) on digits"}
+
+
+def throughput_model_name(model):
+    """What a throughput row's ``model`` trained."""
+    return THROUGHPUT_MODELS.get(model, model)
+
+
+def first_at_or_above(curve, target):
+    """The first point of ``curve`` whose accuracy is at or above ``target``, or None.
+
+    Accuracy is measured once per epoch, so its ``seconds`` is when the target was
+    seen, up to one epoch after it was crossed: no point between epochs is made up.
+    """
+    return next((point for point in curve if point["accuracy"] >= target), None)
+
+
+def samples_per_second(tta, run):
+    """Samples/s of all ranks over one seed's training epochs: every epoch trains
+    ``steps_per_epoch`` steps of ``batch_per_rank`` on each of ``np`` ranks (a
+    configuration whose accumulation window does not divide it trains fewer: not
+    one of the workloads timed here)."""
+    curve = run["curve"]
+    samples = len(curve) * tta["steps_per_epoch"] * tta["batch_per_rank"] * tta["np"]
+    return samples / curve[-1]["seconds"]
+
+
 def summarise(seed, curve, target):
-    reached = next((point for point in curve if point["accuracy"] >= target), None)
+    reached = first_at_or_above(curve, target)
     return {"seed": seed, "epochs_to_target": reached["epoch"] if reached else None,
             "seconds_to_target": reached["seconds"] if reached else None,
             "final_accuracy": curve[-1]["accuracy"], "train_seconds": curve[-1]["seconds"], "curve": curve}

@@ -34,7 +34,7 @@ import time
 
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from . import plots, report, runner
+from . import curves, plots, report, runner
 from .names import BASELINES, TOPOLOGY_SUITE
 from .runner import REPO_ROOT, report_failed_launch, spread, table
 
@@ -143,6 +143,20 @@ def analysis(rows):
 
 
 # --- report -------------------------------------------------------------------------------------------
+def throughput_pass(results, model):
+    """What a throughput row of ``model`` timed: its pass's steps, repeats and batch, and, when the run also
+    timed accuracy on another model, that these rows are not of that workload."""
+    steps = results["settings"]["wide_mlp_steps" if model == "wide_mlp" else "steps"]
+    batches = sorted({r["batch_per_rank"] for r in results["rows"] if r["model"] == model})
+    repeats = results["settings"]["repeats"]
+    text = (f"the throughput pass (`--models {model}`: {steps} steps per repeat, {repeats} "
+            f"repeat{'s' if repeats != 1 else ''}, per-rank batch {', '.join(map(str, batches))})")
+    trained = {tta.get("model", "cnn") for tta in results["time_to_accuracy_by_rate"]}
+    if trained - {model}:
+        text += f", not the time-to-accuracy workload ({', '.join(sorted(trained))})"
+    return text
+
+
 def _find(rows, model, config, rate):
     return next((r for r in rows if r["model"] == model and r["config"] == config
                  and r["link"]["nominal"] == rate), None)
@@ -178,20 +192,25 @@ def markdown(results):
             return ("–" if measured is None else
                     f"{measured:,.0f} / {row['expected_cross_host_bytes_per_sample']:,.0f}")
 
-        lines += ["", f"**{model}**, samples/s, median (min–max) of the repeats, and ÷ flat SyncAverage:", "",
+        name = f"**{curves.throughput_model_name(model)}**, {throughput_pass(results, model)}"
+        lines += ["", f"{name}: samples/s, median (min–max) of the repeats, and ÷ flat SyncAverage:", "",
                   _per_rate(results, model, throughput),
-                  "", f"**{model}**, bytes per sample that crossed between hosts, measured (every host's "
+                  "", f"{name}: bytes per sample that crossed between hosts, measured (every host's "
                   "transmit counter) / analytic (configurations.cross_host_bytes_per_step):", "",
                   _per_rate(results, model, crossed)]
-    lines += ["", "c: compute time per step (no_comm); T: communication time per SyncAverage step "
-              "(its step time − c). EASGD ÷ SyncAverage, measured against (c + T)/(c + T/τ):", "",
-              table(["model", "rate", "c (ms)", "T (ms)", "τ=4 measured / analytic", "τ=10 measured / analytic"],
-                    [[a["model"], a["link_rate"], f"{1e3 * a['compute_seconds_per_step']:.1f}",
-                      f"{1e3 * a['sync_comm_seconds_per_step']:.1f}",
-                      *(f"{a['easgd'][tau]['measured']:.2f} / {a['easgd'][tau]['analytic']:.2f} "
-                        f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–"
-                        for tau in (4, 10))] for a in results["analysis"]],
-                    "llrrrr")]
+    if results["analysis"]:
+        lines += ["", "c: compute time per step (no_comm); T: communication time per SyncAverage step "
+                  "(its step time − c). EASGD ÷ SyncAverage, measured against (c + T)/(c + T/τ):", "",
+                  table(["model", "rate", "c (ms)", "T (ms)", "τ=4 measured / analytic", "τ=10 measured / analytic"],
+                        [[a["model"], a["link_rate"], f"{1e3 * a['compute_seconds_per_step']:.1f}",
+                          f"{1e3 * a['sync_comm_seconds_per_step']:.1f}",
+                          *(f"{a['easgd'][tau]['measured']:.2f} / {a['easgd'][tau]['analytic']:.2f} "
+                            f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–"
+                            for tau in (4, 10))] for a in results["analysis"]],
+                        "llrrrr")]
+    else:
+        lines += ["", "c and T (EASGD ÷ SyncAverage against (c + T)/(c + T/τ)): not computed, the run has no "
+                  "no_comm and SyncAverage rows of one model at one rate."]
     for tta in results["time_to_accuracy_by_rate"]:
         lines += ["", f"Time to accuracy across the {tta['link']['nominal']} link "
                   f"({tta['link']['measured_mbit']:,.0f} Mbit/s measured).", "", report.tta_table(tta)]

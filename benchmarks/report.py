@@ -8,7 +8,7 @@ range; a ratio against another launch (MWMS) is of medians only.
 import statistics
 
 from . import curves
-from .names import CUSTOM_LOOP, FIT
+from .names import CUSTOM_LOOP, FIT, HIERARCHICAL
 from .runner import spread, table
 
 # (numerator, denominator, loop, goal, what the goal is). A goal is a number, or one per controller
@@ -158,13 +158,22 @@ def _ceiling_note(tta):
     return note
 
 
+def _unscaled_note(configs):
+    """The learning rates --scale-lr does not give, named for the configurations that ran."""
+    notes = []
+    if any(name.startswith("diloco") for name in configs):
+        notes.append("DiLoCo at --lr itself (--scale-lr refuses it)")
+    if any(name in HIERARCHICAL for name in configs):
+        notes.append("Hierarchical at its inter strategy's flat rule for all ranks")
+    return "".join(f"; {note}" for note in notes)
+
+
 def tta_table(tta):
     intro = (f"{curves.workload_name(tta)}, np={tta['np']}, {tta['controller']}, per-rank batch {tta['batch_per_rank']}, "
              f"SGD momentum 0.9 at the learning rate train.py --lr {tta['base_lr']} --scale-lr gives each "
              f"configuration, {tta['epochs']} epochs, mean over {tta['seeds']} seeds; wall time = training only "
              "(slowest rank), no evaluation or tracing; EASGD evaluated on its center"
-             + ("; DiLoCo at --lr itself (--scale-lr refuses it), Hierarchical at its inter strategy's flat "
-                "rule for all ranks" if set(tta["per_config"]) & {"diloco_tau10", "hier_easgd_tau10"} else "")
+             + _unscaled_note(tta["per_config"])
              + "." + _ceiling_note(tta))
     return intro + "\n\n" + table(
         ["config", "lr", f"epochs to {tta['target']}", f"seconds to {tta['target']}", "seeds reaching it",

@@ -55,7 +55,11 @@ A checkpoint saved at p ranks resumes at q != p where the strategy's
 maps the p shards to this rank's state by the rules the strategy declares for
 its state (``resize_rules``; ``hvd_easgd.resize``), and the weights restart
 from the variables the strategy names (``resized_weights``: EASGD's center).
-``load_resized`` does the same from in-memory per-rank states.
+``load_resized`` does the same from in-memory per-rank states. The manifest
+names the strategy's process groups (``process_groups``; Hierarchical's), and
+a resume in other groups is mapped alike, at the same number of ranks too;
+a strategy whose state changes shape with its groups first reads the saved
+entries in its own layout (``saved_state_in_layout``).
 """
 import contextlib
 import io
@@ -161,12 +165,14 @@ def save(run_dir, epoch, model, optimizer, comm, config, keep=3, step_in_epoch=0
     # every rank learns whether any write failed: none waits for a manifest that never comes.
     shards = comm.allgather_json(written)
     _raise_if_failed(shards, directory, file, comm)
-    report = None
+    report, groups = None, _process_groups(optimizer)
     if comm.rank == 0:
         manifest = {"format": FORMAT_VERSION, "epoch": epoch, "step_in_epoch": step_in_epoch,
                     "steps_per_epoch": steps_per_epoch,
                     "global_step": epoch * steps_per_epoch + step_in_epoch if steps_per_epoch else None,
                     "num_ranks": comm.size,
+                    # Which ranks formed the strategy's groups: a resume in other groups maps the state.
+                    **({"process_groups": groups} if groups is not None else {}),
                     **({"samples_in_epoch": samples_in_epoch} if samples_in_epoch is not None else {}),
                     "shards": [s["file"] for s in shards],
                     "checksums": {s["file"]: {"bytes": s["bytes"], "sha256": s["sha256"]} for s in shards},
@@ -379,11 +385,13 @@ def restore(directory, manifest, model, optimizer, comm):
 
     At the number of ranks that saved it, each rank loads its own shard. At
     another number (the strategy's ``resize_refusal`` says where that is
-    allowed; the trainer checks it first), every rank reads the p saved shards
-    and takes its state by the strategy's rules (``load_resized``).
+    allowed; the trainer checks it first), or in other process groups than the
+    manifest names (Hierarchical at another ``ranks_per_group``), every rank
+    reads the p saved shards and takes its state by the strategy's rules
+    (``load_resized``).
     """
     groups = state_groups(model, optimizer)
-    if manifest["num_ranks"] == comm.size:
+    if manifest["num_ranks"] == comm.size and not _regrouped(manifest, optimizer):
         path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
         with np.load(path) as shard:
             _check_fits(path, shard.files, groups)
@@ -394,9 +402,27 @@ def restore(directory, manifest, model, optimizer, comm):
     states = []
     for path in paths:
         with np.load(path) as shard:
-            _check_fits(path, shard.files, groups)
+            # The strategy's entries are checked once read in this run's layout (load_resized).
+            _check_fits(path, [k for k in shard.files if not k.startswith("strategy/")],
+                        {name: v for name, v in groups.items() if name != "strategy"})
             states.append({key: shard[key] for key in shard.files})
     load_resized(states, model, optimizer, comm.size, comm.rank, source=directory)
+
+
+def _process_groups(optimizer):
+    strategy = getattr(optimizer, "strategy", None)
+    groups = strategy.process_groups() if strategy is not None else None
+    return None if groups is None else [[int(r) for r in group] for group in groups]
+
+
+def _regrouped(manifest, optimizer):
+    """True when the strategy's groups of ranks are not those the checkpoint was
+    saved with (its manifest's ``process_groups``): its state is then mapped as
+    at another number of ranks. A manifest without them (older) is taken to
+    have the same groups (a Hierarchical shard layout that differs is refused
+    when restored)."""
+    saved = manifest.get("process_groups")
+    return saved is not None and saved != _process_groups(optimizer)
 
 
 def state_arrays(model, optimizer):
@@ -436,9 +462,28 @@ def load_resized(states, model, optimizer, ranks, rank, source="the saved state"
     where the strategy names some.
     """
     groups = state_groups(model, optimizer)
+    states = _in_this_layout(states, optimizer)
+    for state in states:
+        _check_fits(source, state, groups)
     _assign(source, groups, resize.resized_state(states, resize_rules(model, optimizer), ranks, rank))
     _strategy_state_restored(optimizer)
     _restart_weights(model, optimizer)
+
+
+def _in_this_layout(states, optimizer):
+    """``states`` with the strategy's entries as this run's layout holds them
+    (``SyncStrategy.saved_state_in_layout``: a Hierarchical run's shards of
+    another group size, or per weight where this run keeps shards)."""
+    strategy = getattr(optimizer, "strategy", None)
+    if strategy is None:
+        return states
+    keys = sorted(k for k in states[0] if k.startswith("strategy/"))
+    try:
+        lists = strategy.saved_state_in_layout([[state[k] for k in keys] for state in states])
+    except ValueError as err:
+        raise CheckpointError(f"the saved strategy state does not fit this run's layout: {err}") from None
+    return [{**{k: v for k, v in state.items() if not k.startswith("strategy/")},
+             **{f"strategy/{i:05d}": v for i, v in enumerate(entries)}} for state, entries in zip(states, lists)]
 
 
 def _strategy_state_restored(optimizer):

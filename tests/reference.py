@@ -286,3 +286,59 @@ def overlap_reference(strategy, shards, w0, lr, tau, steps, batch_size, delta, a
             xs, center = merge(xs, center, pending)
             pending = None
     return xs, (center if strategy == "easgd" else None)
+
+
+class DiLoCoOverlapReference:
+    """DiLoCo with overlap δ and the mixing factor α (diloco.py's docstring), SGD(lr) inner, the outer
+    optimizer Keras's Nesterov SGD(0.7, 0.7) per fragment; fragment f (``masks[f]``, its elements of
+    the flat weights) starts at t ≡ ⌊fτ/F⌋ (mod τ), t = 1, 2, ...:
+
+      start:   u_i = θ_f − x_if (+ e_if)                    (kept as pending)
+      merge δ steps later (or at a drain):
+               mean = Σ_i Q(u_i) / p,  e_if ← u_i − Q(u_i) (int8/int4),
+               θ_f ← outer_f(θ_f, mean),  x_if ← α x_if + (1 − α) θ_f
+
+    With δ = 0 the merge is the blocking one: x_if ← θ_f. ``drain_after=k`` merges what is in flight
+    right after step k."""
+
+    def __init__(self, shards, w0, masks, tau, delta, mixing=0.5, name="none", lr=0.05, batch_size=4):
+        self.shards, self.masks, self.tau, self.delta, self.mixing = shards, masks, tau, delta, mixing
+        self.name, self.batch_size = name, batch_size
+        self.xs, self.theta = [w0.astype(np.float64) for _ in shards], w0.astype(np.float64)
+        self.outers = [SGDRef(0.7, 0.7, nesterov=True) for _ in masks]
+        self.residuals = [np.zeros_like(self.theta) for _ in shards]
+        self.inner = SGDRef(lr)
+        self.pending = None  # (fragment, its start step, the payloads)
+
+    def offset(self, f):
+        return f * self.tau // len(self.masks)
+
+    def merge(self):
+        f, _, payloads = self.pending
+        mask, p = self.masks[f], len(self.shards)
+        mean = quantised_allreduce_reference(payloads, self.name) / p
+        if self.name in LEVELS:
+            for e, u in zip(self.residuals, payloads):
+                e[mask] = u - quantise_reference(u, self.name)
+        self.theta[mask] = self.outers[f].step(self.theta[mask], mean)
+        alpha = self.mixing if self.delta else 0.0
+        for x in self.xs:
+            x[mask] = alpha * x[mask] + (1 - alpha) * self.theta[mask]
+        self.pending = None
+
+    def run(self, steps, start=0, drain_after=None):
+        for step in range(start, start + steps):
+            self.xs = [self.inner.step(x, grad(x, *batch(s, step, self.batch_size)))
+                       for x, s in zip(self.xs, self.shards)]
+            t = step + 1
+            if self.pending is not None and t == self.pending[1] + self.delta:
+                self.merge()
+            for f, mask in enumerate(self.masks):
+                if t % self.tau == self.offset(f):
+                    self.pending = (f, t, [self.theta[mask] - x[mask] + e[mask]
+                                           for x, e in zip(self.xs, self.residuals)])
+                    if self.delta == 0:
+                        self.merge()
+            if drain_after == t and self.pending is not None:
+                self.merge()
+        return self.xs, self.theta

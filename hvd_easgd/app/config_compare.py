@@ -45,10 +45,19 @@ def resize_refusal(manifest, strategy, num_ranks):
     return strategy.resize_refusal(manifest["num_ranks"], num_ranks) or None
 
 
+# Options that may change where the manifest records the process groups the
+# strategy's state was kept in (the state is then mapped to the new groups).
+REGROUPABLE_KEYS = frozenset({"ranks_per_group"})
+
+
 def resume_mismatches(manifest, config, num_ranks, strategy):
     """What keeps the checkpoint described by ``manifest`` from continuing a run
-    of ``config`` with ``strategy`` on ``num_ranks`` ranks; empty when it fits."""
+    of ``config`` with ``strategy`` on ``num_ranks`` ranks; empty when it fits.
+    Another ``--ranks-per-group`` fits a checkpoint whose manifest names its
+    groups (``process_groups``), and not an older one (whose layout is unknown)."""
     differs = config_differences(manifest["config"], config)
+    if "process_groups" in manifest:
+        differs = [key for key in differs if key not in REGROUPABLE_KEYS]
     if manifest["num_ranks"] != num_ranks:
         reason = resize_refusal(manifest, strategy, num_ranks)
         if reason:

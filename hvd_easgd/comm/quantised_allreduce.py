@@ -80,13 +80,21 @@ def message_bytes(elements, exact_values, compression, size, has_alltoall=True):
     return blocks * compression.block_bytes + 4 * exact_values
 
 
+def expected_collectives(elements, exact_values, compression, size, has_alltoall=True):
+    """``[(collective, payload bytes, calls, wire bytes), ...]`` per rank of one
+    quantised allreduce, by the collective that carries each part (module
+    docstring): the alltoall hands over p messages, the allgather one."""
+    message = message_bytes(elements, exact_values, compression, size, has_alltoall)
+    gathered = (ALLGATHER, message, 1, (size - 1) * message)
+    if form(size, has_alltoall) == ALLTOALL:
+        return [(ALLTOALL, size * message, 1, (size - 1) * message), gathered]
+    return [gathered]
+
+
 def expected_traffic(elements, exact_values, compression, size, has_alltoall=True):
     """``(payload bytes, calls, wire bytes)`` per rank of one quantised allreduce (module docstring)."""
-    message = message_bytes(elements, exact_values, compression, size, has_alltoall)
-    if form(size, has_alltoall) == ALLTOALL:
-        # the alltoall hands over p messages, the allgather one
-        return (size + 1) * message, 2, 2 * (size - 1) * message
-    return message, 1, (size - 1) * message
+    parts = expected_collectives(elements, exact_values, compression, size, has_alltoall)
+    return tuple(sum(part[i] for part in parts) for i in (1, 2, 3))
 
 
 def _exact_bytes(values):

@@ -64,7 +64,7 @@ strategy's weights after such a step). With ``name``, ``description`` and
 ``cli_options`` these are all a strategy defined outside the package needs to
 work wherever a built-in does (docs/plugins.md).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
@@ -104,18 +104,41 @@ class Traffic:
     """One rank's collective traffic per training step (one call of ``step``):
     payload bytes, collective calls and wire bytes (what the rank sends under
     the collectives' algorithms: ``comm/communicator.py``), averaged over the
-    strategy's period (τ steps, k micro-batches) once any warm-up is over."""
+    strategy's period (τ steps, k micro-batches) once any warm-up is over.
+
+    ``by_collective`` splits the same totals by the collective that carries
+    them (``Traffic.of``): ``((kind, bytes, calls, wire_bytes), ...)`` sorted
+    by kind, a kind being a key of ``WIRE_FACTORS`` (allreduce, allgather,
+    alltoall, reducescatter, broadcast). A cost model charges each kind by its
+    own algorithm (``benchmarks/cost_model.py``): a quantised allreduce is an
+    alltoall and an allgather, not an allreduce. Equality compares the totals.
+    """
 
     bytes: float = 0.0
     calls: float = 0.0
     wire_bytes: float = 0.0
+    by_collective: tuple = field(default=(), compare=False)
+
+    @classmethod
+    def of(cls, collective, sent, calls, wire_bytes):
+        """``calls`` calls of the collective ``collective`` carrying ``sent`` payload bytes."""
+        if collective not in WIRE_FACTORS:
+            raise ValueError(f"`collective` must be one of {', '.join(WIRE_FACTORS)}. "
+                             f"Received: collective={collective!r}")
+        sent, calls, wire_bytes = float(sent), float(calls), float(wire_bytes)
+        return cls(sent, calls, wire_bytes, ((collective, sent, calls, wire_bytes),))
 
     def __add__(self, other):
-        return Traffic(self.bytes + other.bytes, self.calls + other.calls, self.wire_bytes + other.wire_bytes)
+        merged = {}
+        for kind, *values in self.by_collective + other.by_collective:
+            merged[kind] = [a + b for a, b in zip(merged.get(kind, (0.0, 0.0, 0.0)), values)]
+        return Traffic(self.bytes + other.bytes, self.calls + other.calls, self.wire_bytes + other.wire_bytes,
+                       tuple((kind, *merged[kind]) for kind in sorted(merged)))
 
     def per(self, steps):
         """This traffic spread over ``steps`` training steps (once every ``steps``)."""
-        return Traffic(self.bytes / steps, self.calls / steps, self.wire_bytes / steps)
+        return Traffic(self.bytes / steps, self.calls / steps, self.wire_bytes / steps,
+                       tuple((kind, b / steps, c / steps, w / steps) for kind, b, c, w in self.by_collective))
 
 
 NO_TRAFFIC = Traffic()
@@ -163,17 +186,17 @@ def allreduce_traffic(variables, size, compression=Compression.none, exact_value
     ``size`` ranks, as ``Communicator.allreduce`` sends it with ``compression``.
 
     Returns:
-      A ``Traffic``: one call of ``payload_bytes`` and its ring figure
+      A ``Traffic``: one allreduce of ``payload_bytes`` and its ring figure
       2(p−1)/p on the wire for a summable format; the quantised allreduce's
-      figures (``comm/quantised_allreduce.py``) for bf16, int8 and int4.
+      alltoall and allgather (``comm/quantised_allreduce.py``) for bf16, int8
+      and int4.
     """
     if compression.summable:
         sent = payload_bytes(variables, compression) + exact_values * element_bytes(variables, compression)
-        return Traffic(float(sent), 1.0, sent * WIRE_FACTORS["allreduce"](size))
+        return Traffic.of("allreduce", sent, 1, sent * WIRE_FACTORS["allreduce"](size))
     elements, exact = quantised_allreduce.split_payload([v.shape for v in variables])
-    sent, calls, wire = quantised_allreduce.expected_traffic(elements, exact + exact_values, compression, size,
-                                                             has_alltoall)
-    return Traffic(float(sent), float(calls), float(wire))
+    parts = quantised_allreduce.expected_collectives(elements, exact + exact_values, compression, size, has_alltoall)
+    return sum((Traffic.of(*part) for part in parts), NO_TRAFFIC)
 
 
 def compression_for(compression, kind, strategy_name):
@@ -487,6 +510,26 @@ class SyncStrategy:
         for child in self.children():
             rules.update(child.resize_rules())
         return rules
+
+    def saved_state_in_layout(self, saved):
+        """``saved`` (p lists of arrays: each saved rank's values of
+        ``state_variables()`` as the saving run held them) as this run's
+        ``state_variables()`` hold them, entry for entry, before the resize
+        rules map them. The same lists unless a strategy's state changes shape
+        with its groups of ranks (``Hierarchical``'s shards); a composite hands
+        each child its part of every list (only the last child's part may
+        change length: it is the rest)."""
+        children = self.children()
+        if not children:
+            return saved
+        start = len(self.state_variables()) - sum(len(child.state_variables()) for child in children)
+        out = [list(state[:start]) for state in saved]
+        for i, child in enumerate(children):
+            end = None if i == len(children) - 1 else start + len(child.state_variables())
+            for state, part in zip(out, child.saved_state_in_layout([s[start:end] for s in saved])):
+                state.extend(part)
+            start = end
+        return out
 
     def resized_weights(self):
         """The variables (one per trainable variable) every rank's weights restart

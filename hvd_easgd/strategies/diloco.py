@@ -61,6 +61,37 @@ one synchronisation sends only its fragment's payload, about 1/F of it
 (refused at build); as Hierarchical's inter strategy (one flat shard
 variable, across groups) F > 1 is refused when the Hierarchical is made.
 
+Overlap (``overlap`` = δ >= 1; Streaming DiLoCo, arXiv:2501.18512, its
+section on overlapping communication with computation): a synchronisation's
+allreduce is started at its step and the inner steps go on; δ steps later
+the mean arrives, the outer optimizer steps θ with it, and the local weights
+become a mix of the new synced and the local weights::
+
+    at s ≡ ⌊f·τ/F⌋ (mod τ), after the inner step:  Δ_i = θ_f − x_if(s), start Σ_j Δ_j
+    at s + δ, after the inner step:                θ_f ← outer_f(θ_f, (1/p) Σ_j Δ_j)
+                                                   x_if ← α·x_if + (1 − α)·θ_f
+
+with α the mixing factor (``mixing``; the paper's α, default 0.5, the paper's
+value: an even mix of the new θ and what the rank reached meanwhile). It is an
+argument (and ``--mixing``) because no one value is right everywhere: other
+Streaming DiLoCo implementations default to α = 0, and it was not measured
+here. α = 0 drops
+those δ steps (every rank restarts from θ, stale by δ); α = 1 never pulls a
+rank back to θ, so the ranks drift apart. At δ = 0 nothing is mixed: the
+blocking rule above (x ← θ). The schedule: one synchronisation in flight at a
+time, so a fragment's merge lands before the next fragment starts:
+
+    δ < the shortest gap between two offsets = ⌊τ/F⌋    (δ < τ at F = 1)
+
+refused otherwise in one line, as is overlap with an adaptive τ. Bytes and
+calls are those without overlap, recorded at the start. With compression the
+error-feedback residual e_i ← u_i − Q(u_i) is known at the start and kept at
+the merge (if the step took effect). The in-flight state (its handle, which
+fragment, the residual) is strategy state; a checkpoint first drains
+(``drain``: the merge happens at once), so a saved state holds nothing in
+flight. If a rank's Δ_i held NaN/Inf the outer step is skipped and every
+rank restarts from θ, as without overlap.
+
 Floating non-trainable state (BatchNorm's moving statistics) is not part of
 the outer step (it is no gradient's weight): it follows the one rule of every
 strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
@@ -70,23 +101,25 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import validation
+from .. import resize, validation
 from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
     compression_for, state_variable_name
-from .local_updates import KeepsSyncedWeights, allreduce_unless_non_finite, local_step, \
-    synchronised_this_step
+from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
+    check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_step, overlapped_share, \
+    start_allreduce_unless_non_finite, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
+DEFAULT_MIXING = 0.5  # Streaming DiLoCo's α for an overlapped merge (module docstring)
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class DiLoCo(KeepsSyncedWeights, SyncStrategy):
+class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     """τ inner steps per rank, then one outer step on the mean pseudo-gradient.
 
     Args:
@@ -105,6 +138,13 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         the switch θ ← x (every rank holds the same x) and t counts from there
         (``warmup.run_phases``, the rule of every warm-up; ``WarmUp(DiLoCo(...),
         W)`` computes the same). Default 0.
+      compression: the pseudo-gradients' wire format (``"none"``, ``"fp16"``,
+        ``"bf16"``, ``"int8"``, ``"int4"``; module docstring).
+      fragments: F, Streaming DiLoCo's fragments (1 <= F <= τ; default 1).
+      overlap: δ, the inner steps between a synchronisation's start and its
+        merge (0 <= δ < ⌊τ/F⌋; default 0, blocking; module docstring).
+      mixing: α, at an overlapped merge x ← α·x + (1 − α)·θ (0 <= α <= 1;
+        default 0.5, Streaming DiLoCo's); only with overlap >= 1.
 
     The kept model (``kept_variables()``) is θ, the synced weights: the one
     model every rank agrees on. It is up to τ − 1 inner steps behind the
@@ -138,13 +178,16 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
         CliOption("--fragments", "fragments", "Streaming DiLoCo: synchronise F fragments of the variables at "
                   "staggered steps, 1 <= F <= tau (default 1)", type=int),
+        CliOption("--overlap", "overlap", OVERLAP_HELP + "; with --fragments F, delta < tau // F", type=int),
+        CliOption("--mixing", "mixing", "with --overlap: at a merge the local weights become mixing * local + "
+                  "(1 - mixing) * synced, 0 <= mixing <= 1 (default 0.5, Streaming DiLoCo's)", type=float),
     )
     # On a flat shard of the variables (Hierarchical shards the state across groups).
     across_groups = True
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",
-                 fragments=1, max_period=None):
+                 fragments=1, max_period=None, overlap=0, mixing=DEFAULT_MIXING):
         super().__init__()
         self.period, self.schedule = make_schedule(period, max_period)
         self.fragments = validation.integer("fragments", fragments, minimum=1, maximum=self.period,
@@ -153,6 +196,17 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
             # Each fragment's offset is a fixed fraction of tau; an adaptive tau would move them all mid-interval.
             raise ValueError("`fragments` > 1 needs a fixed period: the fragments' offsets are fractions of tau. "
                              f"Received: fragments={fragments!r}, period={period!r}")
+        self.overlap = check_overlap(overlap, self.period)
+        check_overlap_schedule(self.overlap, self.schedule)
+        if self.overlap >= self.period // self.fragments:
+            raise ValueError(f"`overlap` must be below tau // fragments = {self.period // self.fragments} "
+                             f"(period={self.period}, fragments={self.fragments}): a fragment's merge must land "
+                             f"before the next fragment starts. Received: overlap={overlap!r}")
+        self.mixing = validation.number("mixing", mixing, minimum=0, maximum=1, gloss="(alpha)")
+        if not self.overlap and self.mixing != DEFAULT_MIXING:
+            raise ValueError("`mixing` applies to an overlapped merge only: give `overlap` >= 1 with it (at "
+                             f"overlap=0 every rank restarts from the synced weights). Received: mixing={mixing!r}, "
+                             f"overlap={overlap!r}")
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
@@ -208,11 +262,26 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
             self.error_feedbacks = [ErrorFeedback(self, prefix, [trainable_variables[i] for i in indices])
                                     for indices in self.fragment_indices]
             self.error_feedback = self.error_feedbacks[0] if self.fragments == 1 else None
+        if self.overlap:
+            # The synchronisation in flight: its handle (0: none), its fragment, and with error
+            # feedback this rank's residual, known at the start and kept at the merge.
+            self.pending_handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_pending_handle")
+            self.pending_fragment = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_pending_fragment")
+            self.pending_errors = []
+            if error_feedback_wanted(self.compression):
+                self.pending_errors = [tf.Variable(tf.zeros_like(v), trainable=False,
+                                                   name=state_variable_name("diloco_pending_error", v))
+                                       for v in trainable_variables]
+                # Never read once drained (a saved state's handle is 0): zeros at another size.
+                self.set_resize_rule(resize.RESTART_AT_ZERO, self.pending_errors)
 
     def _extra_state(self):
         residuals = [e for feedback in self.error_feedbacks if feedback is not None for e in feedback.residuals]
         slots = [v for optimizer in self.outer_optimizers for v in optimizer.variables]
-        return self.synced + slots + [self.skipped_outer_steps] + residuals + self.schedule.state()
+        own = self.synced + slots + [self.skipped_outer_steps] + residuals + self.schedule.state()
+        if self.overlap:
+            own += [self.pending_handle, self.pending_fragment] + self.pending_errors
+        return own
 
     def _sync_to_weights(self):
         """θ ← x (``KeepsSyncedWeights``): the first pseudo-gradient holds the τ local steps alone."""
@@ -236,12 +305,15 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def weights_synchronised(self):
         """Whether ANY fragment synchronised this step: the weights then changed beyond the
-        update (Hierarchical gathers them); with F = 1 the plain τ rule."""
-        if self.fragments == 1:
+        update (Hierarchical gathers them); with F = 1 and no overlap the plain τ rule. With
+        overlap δ the weights change at the merge, δ steps after a start at t − δ >= 1."""
+        if self.fragments == 1 and not self.overlap:
             return synchronised_this_step(self)
-        phase = self.local_steps() % self.period
+        started = self.local_steps() - self.overlap
+        phase = started % self.period
         hits = [tf.equal(phase, self.fragment_offset(f)) for f in range(self.fragments)]
-        return tf.logical_and(self.step_counter > self.warmup_steps, tf.reduce_any(tf.stack(hits)))
+        return tf.logical_and(tf.logical_and(self.step_counter > self.warmup_steps, started >= 1),
+                              tf.reduce_any(tf.stack(hits)))
 
     def weight_synchronisations_per_step(self):
         return self.fragments / self.period
@@ -254,6 +326,16 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
+        if self.overlap:
+            # A fixed τ (check_overlap_schedule). Never both at once: δ < ⌊τ/F⌋ puts every merge,
+            # offset_f + δ, strictly between fragment f's start and fragment f + 1's.
+            phase = self.local_steps() % self.period
+            for f in range(self.fragments):
+                merges = tf.logical_and(tf.equal(phase, self.fragment_offset(f) + self.overlap),
+                                        self.pending_handle > 0)
+                tf.cond(merges, lambda f=f: self._merge_fragment(f), tf.no_op)
+                tf.cond(tf.equal(phase, self.fragment_offset(f)), lambda f=f: self._start_fragment(f), tf.no_op)
+            return
         self.schedule.observe()
         if self.fragments == 1:
             tf.cond(self.schedule.due(self.local_steps()), self._synchronise, tf.no_op)
@@ -299,6 +381,54 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
             v.assign(s)
         return tf.no_op()
 
+    # --- overlap (module docstring) ---------------------------------------------------
+    def _start_fragment(self, f):
+        """Fragment f's Δ (+ e with error feedback) started; this rank's residual kept for the merge."""
+        indices = self.fragment_indices[f]
+        pseudo_gradients = [self.synced[i] - self.variables[i] for i in indices]
+        error_feedback = self.error_feedbacks[f]
+        if error_feedback is not None:
+            pseudo_gradients = error_feedback.add(pseudo_gradients)
+        handle, errors = start_allreduce_unless_non_finite(self.comm, pseudo_gradients, self.compression)
+        if error_feedback is not None:
+            for i, e in zip(indices, errors):
+                self.pending_errors[i].assign(e)
+        self.pending_fragment.assign(f)
+        self.pending_handle.assign(handle)
+        return tf.no_op()
+
+    def _merge_fragment(self, f):
+        """Fragment f's outer step on the mean that arrived, then x ← α·x + (1 − α)·θ on its variables."""
+        indices = self.fragment_indices[f]
+        synced = [self.synced[i] for i in indices]
+        variables = [self.variables[i] for i in indices]
+        sums, bad_ranks = finish_allreduce_unless_non_finite(self.comm, self.pending_handle, synced)
+        took_effect = tf.equal(bad_ranks, 0)
+
+        def apply():
+            size = tf.cast(self.comm.size, sums[0].dtype)
+            self.outer_optimizers[f].apply([total / size for total in sums], synced)
+            for v, s in zip(variables, synced):
+                v.assign(self.mixing * v + (1.0 - self.mixing) * s)
+            return tf.no_op()
+
+        def skip():
+            # As without overlap: every rank restarts from the unchanged θ (finite).
+            self.skipped_outer_steps.assign_add(1)
+            for v, s in zip(variables, synced):
+                v.assign(s)
+            return tf.no_op()
+
+        tf.cond(took_effect, apply, skip)
+        if self.error_feedbacks[f] is not None:
+            self.error_feedbacks[f].keep([self.pending_errors[i] for i in indices], took_effect)
+        self.pending_handle.assign(0)
+        return tf.no_op()
+
+    def _merge_pending(self):
+        """``MergesOnDrain``: eager, the fragment in flight merged now."""
+        self._merge_fragment(int(self.pending_fragment.numpy()))
+
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
     def lr_scale_factor(cls, size, accumulate=1):
@@ -332,7 +462,12 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
         (a fragment synchronised at its last offset has x_j = θ there, so its
         mean is θ), and each fragment's error-feedback residuals restart at
         zero (``resize.RESTART_AT_ZERO``). The step counter keeps every
-        fragment's phase."""
+        fragment's phase.
+
+        With overlap the pending state covers nothing: a checkpoint drains
+        first, so the saved handle is 0 (nothing in flight, the next start
+        falls on its phase) and the pending residuals, never read, restart at
+        zero (``resize.RESTART_AT_ZERO``)."""
         return None
 
     def resize_notice(self, saved_ranks, ranks):
@@ -341,14 +476,17 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
 
     def expected_traffic(self, trainable_variables, non_trainable_variables=(), hosts=1, ranks_per_host=1,
                          sample_counts=False):
-        """On every τ-th step ONE call: Δ and the non-finite flag (module docstring)."""
+        """On every τ-th step ONE call: Δ and the non-finite flag (module docstring); with
+        ``fragments`` F calls per τ steps, one per fragment. With ``overlap`` all of it could
+        run behind the inner steps (``overlapped`` 1) where the communicator
+        ``reduces_in_background``; no transport does yet (0)."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()
         sent = None
         for traffic in self._fragment_traffic(trainable_variables, size):
             sent = traffic if sent is None else sent + traffic
-        return ExpectedTraffic(across_groups=sent.per(self.period))
+        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=overlapped_share(self))
 
     def _fragment_traffic(self, trainable_variables, size):
         has_alltoall = self.comm.has_alltoall if self.comm is not None else True
@@ -369,6 +507,7 @@ class DiLoCo(KeepsSyncedWeights, SyncStrategy):
                 "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
                 "warmup_steps": self.warmup_steps,
                 **({"fragments": self.fragments} if self.fragments > 1 else {}),
+                **({"overlap": self.overlap, "mixing": self.mixing} if self.overlap else {}),
                 **({"max_period": self.schedule.maximum} if self.schedule.adaptive else {}),
                 **({"compression": self.compression.name} if self.compression.name != "none" else {})}
 

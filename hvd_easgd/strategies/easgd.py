@@ -69,13 +69,12 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from ..comm.communicator import Communicator
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     state_variable_name
-from .local_updates import OVERLAP_HELP, allreduce_unless_non_finite, check_overlap, \
-    check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, start_allreduce_unless_non_finite, \
-    starts_this_step, synchronised_this_step
+from .local_updates import OVERLAP_HELP, MergesOnDrain, allreduce_unless_non_finite, check_overlap, \
+    check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, overlapped_share, \
+    start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
@@ -102,7 +101,7 @@ def most_ranks_for(alpha):
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class EASGD(SyncStrategy):
+class EASGD(MergesOnDrain, SyncStrategy):
     """Elastic averaging every ``period`` optimizer steps.
 
     Args:
@@ -324,12 +323,6 @@ class EASGD(SyncStrategy):
         self.pending_handle.assign(0)
         return tf.no_op()
 
-    def drain(self):
-        """Merges an elastic step in flight now (eager; before a checkpoint or an evaluation)."""
-        super().drain()
-        if self.overlap and self._built and int(self.pending_handle.numpy()) > 0:
-            self._merge_pending()
-
     def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean,
                    adjust=self._add_elastic_force if self.rho else None)
@@ -436,10 +429,7 @@ class EASGD(SyncStrategy):
             return ExpectedTraffic()
         has_alltoall = self.comm.has_alltoall if self.comm is not None else True
         sent = allreduce_traffic(trainable_variables, size, self.compression, 1, has_alltoall)
-        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=1.0 if self.overlap and self._reduces_in_background() else 0.0)
-
-    def _reduces_in_background(self):
-        return self.comm.reduces_in_background if self.comm is not None else Communicator.reduces_in_background
+        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=overlapped_share(self))
 
     def get_config(self):
         config = {"period": self.schedule.config_period(), "moving_rate": self._moving_rate_arg,

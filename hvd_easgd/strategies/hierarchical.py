@@ -94,11 +94,12 @@ it is asked at: a collective of the group's ranks, which evaluate and
 predict (``SwapKeptWeights``) reach on every rank; model.keras, saved by
 rank 0 alone after the final evaluation, reads what that gathered.
 
-At another number of ranks (``resize_refusal``, derived there), a sharded
-run re-cuts its inter state for the new groups: per saved group its n shards
-in rank order, padding stripped, the inter strategy's rule across the
-groups, then the new group's shards (``shards.ReCut``); with the same n and
-at least 2 groups on both sides.
+At another number of ranks or in other groups (``resize_refusal``, derived
+there), the inter state is mapped through each saved group's whole value
+(``regroup``): its n shards joined in rank order, padding stripped (or its
+per-weight variables, unsharded), the inter strategy's rule across the groups,
+then the new rank's shard (``shards.ReCut``) or per-weight pieces; between
+any group sizes, one group per host included.
 
 Limits of the shard view: the trainable variables must share one dtype; the
 inter strategy must not clip by the global norm (each rank holds 1/n of the
@@ -110,6 +111,7 @@ on GPUs; on CPUs (Gloo, MPI) ``Hierarchical(SyncAverage(), SyncAverage())``
 is the two-level allreduce.
 """
 import keras
+import numpy as np
 import tensorflow as tf
 
 from .. import resize, validation
@@ -118,6 +120,7 @@ from .accumulation import GradientAccumulation
 from .base import WIRE_FACTORS, CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, all_finite, as_dense, \
     check_count, count_off_the_wire, count_on_the_wire, element_bytes, walk
 from .easgd import EASGD
+from .regroup import LayoutMismatch, in_this_layout, saved_shard_layout
 from .shards import FlatShards, NewLayout, ReCut
 from .sync_average import SyncAverage
 
@@ -287,8 +290,9 @@ class Hierarchical(SyncStrategy):
             if saved != self.layout.describe():
                 names = "[ranks per group n, shard index j, shard length m, elements N]"
                 raise ValueError(f"the checkpoint's Hierarchical shards were cut as {names} = {saved}, and this "
-                                 f"run cuts them as {self.layout.describe()}: resume with the groups it was saved "
-                                 "with (the same --ranks-per-group and number of ranks)")
+                                 f"run cuts them as {self.layout.describe()}: its manifest predates the saved "
+                                 "process groups, so resume with the groups it was saved with (the same "
+                                 "--ranks-per-group and number of ranks)")
             self._refresh_shard()
         super().on_state_restored()
 
@@ -400,70 +404,51 @@ class Hierarchical(SyncStrategy):
         return self.groups
 
     def resize_refusal(self, saved_ranks, ranks):
-        """The rule at p -> q ranks: the groups are rebuilt from the new layout
-        when the strategy is bound at q (``ranks_per_group`` must divide q, as
-        for a fresh run; by default one group per host). The state is the two
-        levels' (``resize_rules`` collects the children's rules): the intra
-        level's counters are kept; the inter strategy's state follows its own
-        rule with the G groups as its ranks. The ranks of a group held the same
-        state, so the mean over the p saved ranks is the mean over the saved
-        groups, each counted n times: the inter strategy's mean at G. The
+        """The rule at p -> q ranks (or at p ranks in other groups): the groups
+        are rebuilt from the new layout when the strategy is bound at q
+        (``ranks_per_group`` must divide q, as for a fresh run; by default one
+        group per host), of any size n' (the saved n need not be n'). The state
+        is the two levels' (``resize_rules`` collects the children's rules): the
+        intra level's counters are kept; the inter strategy's state follows its
+        own rule with the G groups as its ranks. The ranks of a group held the
+        same state, so the mean over the p saved ranks is the mean over the
+        saved groups, each counted n times: the inter strategy's mean at G. The
         weights restart from the inter strategy's kept model where the new
         layout has several groups (EASGD's center), else they are the mean
-        (one group: the intra SyncAverage alone). The inter strategy's verdict
-        is asked at G = p/n -> q/n when ``ranks_per_group`` fixes n (EASGD's
-        fixed ``--moving-rate`` against 2/(G+1)).
+        (one group: the intra SyncAverage alone; the inter strategy's step
+        counter restarts at 0 there, as it never steps).
 
-        Sharded (n > 1 ranks per group and G > 1 groups, saved and resumed):
-        each rank of a group holds only its shard j of the inter strategy's
-        shard state (EASGD's center; DiLoCo's θ and outer slots; the synced
-        weights of PeriodicAverage; the error-feedback residuals), so the
-        per-variable mean over the saved ranks would mix different shards.
-        Instead (``shards.ReCut``), per saved group g the n shards, in rank
-        order, are concatenated and the padding stripped (the first N
-        elements): the group's whole value v_g. The inter strategy's rule maps
-        v_1..v_G to the new group's value with the groups as its ranks, and
-        rank j of a new group of n' keeps shard j of that, cut at
-        m' = ⌈N/n'⌉. Which state is the same in every group, and what it
-        becomes: EASGD's center x̃, DiLoCo's θ and its outer optimizer's slots,
-        PeriodicAverage's synced copy are identical across groups (the
-        cross-group collective leaves every group with the same value), so
-        any group's concatenation is the value, kept exactly at any G'; the
-        residuals are per group and follow the inter strategy's rule across
-        groups (``RESTART_AT_ZERO``: zeros); the model weights and the inner
-        optimizer's slots are whole variables (the mean over the saved ranks,
-        i.e. over the groups), and EASGD's weights restart from x̃, gathered
-        in the new group. The saved layout must be sharded with groups of
-        the same n as the new one (``ranks_per_group`` fixed; a group per
-        host is refused, as the saved n is then unknown before the shards
-        are read), and a resume onto one group or groups of one rank (where
-        the inter state is whole variables, not a shard) is refused: resume
-        at the saved number of ranks, or at a multiple of n with at least 2
-        groups."""
+        Where the inter state lies differs with the layout: sharded (n > 1
+        ranks per group and G > 1 groups) rank j of a group holds shard j of
+        each per-weight state (EASGD's center; DiLoCo's θ and outer slots;
+        PeriodicAverage's synced copy; the error-feedback residuals), one flat
+        vector of m = ⌈N/n⌉; unsharded (n = 1, or G = 1) each rank holds one
+        variable per weight. So neither the entries nor their shapes pair up
+        across layouts, and the per-variable mean over the saved ranks would
+        mix different shards. The mapping goes through the whole value v_g of
+        each such state in saved group g (``regroup``; the saved [n, j, m, N]
+        is read from the shards, so a group per host needs no saved group
+        size): its n shards joined in shard order, the padding stripped (the
+        first N elements), or, unsharded, its k variables flattened and
+        joined. The inter strategy's rule maps v_1..v_G to the new value with
+        the groups as its ranks, and rank j of a new group of n' keeps shard j
+        of that, cut at m' = ⌈N/n'⌉ (``shards.ReCut``), or, with n' = 1 or one
+        group, its pieces reshaped as the variables. EASGD's x̃, DiLoCo's θ and
+        its outer slots, PeriodicAverage's synced copy are identical across
+        groups (the cross-group collective leaves every group with the same
+        value): kept exactly at any layout; the residuals are per group and
+        follow the inter strategy's rule (``RESTART_AT_ZERO``: zeros); the model
+        weights and the inner optimizer's slots are whole variables (their
+        mean over the saved ranks). The inter strategy's verdict is asked at
+        G' = q/n' when ``ranks_per_group`` fixes n' (EASGD's fixed
+        ``--moving-rate`` against 2/(G'+1)); with a group per host G' is known
+        only when bound, where the same check refuses it."""
         n = self.ranks_per_group
-        saved_sharded = n is None or (n > 1 and saved_ranks // n > 1)
-        if not saved_sharded:
-            return self._unsharded_resize_refusal(saved_ranks, ranks)
         if n is None:
-            return (f"--strategy {self.name} keeps its inter state as shards across the ranks of each host, and "
-                    f"re-cutting them needs the saved group size: resume at {saved_ranks} ranks, or save with "
-                    "--ranks-per-group")
+            return None
         if ranks % n:
             return f"--ranks-per-group {n} does not divide the {ranks} ranks of the resumed run"
-        if ranks // n < 2:
-            return (f"--strategy {self.name} keeps its inter state as shards across the ranks of each group, and "
-                    f"re-cutting them onto a single group of {ranks} is not supported yet: resume at {saved_ranks} "
-                    f"ranks, or at a multiple of {n} with 2 groups or more")
-        return self.inter.resize_refusal(saved_ranks // n, ranks // n)
-
-    def _unsharded_resize_refusal(self, saved_ranks, ranks):
-        # The rule of the replicated layout (the saved inter state is whole variables).
-        n = self.ranks_per_group
-        if n is not None and ranks % n:
-            return f"--ranks-per-group {n} does not divide the {ranks} ranks of the resumed run"
-        if n is not None and saved_ranks % n == 0:
-            return self.inter.resize_refusal(saved_ranks // n, ranks // n)
-        return None
+        return self.inter.resize_refusal(max(saved_ranks // n, 1), ranks // n)
 
     def _sharded_state(self):
         """The inter strategy's state cut like the shard view: its [m] floating variables."""
@@ -476,17 +461,43 @@ class Hierarchical(SyncStrategy):
         return group, len(self.groups), FlatShards(self.variables, len(self.groups[group]),
                                                    self.groups[group].index(rank))
 
+    def saved_state_in_layout(self, saved):
+        """The saved ranks' state in this run's layout (``regroup``): where either
+        layout is sharded, each per-weight state of the inter strategy becomes
+        the whole value of the saved rank's group (its n shards joined, or its
+        k variables flattened), held whole where this run keeps a shard (then
+        ``ReCut`` cuts it) and in pieces where it keeps one per weight; the saved
+        shard layout ``[n, j, m, N]`` is read from the shards, so a group per
+        host needs no saved group size."""
+        layouts = [saved_shard_layout(state[2]) if len(state) > 2 else None for state in saved]
+        saved_sharded = layouts[0] is not None
+        if not (saved_sharded or self.sharded):
+            return super().saved_state_in_layout(saved)
+        if not all(layouts) and saved_sharded:
+            raise LayoutMismatch("some saved ranks hold no Hierarchical shard layout")
+        own = 3 if saved_sharded else 2  # step_counter, skip_counts (, shard_layout)
+        intra_end = own + len(self.intra.state_variables())
+        inter = in_this_layout([state[intra_end:] for state in saved], layouts if saved_sharded else None,
+                               self.inter.state_variables(), [tuple(v.shape) for v in self.variables],
+                               tf.as_dtype(self.variables[0].dtype).as_numpy_dtype,
+                               self.layout.length if self.sharded else None)
+        layout = [np.zeros(4, np.int64)] if self.sharded else []  # replaced by the new layout (NewLayout)
+        return [list(state[:2]) + layout + list(state[own:intra_end]) + whole for state, whole in zip(saved, inter)]
+
     def resize_rules(self):
         """The children's rules; sharded, the inter strategy's shard state re-cut
-        by group (``shards.ReCut``, around the inter strategy's rule for it) and
-        the saved layout replaced by the new one."""
+        from its group's whole value (``shards.ReCut`` of one part, around the
+        inter strategy's rule for it: ``saved_state_in_layout`` joined the saved
+        shards) and the saved layout replaced by the new one. In one group the
+        inter strategy never steps: its step counter restarts at 0, so that a
+        later resume onto several groups starts it from the weights."""
         rules = super().resize_rules()
         if self.built and self.sharded:
             for variable in self._sharded_state():
-                rules[id(variable)] = ReCut(rules.get(id(variable), resize.DEFAULT),
-                                            self.ranks_per_group or len(self.groups[0]),
-                                            self._layout_of)
+                rules[id(variable)] = ReCut(rules.get(id(variable), resize.DEFAULT), 1, self._layout_of)
             rules[id(self.shard_layout)] = NewLayout(self._layout_of)
+        if self.built and not self.inter_active:
+            rules[id(self.inter.step_counter)] = resize.RESTART_AT_ZERO
         return rules
 
     def resized_weights(self):
@@ -537,9 +548,10 @@ class Hierarchical(SyncStrategy):
         rate = self.inter.weight_synchronisations_per_step()
         gather = float(layout.length * e)
         # Wire: (n−1)/n of the reduce-scatter's payload, (n−1)× each allgather's (comm/communicator.py).
-        scattered = Traffic(float(scatter), 1.0, scatter * WIRE_FACTORS["reducescatter"](n))
-        gathered = Traffic(gather, 1.0, gather * WIRE_FACTORS["allgather"](n))
-        within = scattered + gathered + Traffic(gather * rate, rate, gather * rate * WIRE_FACTORS["allgather"](n))
+        scattered = Traffic.of("reducescatter", scatter, 1, scatter * WIRE_FACTORS["reducescatter"](n))
+        gathered = Traffic.of("allgather", gather, 1, gather * WIRE_FACTORS["allgather"](n))
+        within = scattered + gathered + Traffic.of("allgather", gather * rate, rate,
+                                                   gather * rate * WIRE_FACTORS["allgather"](n))
         across = self.inter.expected_traffic([layout.spec], (), group_count, 1, sample_counts)
         return ExpectedTraffic(within, across.total, n)
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from .. import validation
 from ..comm import Compression
+from ..comm.communicator import Communicator
 from .base import all_finite, as_dense, check_count, count_as, zeros_unless
 
 
@@ -134,8 +135,16 @@ def check_overlap_schedule(overlap, schedule):
     fixed δ steps before a sync, and an adaptive τ is only known at the sync."""
     if overlap and schedule.adaptive:
         raise ValueError("`overlap` > 0 needs a fixed period: a synchronisation starts overlap steps before it is "
-                         f"due, and an adaptive period is only decided at the previous one. Received: overlap={overlap!r}, "
-                         "period='adaptive...'")
+                         "due, and an adaptive period is only decided at the previous one. "
+                         f"Received: overlap={overlap!r}, period='adaptive...'")
+
+
+def overlapped_share(strategy):
+    """``ExpectedTraffic.overlapped`` of an overlapping strategy: 1 (all of its
+    synchronisation could run behind the step's compute) with ``overlap`` >= 1
+    where its communicator ``reduces_in_background``, else 0."""
+    comm = strategy.comm if strategy.comm is not None else Communicator
+    return 1.0 if strategy.overlap and comm.reduces_in_background else 0.0
 
 
 def starts_this_step(strategy):
@@ -152,6 +161,26 @@ def synchronised_this_step(strategy):
     τ; ``period_schedule``) (its ``weights_synchronised`` hook)."""
     return tf.logical_and(strategy.step_counter > strategy.warmup_steps,
                           strategy.schedule.just_synced(strategy.local_steps()))
+
+
+class MergesOnDrain:
+    """A mixin for the strategies that overlap a synchronisation (``overlap`` = δ >= 1):
+    ``drain()`` merges the one in flight at once.
+
+    The strategy keeps ``pending_handle`` (0: nothing in flight) as state and
+    implements ``_merge_pending()``, the merge its schedule runs δ steps after
+    the start. Eager, on every rank alike (before a checkpoint is written and
+    before the kept model is evaluated), so a saved state holds nothing
+    pending. Listed before ``SyncStrategy`` in the bases.
+    """
+
+    def drain(self):
+        super().drain()
+        if self.overlap and self._built and int(self.pending_handle.numpy()) > 0:
+            self._merge_pending()
+
+    def _merge_pending(self):
+        raise NotImplementedError
 
 
 class KeepsSyncedWeights:

@@ -73,16 +73,16 @@ from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
-from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, allreduce_unless_non_finite, check_overlap, \
-    check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, \
-    start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
+from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
+    check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, \
+    overlapped_share, start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
 from .warmup import run_phases
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
+class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     """Local SGD: every rank steps on its own gradients; every ``period`` steps
     the weights and floating non-trainable state become their mean over ranks.
 
@@ -244,12 +244,6 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
         self.pending_handle.assign(0)
         return tf.no_op()
 
-    def drain(self):
-        """Merges an average in flight now (eager; before a checkpoint or an evaluation)."""
-        super().drain()
-        if self.overlap and self._built and int(self.pending_handle.numpy()) > 0:
-            self._merge_pending()
-
     def _average(self):
         if self.synced is not None:
             return self._average_differences()
@@ -339,7 +333,7 @@ class PeriodicAverage(KeepsSyncedWeights, SyncStrategy):
         has_alltoall = self.comm.has_alltoall if self.comm is not None else True
         averaged = list(trainable_variables) + floating(list(non_trainable_variables))
         sent = allreduce_traffic(averaged, size, self.compression, 1, has_alltoall)
-        return ExpectedTraffic(across_groups=sent.per(self.period))
+        return ExpectedTraffic(across_groups=sent.per(self.period), overlapped=overlapped_share(self))
 
     def get_config(self):
         config = {"period": self.schedule.config_period(), "warmup_steps": self.warmup_steps}

@@ -291,8 +291,8 @@ class SyncAverage(SyncStrategy):
             calls = 1.0 + any(self.powersgd.factor_rank(v.shape) is not None for v in trainable_variables)
             if sample_counts:
                 sent += element_bytes(trainable_variables, self.compression)
-            return ExpectedTraffic(across_groups=Traffic(float(sent), float(calls),
-                                                         float(sent) * WIRE_FACTORS["allreduce"](size)))
+            return ExpectedTraffic(across_groups=Traffic.of("allreduce", sent, calls,
+                                                            float(sent) * WIRE_FACTORS["allreduce"](size)))
         exact = int(sample_counts) + (0 if self.compression.summable else 1)
         return ExpectedTraffic(across_groups=allreduce_traffic(trainable_variables, size, self.compression, exact,
                                                                self._has_alltoall()))

@@ -146,8 +146,8 @@ def _resized_strategy(name, alpha):
     ("easgd", 5, 0.6, "--moving-rate 0.6 was fixed for 2 ranks, and at 3 ranks alpha > 2/(q+1) = 0.5: the elastic "
                       "step diverges"),
     # every built-in strategy declares its rule (test_resize.py)
-    # its inter state is sharded across the ranks of a group: re-cutting it is not supported yet
-    ("hierarchical", 0, None, "--strategy hierarchical keeps its inter state as shards"),
+    # one group per host: the saved group size is read from the shards (test_resize_groups.py)
+    ("hierarchical", 0, None, None),
     ("periodic", 5, None, None),
     ("diloco", 5, None, None),
 ])

@@ -24,9 +24,48 @@ def test_halving_doubling_pays_log2_latencies():
 
 
 def test_reduce_scatter_and_allgather_are_half_an_allreduce_of_bandwidth():
-    # 3·1e-5 + 3/4·4e6/1e9
+    # 3·1e-5 + 3/4·4e6/1e9; the allgather takes a rank's part, S/4: 3·1e-5 + 3·1e6/1e9
     assert cost_model.reduce_scatter(4, S, A, B) == pytest.approx(3e-5 + 3e-3)
-    assert cost_model.allgather(4, S, A, B) == pytest.approx(3e-5 + 3e-3)
+    assert cost_model.allgather(4, S / 4, A, B) == pytest.approx(3e-5 + 3e-3)
+
+
+def test_alltoall_and_broadcast():
+    # alltoall of S (all 8 chunks): 7·1e-5 + 7/8·4e6/1e9; broadcast: ⌈log2 8⌉·1e-5 + the same bandwidth term
+    assert cost_model.alltoall(8, S, A, B) == pytest.approx(7e-5 + 3.5e-3)
+    assert cost_model.broadcast(8, S, A, B) == pytest.approx(3e-5 + 3.5e-3)
+    assert cost_model.broadcast(5, S, A, B) == pytest.approx(3e-5 + 0.8 * 4e-3)
+
+
+def test_quantised_allreduce_is_charged_as_alltoall_plus_allgather():
+    # sync_int8 at 8 hosts × 8 ranks (p = 64), N = 1e6: the table (at 4 × 2, q_ref = 8) holds per step one
+    # alltoall of 32 + 1.015625·N bytes (int8 + an fp32 scale per 256-block, all 8 chunks, flag included)
+    # and one allgather of a rank's part, 4 + 0.126953125·N = 126,957 B at q_ref = 8, so 126,957·8/64 at 64.
+    table = cost_model.load_table()
+    entry = table["configurations"]["sync_int8"]
+    assert entry["across_groups"]["collectives"] == {
+        "alltoall": {"bytes_a": 32.0, "bytes_b": 1.015625, "calls": 1.0},
+        "allgather": {"bytes_a": 4.0, "bytes_b": 0.126953125, "calls": 1.0}}
+    alltoall = 63 * A + 63 / 64 * 1_015_657 / B
+    allgather = 63 * A + 63 * (126_957 * 8 / 64) / B
+    got = cost_model.comm_time(entry, table["reference"], 1_000_000, 8, 8, (A, B))
+    assert got == pytest.approx(alltoall + allgather)
+    assert got == pytest.approx(1.26e-3 + 9.997874e-4 + 9.997864e-4, rel=1e-6)
+    # not an allreduce's 2(p−1) latencies per call: 2 calls × 63 α, not 2 × 126 α
+    assert got < 2 * cost_model.ring_allreduce(64, 1_015_657, A, B)
+
+
+def test_hierarchical_levels_from_the_table():
+    # sync_two_level at 4 hosts × 4 ranks, N = 1e6. Table (n_ref = 2): within, a reduce-scatter of
+    # 8 + 4N B and an allgather of the 2N B shard (a rank's part at 2 ranks: N/4·4 B = N B at 4 ranks);
+    # across, an allreduce of the shard, 2N B at n_ref = 2, so N B at n = 4, each of 4 sets at B/4.
+    table = cost_model.load_table()
+    entry = table["configurations"]["sync_two_level"]
+    intra = (1e-6, 1e10)
+    n_mb = 1_000_000
+    within = (3 * 1e-6 + 3 / 4 * (8 + 4 * n_mb) / 1e10) + (3 * 1e-6 + 3 * (2 * n_mb * 2 / 4) / 1e10)
+    across = 2 * 3 * A + 2 * 3 / 4 * (4 * n_mb / 4) / (B / 4)
+    got = cost_model.comm_time(entry, table["reference"], n_mb, 4, 4, (A, B), intra)
+    assert got == pytest.approx(within + across)
 
 
 def test_one_rank_costs_nothing():
@@ -74,7 +113,9 @@ def test_cli_one_row_per_host_count_and_fast():
     assert [r.split()[2] for r in rows] == ["8", "64", "512", "1024"]
     last = rows[-1].split()
     assert last[3] == "8192"
-    params, compute = cost_model.MODELS["resnet50"]
+    from benchmarks import workloads
+    resnet50 = workloads.models()["resnet50"]
+    params, compute = resnet50.params, resnet50.compute
     table = cost_model.load_table()
     comm = cost_model.comm_time(table["configurations"]["sync"], table["reference"], params, 1024, 8,
                                 (cost_model.INTER_ALPHA, 100e9 / 8))
@@ -82,7 +123,7 @@ def test_cli_one_row_per_host_count_and_fast():
 
 
 @pytest.mark.parametrize("args", [("--hosts", "0"), ("--link", "fast"), ("--model", "nope"), ("--params", "x"),
-                                  ("--params", "100",)])
+                                  ("--params", "100",), ("--paper", "nope"), ("--check",)])
 def test_cli_bad_input_is_one_line_and_exit_2(args):
     result = _cli(*args)
     assert result.returncode == 2
@@ -90,7 +131,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(args):
 
 
 def test_imports_no_tensorflow():
-    code = "import sys, benchmarks.cost_model; assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules"
+    code = ("import sys, benchmarks.cost_model, benchmarks.projection; "
+            "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules and 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert math.isfinite(cost_model.LINKS["100gbit"])
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from benchmarks import defaults_report
+from benchmarks import defaults_report, projection_report, tta_report
 from tests.helpers import ROOT
 from tools import tf_matrix
 
@@ -29,6 +29,8 @@ RENDERED_PAGES = {
     "wire-results.md": defaults_report.render_wire,
     "compression-accuracy.md": defaults_report.render_compression,
     "supported-versions.md": tf_matrix.render,
+    "time-to-accuracy.md": tta_report.render,
+    "projection.md": projection_report.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
 # to call here: benchmarks.rated_links wrote it from a results.json that is not committed.

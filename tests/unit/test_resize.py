@@ -226,19 +226,19 @@ def test_an_open_accumulation_window_counts_every_sample_once(tmp_path, p, q):
     assert int(strategy.step_counter.numpy()) == 2 and int(strategy.accumulated_samples.numpy()) == 0
 
 
-def test_hierarchical_refuses_what_it_cannot_re_cut():
-    # one group (or groups of one) holds the inter state as whole variables, not shards; by host, n is unknown
-    make = lambda n=2: Hierarchical(SyncAverage(), EASGD(TAU), ranks_per_group=n)  # noqa: E731
-    assert make().resize_refusal(4, 2) == (
-        "--strategy hierarchical keeps its inter state as shards across the ranks of each group, and re-cutting "
-        "them onto a single group of 2 is not supported yet: resume at 4 ranks, or at a multiple of 2 with 2 "
-        "groups or more")
+def test_hierarchical_refuses_only_groups_that_do_not_divide_and_an_alpha_that_diverges():
+    # any group size, one group and groups of one included (tests/unit/test_resize_groups.py); by host,
+    # the saved group size is read from the shards
+    make = lambda n=2, inter=None: Hierarchical(SyncAverage(), inter or EASGD(TAU), ranks_per_group=n)  # noqa: E731
+    for saved, ranks in ((4, 2), (4, 6), (6, 4), (2, 4), (4, 4)):
+        assert make().resize_refusal(saved, ranks) is None
+    assert Hierarchical(SyncAverage(), EASGD(TAU)).resize_refusal(4, 6) is None
+    assert make(1).resize_refusal(2, 3) is None  # groups of one: EASGD's rule at p ranks
     assert make().resize_refusal(4, 5) == "--ranks-per-group 2 does not divide the 5 ranks of the resumed run"
-    assert Hierarchical(SyncAverage(), EASGD(TAU)).resize_refusal(4, 6).startswith(
-        "--strategy hierarchical keeps its inter state as shards across the ranks of each host, and re-cutting "
-        "them needs the saved group size: resume at 4 ranks")
-    assert make().resize_refusal(4, 6) is None and make().resize_refusal(6, 4) is None
-    assert make(1).resize_refusal(2, 3) is None  # groups of one: the replicated rule, EASGD's at p ranks
+    # a fixed alpha is checked at the new number of groups G' = q/n': 0.5 > 2/(4+1)
+    refusal = make(1, EASGD(TAU, moving_rate=0.5)).resize_refusal(2, 4)
+    assert refusal.startswith("--moving-rate 0.5 was fixed for 2 ranks, and at 4 ranks alpha > 2/(q+1) = 0.4: ")
+    assert "\n" not in refusal and make(2, EASGD(TAU, moving_rate=0.5)).resize_refusal(2, 4) is None
 
 
 def recut_reference(saved, key, n, groups, group, index, elements, across=None):

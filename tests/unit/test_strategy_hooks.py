@@ -187,7 +187,7 @@ def test_resize_verdicts_and_notices():
     assert EASGD(moving_rate=0.4).resize_refusal(2, 5).startswith(
         "--moving-rate 0.4 was fixed for 2 ranks, and at 5 ranks alpha > 2/(q+1) = 0.333333: the elastic step "
         "diverges; resume at 4 ranks or fewer")
-    assert Hierarchical().resize_refusal(2, 3).startswith("--strategy hierarchical keeps its inter state as shards")
+    assert Hierarchical().resize_refusal(2, 3) is None  # by host: the saved group size is in the shards
     for strategy in (PeriodicAverage(), DiLoCo(), GradientAccumulation(2, strategy=DiLoCo())):
         assert strategy.resize_refusal(2, 3) is None  # each declares its rule (test_resize.py)
     # a strategy that declares no rule of its own (the base's hook) still refuses
@@ -225,3 +225,21 @@ def test_the_inter_choices_are_the_registered_strategies_that_run_across_groups(
 
     registry.register(CalmEASGD)  # a subclass inherits the capability, so it may sit across groups
     assert registry.choices(inter) == ("calm_easgd", "diloco", "easgd", "periodic", "sync")
+
+
+def test_traffic_is_split_by_the_collective_that_carries_it():
+    # What a cost model charges by each kind's own formula (benchmarks/cost_model.py): int8 at p = 4 is the
+    # quantised allreduce's alltoall (p messages) and allgather (one), each (p−1) messages on the wire.
+    model = model_with_statistics()
+    int8 = expected_of(SyncAverage(compression="int8"), model, 1, P).across_groups
+    kinds = {kind: (b, c, w) for kind, b, c, w in int8.by_collective}
+    assert set(kinds) == {"alltoall", "allgather"}
+    message = kinds["allgather"][0]
+    assert kinds == {"alltoall": (P * message, 1.0, (P - 1) * message), "allgather": (message, 1.0, (P - 1) * message)}
+    assert (int8.bytes, int8.calls, int8.wire_bytes) == ((P + 1) * message, 2.0, 2 * (P - 1) * message)
+    two_level = expected_of(Hierarchical(intra=SyncAverage(), inter=SyncAverage()), model, 2, 2)
+    assert [kind for kind, *_ in two_level.within_group.by_collective] == ["allgather", "reducescatter"]
+    assert [kind for kind, *_ in two_level.across_groups.by_collective] == ["allreduce"]
+    # accumulation spreads every kind over its k micro-batches
+    accumulated = expected_of(GradientAccumulation(2, SyncAverage()), model, 1, P).across_groups
+    assert accumulated.by_collective == (("allreduce", accumulated.bytes, 0.5, accumulated.wire_bytes),)

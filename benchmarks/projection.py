@@ -1,0 +1,118 @@
+"""``python -m benchmarks project``: the cost model's command line.
+
+    python -m benchmarks project --hosts 8,64,512,1024 --link 100gbit   # rows for every listed model
+    python -m benchmarks project --paper horovod                        # the Horovod paper's table
+    python -m benchmarks project --report                               # every committed projection file
+    python -m benchmarks project --report --check                       # exit 1 if one is stale
+
+Imports no TensorFlow and answers in well under a second (``--report``
+draws its plots with matplotlib, a few seconds). The formulas are
+``cost_model.py``'s; the models ``workloads.py``'s; the paper's inputs
+``paper_check.py``'s; the generated page ``projection_report.py``'s.
+"""
+import argparse
+import json
+import pathlib
+import sys
+
+from . import cost_model, paper_check, projection_report, workloads
+
+PAPERS = {"horovod": paper_check}
+
+
+def _positive(text, name, kind=float):
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value <= 0:
+        raise ValueError(f"`{name}` must be a positive number. Received: {name}={text}")
+    return value
+
+
+def _bandwidth(text):
+    if text.lower() in cost_model.LINKS:
+        return cost_model.LINKS[text.lower()]
+    try:
+        return _positive(text, "link") / 8  # bits/s
+    except ValueError:
+        raise ValueError(f"`link` must be one of {', '.join(cost_model.LINKS)} or bits/s. "
+                         f"Received: link={text}") from None
+
+
+def _calibration(path):
+    try:
+        values = json.loads(pathlib.Path(path).read_text())
+        return _positive(values["alpha"], "alpha"), _positive(values["bandwidth"], "bandwidth")
+    except (OSError, KeyError, TypeError, json.JSONDecodeError):
+        raise ValueError(f"`calibration` must be a JSON file with alpha and bandwidth. "
+                         f"Received: calibration={path}") from None
+
+
+def _models(args, known):
+    if args.model is not None and args.model not in known:
+        raise ValueError(f"`model` must be one of {', '.join(known)}. Received: model={args.model}")
+    chosen = {args.model: known[args.model]} if args.model else dict(known)
+    if not (args.params or args.step_time):
+        return {name: (w.params, w.compute, w.batch) for name, w in chosen.items()}
+    base = known.get(args.model)
+    params = _positive(args.params, "params", int) if args.params else base and base.params
+    step = _positive(args.step_time, "step_time") if args.step_time else base and base.compute
+    if not params or not step:
+        raise ValueError("`params` and `step_time` must both be given for a custom model. "
+                         f"Received: params={args.params}, step_time={args.step_time}")
+    return {args.model or "custom": (params, step, base.batch if base else 64)}
+
+
+def main(argv=None, prog="python -m benchmarks project"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", default="8,64,512,1024")
+    parser.add_argument("--ranks-per-host", default="8")
+    parser.add_argument("--link", default="100gbit", help=f"{', '.join(cost_model.LINKS)} or bits/s")
+    parser.add_argument("--model", default=None, help="one of the listed models (default: all; workloads.py)")
+    parser.add_argument("--params", default=None, help="trainable parameters (your own model)")
+    parser.add_argument("--step-time", default=None, help="compute seconds per step (your own model)")
+    parser.add_argument("--alpha", default=str(cost_model.INTER_ALPHA), help="seconds per message across hosts")
+    parser.add_argument("--bandwidth", default=None, help="bytes/s across hosts (overrides --link)")
+    parser.add_argument("--calibration", default=None,
+                        help="JSON with alpha (s) and bandwidth (bytes/s) across hosts (link_probe.alpha_sweep)")
+    parser.add_argument("--configuration", default=None, help="one configuration of the traffic table")
+    parser.add_argument("--paper", default=None, help=f"print a paper's table: {', '.join(PAPERS)}")
+    parser.add_argument("--report", action="store_true",
+                        help="write docs/results/projection/ and docs/projection.md (the paper's table included)")
+    parser.add_argument("--check", action="store_true", help="with --report: exit 1 if a committed file is stale")
+    args = parser.parse_args(argv)
+    try:
+        if args.paper is not None and args.paper not in PAPERS:
+            raise ValueError(f"`paper` must be one of {', '.join(PAPERS)}. Received: paper={args.paper}")
+        if args.check and not args.report:
+            raise ValueError("`check` must come with --report. Received: check=True, report=False")
+        hosts = [_positive(h, "hosts", int) for h in args.hosts.split(",")]
+        ranks = _positive(args.ranks_per_host, "ranks_per_host", int)
+        bandwidth = _positive(args.bandwidth, "bandwidth") if args.bandwidth else _bandwidth(args.link)
+        alpha = _positive(args.alpha, "alpha")
+        if args.calibration:
+            alpha, bandwidth = _calibration(args.calibration)
+        models = _models(args, workloads.models())
+        table = cost_model.load_table()
+        if args.configuration and args.configuration not in table["configurations"]:
+            raise ValueError(f"`configuration` must be one of {', '.join(table['configurations'])}. "
+                             f"Received: configuration={args.configuration}")
+    except ValueError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return 2
+    if args.report:
+        stale = projection_report.write(check=args.check)
+        for path in stale:
+            print(f"{prog}: {path} is stale; run `{prog} --report`" if args.check else path,
+                  file=sys.stderr if args.check else sys.stdout)
+        return 1 if args.check and stale else 0
+    if args.paper:
+        print(PAPERS[args.paper].render_table(PAPERS[args.paper].results()))
+        return 0
+    print(f"{'model':<12} {'configuration':<20} {'hosts':>6} {'ranks':>6} {'samples/s':>12} {'efficiency':>10}")
+    for model, (params, compute, batch) in models.items():
+        for name, h, rate, eff in cost_model.project(table, params, compute, hosts, ranks, (alpha, bandwidth), batch,
+                                                     [args.configuration] if args.configuration else None):
+            print(f"{model:<12} {name:<20} {h:>6} {h * ranks:>6} {rate:>12.4g} {eff:>10.3f}")
+    return 0

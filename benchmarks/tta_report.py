@@ -1,0 +1,391 @@
+"""The time-to-accuracy page, rendered from one rated-link run's committed ``results.json``.
+
+    python -m benchmarks tta-report            # docs/results/tta_teacher: its results.md, the plots, the page
+    python -m benchmarks tta-report --check    # exit 1 if results.md or the page differs from its render
+    python -m benchmarks tta-report --results docs/results/tta_teacher_smoke --no-page
+
+It launches nothing: ``results.md`` is ``rated_links.markdown`` of the
+results again (a run whose report was written by an older generator is
+re-rendered, not re-run), the plots go to ``benchmarks/figures/`` (the site
+shows them, ``docs/hooks/figures.py``), and ``docs/time-to-accuracy.md`` holds
+issue 25's goals, each computed here from the per-seed curves.
+
+How a figure is read off the curves. Test accuracy is measured once per
+epoch, so the time to a target is the training wall time at the end of the
+first epoch at or above it (no interpolation: the target was crossed up to
+one epoch earlier). Figures are medians over the seeds, with their min and
+max; a ratio of two configurations is of their medians, next to the range
+of the per-seed ratios (seed s of each ran interleaved, epoch by epoch, in
+the same launch). Samples/s of a configuration are its epochs' samples over
+its training seconds (``curves.samples_per_second``), set against the
+no-communication ceiling the same launch measured.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+from . import curves, rated_links
+from .names import BASELINES, BY_NAME
+from .runner import REPO_ROOT, table
+
+RESULTS = os.path.join(REPO_ROOT, "docs", "results", "tta_teacher")
+PAGE = os.path.join(REPO_ROOT, "docs", "time-to-accuracy.md")
+FIGURES = os.path.join(REPO_ROOT, "benchmarks", "figures")
+# The run's own target (0.9) took SyncAverage about a minute, the issue asks for 2-10 minutes: a harder one
+# is read from the same curves, below where SyncAverage ends (about 0.957) so that every seed can reach it.
+HARDER_TARGET = 0.94
+# Issue 25's goals.
+TIME_RATIO_GOAL = 1 / 3  # best low-communication strategy ÷ SyncAverage, time to target
+FINAL_ACCURACY_POINTS = 1.0  # each strategy's final accuracy at most 1 pp below SyncAverage's
+CEILING_GOAL = 0.9  # Streaming DiLoCo with overlap: samples/s ÷ the no-communication ceiling
+COMM_SHARE_GOAL = 0.9  # the workload: a SyncAverage step's share of communication
+SYNC_MINUTES = (2, 10)  # the workload: SyncAverage's time to the target
+GOAL_RATES = ("100mbit", "10mbit")  # the rates the goals are set at
+
+
+def median_range(values):
+    """``{"median", "min", "max"}`` of the values, or None when there are none."""
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _cell(stats, fmt="{:.1f}"):
+    if stats is None:
+        return "—"
+    f = fmt.format
+    if len({stats["min"], stats["max"]}) == 1:
+        return f(stats["median"])
+    return f"{f(stats['median'])} ({f(stats['min'])}–{f(stats['max'])})"
+
+
+def time_to(res, target):
+    """Per seed, the first epoch at or above ``target``: ``{"seconds", "epochs", "reached", "seeds", "per_seed"}``,
+    the first two summarised over the seeds that reached it; ``per_seed`` is seconds or None, in seed order."""
+    points = [curves.first_at_or_above(run["curve"], target) for run in res["runs"]]
+    reached = [p for p in points if p is not None]
+    return {"seconds": median_range([p["seconds"] for p in reached]),
+            "epochs": median_range([p["epoch"] for p in reached]), "reached": len(reached), "seeds": len(points),
+            "per_seed": [None if p is None else p["seconds"] for p in points]}
+
+
+def final_accuracy(res):
+    return median_range([run["final_accuracy"] for run in res["runs"]])
+
+
+def throughput(tta, res):
+    return median_range([curves.samples_per_second(tta, run) for run in res["runs"]])
+
+
+def low_communication(tta):
+    """The strategies set against SyncAverage: every configuration timed but SyncAverage and the baselines."""
+    return [name for name in tta["per_config"] if name != "sync" and name not in BASELINES]
+
+
+def _flag(name, flag):
+    """The value of ``flag`` in configuration ``name``'s train.py flags, or None (an unknown name: None)."""
+    flags = BY_NAME[name].train_py if name in BY_NAME else ()
+    return flags[flags.index(flag) + 1] if flag in flags else None
+
+
+def is_twin(name, twin):
+    """``name`` overlaps (δ ≥ 1) and ``twin`` has the same train.py flags without ``--overlap``."""
+    if int(_flag(name, "--overlap") or 0) < 1 or name not in BY_NAME or twin not in BY_NAME:
+        return False
+    flags = list(BY_NAME[name].train_py)
+    at = flags.index("--overlap")
+    return tuple(flags[:at] + flags[at + 2:]) == BY_NAME[twin].train_py
+
+
+def streaming_with_overlap(name):
+    """Streaming DiLoCo with overlap: DiLoCo with more than one fragment and δ ≥ 1."""
+    return (_flag(name, "--strategy") == "diloco" and int(_flag(name, "--fragments") or 1) > 1
+            and int(_flag(name, "--overlap") or 0) >= 1)
+
+
+def _met(ok):
+    return "met" if ok else "**not met**"
+
+
+def _time_ratio(tta, target):
+    """The best low-communication strategy's median time to ``target`` ÷ SyncAverage's, and the range of the
+    per-seed ratios; only strategies that reached it in every seed compete, and SyncAverage must have too."""
+    sync = time_to(tta["per_config"]["sync"], target)
+    times = {name: time_to(tta["per_config"][name], target) for name in low_communication(tta)}
+    times = {name: t for name, t in times.items() if t["seconds"] is not None and t["reached"] == t["seeds"]}
+    if sync["reached"] < sync["seeds"] or not times:
+        return None
+    best = min(times, key=lambda name: times[name]["seconds"]["median"])
+    paired = [b / s for b, s in zip(times[best]["per_seed"], sync["per_seed"])]
+    return {"best": best, "value": times[best]["seconds"]["median"] / sync["seconds"]["median"],
+            "paired": median_range(paired), "best_seconds": times[best]["seconds"], "sync_seconds": sync["seconds"]}
+
+
+def _sync_step(tta):
+    """c, one step's compute (the ceiling's batch time), and SyncAverage's median seconds per step."""
+    c = tta["batch_per_rank"] / tta["ceiling"]["samples_per_second_per_rank"]
+    step = statistics.median(run["curve"][-1]["seconds"] / (len(run["curve"]) * tta["steps_per_epoch"])
+                             for run in tta["per_config"]["sync"]["runs"])
+    return c, step
+
+
+def _workload_rows(tta, targets):
+    """Issue 25's workload: a SyncAverage step ≥ 90% communication, SyncAverage to the target in 2-10 minutes."""
+    rows = []
+    if tta.get("ceiling"):
+        c, step = _sync_step(tta)
+        share = 1 - c / step
+        rows.append([f"workload: a `sync` step spends ≥ {COMM_SHARE_GOAL:.0%} of its time communicating",
+                     f"1 − c/step = 1 − {1e3 * c:.1f} ms / {1e3 * step:.0f} ms = {share:.3f}",
+                     _met(share >= COMM_SHARE_GOAL)])
+    low, high = SYNC_MINUTES
+    for target in targets:
+        t = time_to(tta["per_config"]["sync"], target)
+        goal = f"workload: `sync` reaches {target:g} in {low:g}–{high:g} min"
+        if t["seconds"] is None:
+            rows.append([goal, "not reached", "**not met**"])
+            continue
+        minutes = t["seconds"]["median"] / 60
+        rows.append([goal, f"{minutes:.2f} min; {_cell(t['seconds'])} s", _met(low <= minutes <= high)])
+    return rows
+
+
+def _speed_rows(tta, targets):
+    """The best low-communication strategy ÷ SyncAverage, time to each target, ≤ 1/3."""
+    rows = []
+    for target in targets:
+        r = _time_ratio(tta, target)
+        goal = f"best low-communication ÷ `sync`, time to {target:g} ≤ 1/3"
+        if r is None:
+            rows.append([goal, "`sync` or every other configuration missed it in a seed", "not measured"])
+            continue
+        paired = f"per seed {r['paired']['min']:.3f}–{r['paired']['max']:.3f}"
+        rows.append([goal, f"{r['value']:.3f} ({paired}): `{r['best']}` {_cell(r['best_seconds'])} s "
+                           f"÷ `sync` {_cell(r['sync_seconds'])} s", _met(r["value"] <= TIME_RATIO_GOAL)])
+    return rows
+
+
+def _strategy_rows(tta, targets):
+    """Each strategy: less wall time than SyncAverage to each target, final accuracy within 1 pp of its."""
+    rows = []
+    sync = tta["per_config"]["sync"]
+    sync_final = final_accuracy(sync)
+    for name in low_communication(tta):
+        res = tta["per_config"][name]
+        for target in targets:
+            mine, theirs = time_to(res, target)["seconds"], time_to(sync, target)["seconds"]
+            goal = f"`{name}` reaches {target:g} in less wall time than `sync`"
+            if mine is None or theirs is None:
+                rows.append([goal, "not reached by both", "not measured"])
+                continue
+            rows.append([goal, f"{_cell(mine)} s vs {_cell(theirs)} s", _met(mine["median"] < theirs["median"])])
+        final = final_accuracy(res)
+        # Accuracies are counts over one test set: a gap of exactly 1 pp must not fail by a rounding error.
+        gap = round(100 * (final["median"] - sync_final["median"]), 9)
+        rows.append([f"`{name}` ends within {FINAL_ACCURACY_POINTS:g} pp of `sync`'s final accuracy",
+                     f"{_cell(final, '{:.4f}')} vs {_cell(sync_final, '{:.4f}')} ({gap:+.2f} pp"
+                     + (", at the limit)" if gap == -FINAL_ACCURACY_POINTS else ")"),
+                     _met(gap >= -FINAL_ACCURACY_POINTS)])
+    return rows
+
+
+def _share(tta, name):
+    return throughput(tta, tta["per_config"][name])["median"] / tta["ceiling"]["samples_per_second"]
+
+
+def _overlap_rows(tta):
+    """Streaming DiLoCo with overlap at ≥ 0.9 of the ceiling; every overlapped strategy at least at its twin's
+    samples/s."""
+    goal = f"Streaming DiLoCo with overlap, samples/s ÷ no-communication ceiling ≥ {CEILING_GOAL:g}"
+    overlapped = [name for name in tta["per_config"] if streaming_with_overlap(name)]
+    rows = [[goal, f"`{name}`: {_share(tta, name):.3f}", _met(_share(tta, name) >= CEILING_GOAL)]
+            for name in overlapped if tta.get("ceiling")]
+    if not rows:
+        streaming = [n for n in tta["per_config"] if int(_flag(n, "--fragments") or 1) > 1]
+        nearest = "; ".join(f"`{n}` (δ = 0): {_share(tta, n):.3f}" for n in streaming) if tta.get("ceiling") else ""
+        rows.append([goal, "no configuration with overlap ran" + (f"; without it, {nearest}" if nearest else ""),
+                     "not measured"])
+    twins = [(name, twin) for name in tta["per_config"] for twin in tta["per_config"] if is_twin(name, twin)]
+    for name, twin in twins:
+        mine, theirs = (throughput(tta, tta["per_config"][n])["median"] for n in (name, twin))
+        rows.append([f"`{name}` samples/s ≥ its twin `{twin}`'s", f"{mine:,.0f} vs {theirs:,.0f}",
+                     _met(mine >= theirs)])
+    if not twins:
+        rows.append(["with δ ≥ 1, samples/s ≥ the twin's without overlap", "no configuration with overlap ran",
+                     "not measured"])
+    return rows
+
+
+def goal_rows(results, targets):
+    """One row per goal of issue 25 this page can read from ``results``: [goal, rate, measured, verdict]."""
+    rows = []
+    by_rate = {tta["link"]["nominal"]: tta for tta in results["time_to_accuracy_by_rate"]}
+    for rate, tta in by_rate.items():
+        if "sync" not in tta["per_config"]:
+            rows.append(["every goal", rate, "no SyncAverage run to compare with", "not measured"])
+            continue
+        for row in (_workload_rows(tta, targets) + _speed_rows(tta, targets) + _strategy_rows(tta, targets)
+                    + _overlap_rows(tta)):
+            rows.append([row[0], rate, *row[1:]])
+    for rate in [r for r in GOAL_RATES if r not in by_rate]:
+        rows.append(["every goal", rate, "not run (no time to accuracy at this rate in the results)",
+                     "not measured"])
+    return rows
+
+
+def config_rows(tta, targets):
+    """Per configuration: times and epochs to each target, final accuracy, samples/s and its share of the ceiling."""
+    ceiling = (tta.get("ceiling") or {}).get("samples_per_second")
+    rows = []
+    for name, res in tta["per_config"].items():
+        cells = [f"`{name}`", f"{res['lr']:g}"]
+        for target in targets:
+            t = time_to(res, target)
+            cells += [_cell(t["seconds"]), _cell(t["epochs"], "{:g}"), f"{t['reached']}/{t['seeds']}"]
+        sps = throughput(tta, res)
+        cells += [_cell(final_accuracy(res), "{:.4f}"), _cell(sps, "{:,.0f}"),
+                  "—" if not ceiling else f"{sps['median'] / ceiling:.3f}"]
+        rows.append(cells)
+    header = ["configuration", "lr"]
+    for target in targets:
+        header += [f"seconds to {target:g}", f"epochs to {target:g}", "seeds"]
+    header += [f"final accuracy ({tta['epochs']} epochs)", "samples/s", "÷ ceiling"]
+    return table(header, rows, "ll" + "r" * (len(header) - 2))
+
+
+def link_arithmetic(tta):
+    """Why the ceiling is far: c, a step's compute, from the ceiling; T, SyncAverage's communication per step,
+    from its epochs; the share a τ-strategy could reach if its whole communication were hidden, cτ/T."""
+    if "sync" not in tta["per_config"] or not tta.get("ceiling"):
+        return []
+    c, sync_step = _sync_step(tta)
+    t = sync_step - c
+    return [f"At {tta['link']['nominal']}: a step computes in c = {1e3 * c:.1f} ms (per-rank batch "
+            f"{tta['batch_per_rank']} at the ceiling's {tta['ceiling']['samples_per_second_per_rank']:,.0f} "
+            f"samples/s per rank) and a SyncAverage step takes {1e3 * sync_step:.0f} ms (median over seeds), so "
+            f"one synchronisation of the whole model costs T = {1e3 * t:.0f} ms on the link. A strategy that "
+            f"synchronises every τ steps sends T/τ per step whatever its fragments (they spread the same bytes "
+            f"over the period), so even with all of it hidden behind compute its share of the ceiling is at most "
+            f"min(1, cτ/T): {min(1.0, 10 * c / t):.2f} at τ = 10; a share of {CEILING_GOAL:g} needs "
+            f"τ ≥ {math.ceil(CEILING_GOAL * t / c)}. Without overlap it is c/(c + T/τ) = "
+            f"{c / (c + t / 10):.2f} at τ = 10."]
+
+
+def render(results_dir=RESULTS, figures=None):
+    """The page: the run, the goals, the table per rate, the plots, what did not run."""
+    with open(os.path.join(results_dir, "results.json")) as f:
+        results = json.load(f)
+    name = os.path.basename(os.path.normpath(results_dir))
+    figures = figures or figure_names(name)
+    targets = (results["time_to_accuracy_by_rate"][0]["target"], HARDER_TARGET)
+    source = os.path.relpath(results_dir, REPO_ROOT)
+    topology = results["topology"]
+    first = results["time_to_accuracy_by_rate"][0]
+    sync_first = time_to(first["per_config"]["sync"], targets[0])["seconds"]["median"]
+    lines = [f"<!-- Generated by `python -m benchmarks tta-report` from {source}/results.json; "
+             "do not edit by hand. -->",
+             "# Time to accuracy where communication dominates", "",
+             f"{curves.workload_name(first)} ([the workload](benchmarks.md#a-workload-where-communication-dominates)), "
+             f"{topology['hosts']} hosts × "
+             f"{topology['ranks_per_host']} rank on [the virtual cluster](virtual-cluster.md), "
+             f"{topology['shaping']}, per-rank batch {first['batch_per_rank']}, {first['epochs']} epochs "
+             f"(each run capped at {first['cap_seconds']:g} s of training), {first['seeds']} seeds. "
+             f"Command (`{source}/results.md` is its report, re-rendered from its results.json):", "",
+             f"    {results['command']}", "",
+             "Every figure is computed by `benchmarks/tta_report.py` from the per-seed, per-epoch curves in "
+             f"`{source}/results.json`: medians over the seeds with (min–max). A time to a target is the "
+             "training wall time (slowest rank, no evaluation) at the end of the **first epoch at or above it**: "
+             "accuracy is measured once per epoch and nothing is interpolated, so the target was crossed up to an "
+             f"epoch earlier. {targets[0]:g} is the run's own target; {HARDER_TARGET:g} is read from the same "
+             f"curves because SyncAverage reached {targets[0]:g} in {sync_first:.0f} s (median), short of the "
+             f"issue's {SYNC_MINUTES[0]:g}–{SYNC_MINUTES[1]:g} minutes. Final accuracy is after the same number "
+             "of epochs for every configuration, not at equal "
+             "wall time.", "",
+             "## Goals (issue 25)", "",
+             table(["goal", "rate", "measured", ""], goal_rows(results, targets), "llll"), ""]
+    for tta in results["time_to_accuracy_by_rate"]:
+        link = tta["link"]
+        lines += [f"## {link['nominal']} ({link['measured_mbit']:,.0f} Mbit/s measured)", "",
+                  config_rows(tta, targets), "",
+                  f"Ceiling: no communication, {tta['ceiling']['samples_per_second']:,.0f} samples/s for "
+                  f"{tta['np']} ranks ({tta['ceiling']['steps']} steps of one rank alone, the slowest rank's, "
+                  f"× {tta['np']}). Samples/s: {tta['steps_per_epoch']} steps per epoch × "
+                  f"{tta['batch_per_rank']} × {tta['np']} ranks per epoch, over the training seconds.", "",
+                  *link_arithmetic(tta), ""]
+    lines += ["## Plots", "",
+              f"![test accuracy against training wall time, one panel per link rate, every seed thin and the "
+              f"median bold](figures/{figures[0]})", "",
+              f"![samples/s against the measured link rate: the throughput pass and the time-to-accuracy "
+              f"epochs](figures/{figures[1]})", "",
+              "The throughput plot's first panel is "
+              + "; ".join(f"the {curves.throughput_model_name(m)}, {rated_links.throughput_pass(results, m)}"
+                          for m in results["models"])
+              + ". Those rows (`results.md`'s throughput tables) are the strategies' samples/s on that model; "
+              "the workload above has its samples/s from its training epochs, in the last panel with the "
+              "no-communication ceiling.", ""]
+    return "\n".join(lines)
+
+
+def figure_names(name):
+    """The PNGs of results folder ``name`` in benchmarks/figures/."""
+    return (f"{name}_time_to_accuracy.png", f"{name}_throughput_vs_link_rate.png")
+
+
+def write_plots(results_dir, figures_dir=FIGURES):
+    """The two PNGs of the page, into ``figures_dir`` (matplotlib loads here only)."""
+    from . import plots
+
+    with open(os.path.join(results_dir, "results.json")) as f:
+        results = json.load(f)
+    first, second = figure_names(os.path.basename(os.path.normpath(results_dir)))
+    targets = (results["time_to_accuracy_by_rate"][0]["target"], HARDER_TARGET)
+    return (plots.time_to_accuracy_by_rate(results["time_to_accuracy_by_rate"], figures_dir, first, targets)
+            + plots.throughput_vs_link_rate(results, figures_dir, second))
+
+
+def render_results_md(results_dir):
+    """The run's own report again, from its results.json."""
+    with open(os.path.join(results_dir, "results.json")) as f:
+        return rated_links.markdown(json.load(f))
+
+
+def main(argv=None, prog="python -m benchmarks tta-report"):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--results", default=RESULTS, metavar="DIR",
+                   help="a rated-link run's folder, with its results.json (default docs/results/tta_teacher)")
+    p.add_argument("--page", default=PAGE, help="the page to write (default docs/time-to-accuracy.md)")
+    p.add_argument("--no-page", action="store_true", help="rewrite results.md only (and no plots)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if results.md or the page differs from its render")
+    args = p.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.results, "results.json")):
+        print(f"{prog}: `--results` must be a folder with a results.json. Received: --results={args.results}",
+              file=sys.stderr)
+        return 2
+    outputs = [(os.path.join(args.results, "results.md"), render_results_md(args.results))]
+    if not args.no_page:
+        outputs.append((args.page, render(args.results)))
+    if args.check:
+        stale = []
+        for path, text in outputs:
+            with open(path) as f:
+                if f.read() != text:
+                    stale.append(path)
+        for path in stale:
+            print(f"stale: {path}", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs:
+        with open(path, "w") as f:
+            f.write(text)
+        print(path)
+    if not args.no_page:
+        for name in write_plots(args.results):
+            print(os.path.join(FIGURES, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""DiLoCo with overlap δ (Streaming DiLoCo's overlapped merge with mixing factor α) on p = 3
+simulated ranks, against tests/reference.py's DiLoCoOverlapReference: δ = 1 and 2 at F = 1 and at
+F = 3 with τ = 10 (F not dividing τ), int8 with F = 2 and its error feedback, the mixing factor's
+effect, drain and a mid-overlap resume bit for bit, the account, and the refusals (the strategy's
+and train.py's)."""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_easgd
+from hvd_easgd import DiLoCo, checkpoint
+from hvd_easgd.app import cli, errors
+from hvd_easgd.comm import SimulatedCluster
+from hvd_easgd.strategies.diloco import fragment_layout
+from tests import reference as ref
+
+pytestmark = pytest.mark.unit
+P, BATCH = 3, 4
+SIZES = (2, 2, 2)  # whole variables of 2 elements: int8 quantises each (a 1-element one travels exact)
+
+
+class Pieces(keras.layers.Layer):
+    """x @ w with w split into whole variables of the given sizes."""
+
+    def __init__(self, sizes, **kwargs):
+        super().__init__(**kwargs)
+        self.pieces = [self.add_weight(shape=(n,), initializer="zeros", name=f"w{k}") for k, n in enumerate(sizes)]
+
+    def call(self, x):
+        return tf.linalg.matvec(x, tf.concat(self.pieces, 0))
+
+
+def ranks(make_strategy, w0, shift=0.0):
+    cluster = SimulatedCluster(P, timeout=30)
+    models, opts = [], []
+    for comm in cluster.communicators:
+        model = keras.Sequential([keras.Input((ref.DIM,)), Pieces(SIZES)])
+        for v, part in zip(model.trainable_variables, np.split(w0 + shift + 100.0 * comm.rank, np.cumsum(SIZES)[:-1])):
+            v.assign(part)
+        models.append(model)
+        opts.append(hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05), make_strategy(), comm=comm))
+    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    for comm in cluster.communicators:
+        comm.reset_account()
+    return cluster, models, opts
+
+
+def train(cluster, models, opts, shards, steps, start=0):
+    for t in range(start, start + steps):
+        def step(r):
+            x, y = (tf.constant(a, tf.float32) for a in ref.batch(shards[r], t, BATCH))
+            with tf.GradientTape() as tape:
+                loss = 0.5 * tf.reduce_mean(tf.square(models[r](x) - y))
+            opts[r].apply(tape.gradient(loss, models[r].trainable_variables), models[r].trainable_variables)
+        cluster.run(step)
+
+
+def masks(fragments):
+    bounds = np.cumsum([0] + list(SIZES))
+    out = []
+    for indices in fragment_layout([np.zeros(n, np.float32) for n in SIZES], fragments):
+        mask = np.zeros(bounds[-1], bool)
+        for i in indices:
+            mask[bounds[i]:bounds[i + 1]] = True
+        out.append(mask)
+    return out
+
+
+def weights(models):
+    return [np.concatenate([v.numpy() for v in m.trainable_variables]) for m in models]
+
+
+def assert_matches(models, opts, xs, theta):
+    for got, expected in zip(weights(models), xs):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([v.numpy() for v in opts[0].strategy.synced]), theta,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tau, fragments, delta, steps, name", [
+    # δ = 1 at F = 1 is test_the_mixing_factor_...'s, δ = 2 at F = 3 test_drain_then_a_mid_overlap_...'s
+    (4, 1, 2, 10, "none"),   # merges at 6 and 10
+    (10, 3, 1, 12, "none"),  # offsets 0, 3, 6 (F does not divide τ): merges at 4, 7, 11
+    (4, 2, 1, 9, "int8"),    # offsets 0, 2: merges at 3, 5, 7, 9, with each fragment's error feedback
+])
+def test_overlap_matches_the_numpy_reference(tau, fragments, delta, steps, name):
+    shards, w0 = ref.least_squares_shards(P)
+    cluster, models, opts = ranks(lambda: DiLoCo(tau, fragments=fragments, overlap=delta, compression=name), w0)
+    train(cluster, models, opts, shards, steps)
+    reference = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta, name=name)
+    xs, theta = reference.run(steps)
+    assert_matches(models, opts, xs, theta)
+    if name != "none":  # every rank's residuals are its own payload's
+        assert np.any(reference.residuals[0] != 0)
+        bounds = np.cumsum([0] + list(SIZES))
+        for opt, expected in zip(opts, reference.residuals):
+            got = np.zeros_like(expected)
+            for feedback, indices in zip(opt.strategy.error_feedbacks, opt.strategy.fragment_indices):
+                for i, e in zip(indices, feedback.residuals):
+                    got[bounds[i]:bounds[i + 1]] = e.numpy()
+            np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    if name == "none":  # the account: each start sends its fragment's elements and the flag, in one call
+        starts = [t for t in range(1, steps + 1) if t % tau in {f * tau // fragments for f in range(fragments)}]
+        sizes = [SIZES[0] * len(ix) for ix in opts[0].strategy.fragment_indices]
+        sent = sum(4 * (sizes[[f * tau // fragments for f in range(fragments)].index(t % tau)] + 1) for t in starts)
+        for comm in cluster.communicators:
+            assert comm.account() == {"bytes": sent, "calls": len(starts)}
+        strategy = opts[0].strategy
+        traffic = strategy.expected_traffic(models[0].trainable_variables, hosts=P)
+        assert traffic.total.bytes == pytest.approx(4 * (ref.DIM + fragments) / tau)  # as without overlap
+        assert traffic.overlapped == (1.0 if strategy.comm.reduces_in_background else 0.0)
+    # Not the blocking run: the merges are δ steps late and mixed.
+    blocking, _ = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, 0, name=name).run(steps)
+    assert not np.allclose(xs[0], blocking[0], rtol=1e-4)
+
+
+def test_the_mixing_factor_weighs_the_local_against_the_synced_weights():
+    shards, w0 = ref.least_squares_shards(P)
+    runs = {}
+    for mixing in (0.0, 0.5, 1.0):  # F = 1, δ = 1; 0.5 is the default
+        cluster, models, opts = ranks(lambda: DiLoCo(4, overlap=1, mixing=mixing), w0)
+        train(cluster, models, opts, shards, 5)  # started at 4, merged at 5
+        xs, theta = ref.DiLoCoOverlapReference(shards, w0, masks(1), 4, 1, mixing=mixing).run(5)
+        assert_matches(models, opts, xs, theta)
+        runs[mixing] = weights(models)
+    theta = np.concatenate([v.numpy() for v in opts[0].strategy.synced])
+    for got in runs[0.0]:  # α = 0: every rank restarts from θ
+        np.testing.assert_allclose(got, theta, rtol=1e-6)
+    assert not np.allclose(runs[1.0][0], runs[1.0][1])  # α = 1: the ranks keep their own weights
+    for half, none, full in zip(runs[0.5], runs[0.0], runs[1.0]):  # one merge, the last step: linear in α
+        np.testing.assert_allclose(half, (none + full) / 2, rtol=1e-5, atol=1e-6)
+    assert DiLoCo(10, overlap=1).get_config()["mixing"] == 0.5 and "overlap" not in DiLoCo(10).get_config()
+
+
+def test_drain_then_a_mid_overlap_resume_continues_bit_for_bit(tmp_path):
+    shards, w0 = ref.least_squares_shards(P)
+    make = lambda: DiLoCo(10, fragments=3, overlap=2, compression="int8")  # noqa: E731
+    cluster, models, opts = ranks(make, w0)
+    train(cluster, models, opts, shards, 7)  # fragment 2 started at 6, its merge due at 8
+    assert all(int(o.strategy.pending_handle.numpy()) > 0 for o in opts)
+    assert int(opts[0].strategy.pending_fragment.numpy()) == 2
+    cluster.run(lambda r: checkpoint.save(str(tmp_path), 1, models[r], opts[r], opts[r].comm, {},
+                                          step_in_epoch=7, steps_per_epoch=100))
+    assert all(int(o.strategy.pending_handle.numpy()) == 0 for o in opts)  # the save drained first
+    reference = ref.DiLoCoOverlapReference(shards, w0, masks(3), 10, 2, name="int8")
+    assert_matches(models, opts, *reference.run(7, drain_after=7))
+    resumed_cluster, resumed, resumed_opts = ranks(make, w0, shift=50.0)  # the restore must set everything
+    manifest, directory = checkpoint.latest(str(tmp_path))
+    resumed_cluster.run(lambda r: checkpoint.restore(directory, manifest, resumed[r], resumed_opts[r],
+                                                     resumed_opts[r].comm))
+    train(cluster, models, opts, shards, 6, start=7)  # nothing merges at 8; 10 starts f0, 12 merges it
+    train(resumed_cluster, resumed, resumed_opts, shards, 6, start=7)
+    for a, b in zip(weights(models), weights(resumed)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(opts, resumed_opts):
+        for x, y in zip(a.strategy.state_variables(), b.strategy.state_variables()):
+            if x is a.strategy.pending_handle:  # a communicator's own count of its starts: in flight in both
+                assert int(x.numpy()) > 0 and int(y.numpy()) > 0
+                continue
+            np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert_matches(resumed, resumed_opts, *reference.run(6, start=7))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"period": 10, "overlap": 10}, r"`overlap` must be an integer with 0 <= overlap <= 9"),
+    ({"period": 10, "fragments": 3, "overlap": 3},
+     r"^`overlap` must be below tau // fragments = 3 \(period=10, fragments=3\): a fragment's merge must land "
+     r"before the next fragment starts\. Received: overlap=3$"),
+    ({"period": "adaptive", "max_period": 20, "overlap": 1}, r"`overlap` > 0 needs a fixed period"),
+    ({"period": 10, "overlap": 1, "mixing": 1.5}, r"`mixing` \(alpha\) must be"),
+    ({"period": 10, "mixing": 0.2}, r"`mixing` applies to an overlapped merge only"),
+])
+def test_bad_overlap_is_refused_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message) as info:
+        DiLoCo(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy", "diloco", "--tau", "10", "--fragments", "4", "--overlap", "2"],
+     r"^`overlap` must be below tau // fragments = 2 .*Received: overlap=2$"),
+    (["--strategy", "diloco", "--mixing", "0.3"], r"^`mixing` applies to an overlapped merge only"),
+])
+def test_train_py_refuses_bad_overlap_in_one_line(argv, message):
+    with pytest.raises(errors.UsageError, match=message) as info:
+        cli.make_strategy(cli.parse_args(argv))
+    assert "\n" not in str(info.value)
+
+
+def test_train_py_builds_the_overlapped_diloco():
+    strategy = cli.make_strategy(cli.parse_args(["--strategy", "diloco", "--tau", "10", "--fragments", "3",
+                                                 "--overlap", "2", "--mixing", "0.25"]))
+    assert (strategy.period, strategy.fragments, strategy.overlap, strategy.mixing) == (10, 3, 2, 0.25)

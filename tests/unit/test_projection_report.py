@@ -1,0 +1,112 @@
+"""docs/projection.md and docs/results/projection/ are what the cost model computes from the committed inputs,
+and a few of their numbers by hand (no TensorFlow)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import paper_check, projection_report, workloads
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def data():
+    return projection_report.compute()
+
+
+def test_committed_files_equal_their_render(data):
+    texts = projection_report.files()
+    for path, text in texts.items():
+        assert path.read_text() == text, f"{path} is stale: run `{projection_report.COMMAND}`"
+    assert json.loads(texts[projection_report.OUT / "projection.json"]) == json.loads(json.dumps(data))
+    for model in data["projection"]:  # the plots are drawn by the same command (not compared byte for byte)
+        assert (projection_report.FIGURES / f"projection_{model}.png").stat().st_size > 10_000
+
+
+def test_every_strategy_model_link_and_host_count_is_projected(data):
+    assert data["hosts"] == [8, 64, 512, 1024] and data["ranks_per_host"] == 8
+    assert set(data["projection"]) == {"digits_cnn", "wide_mlp", "overlap_mlp", "resnet50", "1b"}
+    links = [x["name"] for x in data["links"]]
+    assert len(links) == 9 and "100mbit α 100 ms" in links and "400gbit α 5 µs" in links
+    for per_link in data["projection"].values():
+        for per in per_link.values():
+            assert set(per) == set(data["configurations"]) and "no_comm" not in per
+            assert all(len(v["efficiency"]) == 4 for v in per.values())
+
+
+def test_resnet50_sync_at_8_hosts_by_hand(data):
+    # S = 4·25,583,592 B; p = 64; α 5 µs, B = 100e9/8: 2·63·5e-6 + 2·63/64·S/B; c = 64/219 s (the cited P100)
+    size = 4 * 25_583_592
+    comm = 2 * 63 * 5e-6 + 2 * 63 / 64 * size / 12.5e9
+    compute = 64 / 219
+    row = data["projection"]["resnet50"]["100gbit α 5 µs"]["sync"]
+    assert row["efficiency"][0] == pytest.approx(compute / (compute + comm), rel=1e-5)
+    assert row["samples_per_second"][0] == pytest.approx(64 * 64 / (compute + comm), rel=1e-5)
+
+
+def test_teacher_workload_periodic_across_sites_by_hand(data):
+    # periodic_tau10 sends 4 + 4N bytes in one allreduce every 10 steps; at 8,192 ranks over 1 Gbit/s and 10 ms
+    # the ring's latency, 2·8191·0.01 s a call, is most of it. c from the committed ceiling (256 samples).
+    tta = json.loads(projection_report.TTA.read_text())["time_to_accuracy"]
+    compute = 256 / tta["ceiling"]["samples_per_second_per_rank"]
+    size = 4 + 4 * 1_093_642
+    comm = 0.1 * (2 * 8191 * 0.01 + 2 * 8191 / 8192 * size / 1.25e8)
+    row = data["projection"]["overlap_mlp"]["1gbit α 10 ms"]["periodic_tau10"]
+    assert row["efficiency"][-1] == pytest.approx(compute / (compute + comm), rel=1e-5)
+
+
+def test_step_ratios_come_from_the_time_to_accuracy_run(data):
+    per = json.loads(projection_report.TTA.read_text())["time_to_accuracy"]["per_config"]
+    assert data["step_ratios"]["sync"] == 1.0
+    assert data["step_ratios"]["easgd_tau10"] == pytest.approx(
+        per["easgd_tau10"]["epochs_to_target"] / per["sync"]["epochs_to_target"], rel=1e-5)
+    # the reading divides samples/s by the ratio: at 400 Gbit/s on the 1 B model, sync against periodic
+    winner, gain = projection_report.best(data, "1b", "400gbit α 5 µs", -1)
+    per_link = data["projection"]["1b"]["400gbit α 5 µs"]
+    expected = max(per_link[c]["samples_per_second"][-1] / r for c, r in data["step_ratios"].items())
+    assert gain == pytest.approx(expected / per_link["sync"]["samples_per_second"][-1])
+    assert winner.split(" = ")[0] in data["step_ratios"]
+
+
+def test_horovod_paper_inception_v3_by_hand():
+    # 23,817,352 fp32 parameters, 512 ranks (128 × 4), α 10 µs, 25 Gbit/s: 2·511·1e-5 + 2·511/512·S/3.125e9;
+    # c = 64/142 s. Efficiency c/(c + comm); reported 90%.
+    size = 4 * 23_817_352
+    comm = 2 * 511 * 1e-5 + 2 * 511 / 512 * size / 3.125e9
+    compute = 64 / 142
+    row = next(r for r in paper_check.results()["rows"] if r["model"] == "Inception V3")
+    assert row["comm_seconds"] == pytest.approx(comm)
+    assert row["predicted"] == pytest.approx(compute / (compute + comm))
+    assert row["predicted_all_hidden"] == 1.0  # comm < c
+    assert row["reported"] == 0.90
+    # the hidden share o solving c/(c + (1−o)·comm) = 0.9
+    assert compute / (compute + (1 - row["hidden_share_implied"]) * comm) == pytest.approx(0.90)
+    low, high = row["predicted_range"]
+    assert low < row["predicted"] < high
+
+
+def test_every_paper_input_has_a_source_or_a_range():
+    result = paper_check.results()
+    assert all(url.startswith("https://") for url in result["sources"].values())
+    for r in result["rows"]:
+        assert r["images_source"] and r["images_range"][0] <= r["images_per_second"] <= r["images_range"][1]
+    assert all(lo <= central <= hi for central, lo, hi in result["assumptions"].values())
+
+
+def test_workloads_read_their_measurements():
+    models = workloads.models()
+    assert {m: w.basis for m, w in models.items()} == {
+        "digits_cnn": "measured", "wide_mlp": "measured", "overlap_mlp": "measured", "resnet50": "cited",
+        "1b": "assumed"}
+    tta = json.loads(projection_report.TTA.read_text())["time_to_accuracy"]
+    assert models["overlap_mlp"].compute == 256 / tta["ceiling"]["samples_per_second_per_rank"]
+
+
+def test_cli_paper_table():
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--paper", "horovod"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert [line.split("|")[1].strip() for line in result.stdout.splitlines()[2:]] == [
+        "Inception V3", "ResNet-101", "VGG-16"]
