@@ -45,8 +45,9 @@ class BackgroundReducer:
         self._lock = threading.Lock()
         self._queue = None
 
-    def submit(self, arrays, op):
-        """Queues the allreduce of ``arrays`` (copied: the caller's buffers may change) and returns its handle."""
+    def submit(self, arrays, op, then=None):
+        """Queues the allreduce of ``arrays`` (copied: the caller's buffers may change) and returns its handle;
+        ``then(reduced)``, if given, runs on the result in the worker (the communicator's decompression)."""
         arrays = [np.array(a, copy=True) for a in arrays]
         future = concurrent.futures.Future()
         with self._lock:
@@ -55,10 +56,10 @@ class BackgroundReducer:
             self._jobs[handle] = future
         submitted = time.time()
         if self.inline:
-            self._run(handle, arrays, op, future, submitted)
+            self._run(handle, arrays, op, then, future, submitted)
             self._record_wait(handle, submitted, time.time())
         else:
-            self._worker().put((handle, arrays, op, future, submitted))
+            self._worker().put((handle, arrays, op, then, future, submitted))
         return handle
 
     def wait(self, handle):
@@ -80,6 +81,11 @@ class BackgroundReducer:
         with self._lock:
             return sorted(self._jobs)
 
+    def holds(self, handle):
+        """Whether ``handle`` is a job of this worker not waited for yet."""
+        with self._lock:
+            return int(handle) in self._jobs
+
     # --- the worker -----------------------------------------------------------------------
     def _worker(self):
         if self._queue is None:
@@ -91,10 +97,11 @@ class BackgroundReducer:
         while True:
             self._run(*self._queue.get())
 
-    def _run(self, handle, arrays, op, future, submitted):
+    def _run(self, handle, arrays, op, then, future, submitted):
         started = time.time()
         try:
-            reduced = [np.asarray(r) for r in self._reduce(arrays, op, handle)]
+            reduced = self._reduce(arrays, op, handle)
+            reduced = [np.asarray(r) for r in (then(reduced) if then is not None else reduced)]
         except BaseException as err:  # noqa: BLE001 - handed to the waiter, which raises it
             future.set_exception(err)
             return

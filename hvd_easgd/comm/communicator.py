@@ -38,10 +38,12 @@ The Horovod and the direct communicators reduce in the background
 (``reduces_in_background``; comm/background.py). The start compresses and
 records in-graph as above, then a ``tf.py_function`` hands copies of the
 wire tensors to the communicator's one worker thread, which runs the
-transport's blocking grouped allreduce eagerly, and returns the handle; the
-finish is a ``tf.py_function`` that waits for that job (blocking only if it
-has not ended yet) and returns the reduced wire tensors, decompressed
-in-graph. Why this design, in a traced step: a collective op inside the
+transport's blocking grouped allreduce eagerly and decompresses the result,
+and returns the handle; the finish is a ``tf.py_function`` that waits for
+that job (blocking only if it has not ended yet) and returns the result.
+Whether a start went to the worker is asked of the worker when the finish
+runs (a started format that cannot be summed is held instead, and payloads
+of the same shapes may take either path). Why this design, in a traced step: a collective op inside the
 graph is waited on by the step that runs it (Horovod's op completes
 asynchronously, but the step does not end before its outputs exist), and a
 non-blocking MPI op would need a request carried across steps in a
@@ -155,8 +157,6 @@ class Communicator:
         # Started allreduces held for their finish: {payload signature: (handle variable, result variables)}.
         self._held = {}
         self._last_handle = None
-        # Started in the background: {payload signature: (compression, its dtypes, the wire's shapes and dtypes)}.
-        self._started = {}
 
     @property
     def ranks(self):
@@ -325,9 +325,12 @@ class Communicator:
         wire, dtypes = zip(*(compression.compress(t) for t in tensors))
         self._record(wire)
         errors = [t - compression.decompress(w, d) for t, w, d in zip(tensors, wire, dtypes)]
-        self._started[_signature(tensors)] = (compression, dtypes, [(w.shape, w.dtype) for w in wire])
-        handle = tf.py_function(lambda *arrays: self._background.submit(arrays, op), list(wire), Tout=tf.int64,
-                                name="start_allreduce")
+
+        def decompress(reduced):  # in the worker: the finish then needs no more than the payload's shapes
+            return [compression.decompress(tf.convert_to_tensor(r), d) for r, d in zip(reduced, dtypes)]
+
+        handle = tf.py_function(lambda *arrays: self._background.submit(arrays, op, then=decompress), list(wire),
+                                Tout=tf.int64, name="start_allreduce")
         handle.set_shape([])
         return handle, errors
 
@@ -338,13 +341,26 @@ class Communicator:
         with a payload of ``like``'s shapes) is an error, not a wait.
         """
         like = [tf.convert_to_tensor(t) for t in like]
-        if _signature(like) in self._started:
-            compression, dtypes, wire = self._started[_signature(like)]
-            reduced = tf.py_function(lambda h: self._background.wait(h.numpy()), [tf.cast(handle, tf.int64)],
-                                     Tout=[dtype for _, dtype in wire], name="finish_allreduce")
-            for r, (shape, _) in zip(reduced, wire):
-                r.set_shape(shape)
-            return [compression.decompress(r, d) for r, d in zip(reduced, dtypes)]
+        if self._background is None or self.size == 1:
+            return self._finish_held(handle, like)
+        # Which path the start took is known when it ran, not when this was traced (a format that cannot
+        # be summed was held): asked of the worker.
+        handle = tf.cast(handle, tf.int64)
+        in_worker = tf.py_function(lambda h: self._background.holds(h.numpy()), [handle], Tout=tf.bool,
+                                   name="started_in_background")
+        in_worker.set_shape([])
+
+        def from_worker():
+            reduced = tf.py_function(lambda h: self._background.wait(h.numpy()), [handle],
+                                     Tout=[t.dtype for t in like], name="finish_allreduce")
+            for r, t in zip(reduced, like):
+                r.set_shape(t.shape)
+            return reduced
+
+        reduced = tf.cond(in_worker, from_worker, lambda: self._finish_held(handle, like))
+        return list(reduced) if isinstance(reduced, (list, tuple)) else [reduced]
+
+    def _finish_held(self, handle, like):
         held_handle, held = self._held_for(like)
         tf.debugging.assert_equal(held_handle, tf.cast(handle, tf.int64),
                                   message="finish_allreduce: this handle is not in flight")

@@ -167,3 +167,25 @@ def test_a_compressed_start_travels_compressed_and_its_errors_are_known_at_the_s
         np.testing.assert_array_equal(sums[r][0].numpy(), expected)
         np.testing.assert_array_equal(started[r][1][0].numpy(), values[r] - halves[r].astype(np.float32))
         assert cluster.communicators[r].account() == {"bytes": 3 * 2, "calls": 1}  # 3 fp16 elements
+
+
+def test_a_held_start_and_a_background_start_of_the_same_shapes_each_finish_their_own():
+    # int8 cannot be summed as it travels: its start reduces at once and is held; the plain start of the
+    # same shapes goes to the worker. Each finish takes its own (the path is asked of the worker at run time).
+    from hvd_easgd.comm import Compression
+
+    cluster = SimulatedCluster(P, timeout=30)
+    in_background(cluster, set())
+    values = [tf.constant(np.arange(1.0, 5.0, dtype=np.float32) * (r + 1)) for r in range(P)]
+
+    def both(r):
+        comm = cluster.communicators[r]
+        held = comm.start_allreduce([values[r]], compression=Compression.int8)
+        moving = comm.start_allreduce([values[r]])
+        assert comm._background.in_flight() == [int(moving.numpy())]
+        return (comm.finish_allreduce(moving, like=[values[r]])[0].numpy(),
+                comm.finish_allreduce(held, like=[values[r]])[0].numpy())
+
+    for moving, held in cluster.run(both):
+        np.testing.assert_array_equal(moving, np.arange(1.0, 5.0) * 6)  # 1 + 2 + 3 times each
+        np.testing.assert_allclose(held, np.arange(1.0, 5.0) * 6, atol=0.2)  # int8's rounding, per rank
