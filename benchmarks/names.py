@@ -96,6 +96,28 @@ TABLE = (
     Configuration("diloco_tau10_f4", "hvd_easgd DiLoCo tau=10, 4 fragments (Streaming DiLoCo)",
                   lambda: hvd_easgd.DiLoCo(period=10, fragments=4),
                   train_py=("--strategy", "diloco", "--tau", "10", "--fragments", "4"), groups=("streaming",)),
+    # Overlap twins (--overlap δ: the collective runs on the communicator's worker while δ steps compute;
+    # docs/strategies.md, Overlap), run with --configs beside their twins without overlap. On the teacher
+    # workload a step computes c ≈ 12 ms at 2 × 256 samples and one fp32 allreduce of its 1.09 M parameters
+    # takes ≈ 0.55 s at ~63 Mbit/s: full hiding needs δ·c ≥ 0.55 s, δ ≥ 46, so τ = 50 (δ < τ); at τ = 10,
+    # δ = 9 hides at most 9 · 12 = 108 ms of each synchronisation.
+    Configuration("easgd_tau10_overlap9", "hvd_easgd EASGD tau=10, overlap 9 steps",
+                  _easgd(10, overlap=9), train_py=("--strategy", "easgd", "--tau", "10", "--overlap", "9"),
+                  groups=("overlap",)),
+    Configuration("periodic_tau10_overlap9", "hvd_easgd PeriodicAverage tau=10, overlap 9 steps",
+                  lambda: hvd_easgd.PeriodicAverage(period=10, overlap=9),
+                  train_py=("--strategy", "periodic", "--tau", "10", "--overlap", "9"), groups=("overlap",)),
+    Configuration("easgd_tau50", "hvd_easgd EASGD tau=50", _easgd(50),
+                  train_py=("--strategy", "easgd", "--tau", "50"), groups=("overlap",)),
+    Configuration("easgd_tau50_overlap46", "hvd_easgd EASGD tau=50, overlap 46 steps",
+                  _easgd(50, overlap=46), train_py=("--strategy", "easgd", "--tau", "50", "--overlap", "46"),
+                  groups=("overlap",)),
+    Configuration("periodic_tau50", "hvd_easgd PeriodicAverage tau=50 (local SGD)",
+                  lambda: hvd_easgd.PeriodicAverage(period=50),
+                  train_py=("--strategy", "periodic", "--tau", "50"), groups=("overlap",)),
+    Configuration("periodic_tau50_overlap46", "hvd_easgd PeriodicAverage tau=50, overlap 46 steps",
+                  lambda: hvd_easgd.PeriodicAverage(period=50, overlap=46),
+                  train_py=("--strategy", "periodic", "--tau", "50", "--overlap", "46"), groups=("overlap",)),
     # What crosses the wire (docs/compression.md): the compressed twins of the rows above.
     Configuration("sync_int8", "hvd_easgd SyncAverage, int8 gradients (block-scaled, error feedback)",
                   lambda: hvd_easgd.SyncAverage(compression="int8"),
@@ -134,7 +156,8 @@ TOPOLOGY = HIERARCHICAL + group("topology")
 # Compressed payloads: run across rated links with --configs (benchmarks/wire.py's suites).
 COMPRESSION = group("compression")
 STREAMING = group("streaming")
-ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY + COMPRESSION + STREAMING
+OVERLAP = group("overlap")  # the overlap twins: run across rated links with --configs
+ALL_CUSTOM_LOOP = CUSTOM_LOOP + TOPOLOGY + COMPRESSION + STREAMING + OVERLAP
 # What a --topology run compares: the flat references, then the topology strategies.
 TOPOLOGY_SUITE = group("topology_suite") + TOPOLOGY
 FIT = group("fit")

@@ -164,6 +164,10 @@ def build_parser():
     run.add_argument("--eval-every", type=int, metavar="N", help="epochs between test evaluations")
     run.add_argument("--no-tensorboard", dest="tensorboard", action="store_false",
                      help="do not write tensorboard/ logs")
+    run.add_argument("--step-timeline", action="store_true",
+                     help="write timeline.json in the run directory (rank 0): each background collective's "
+                          "submit/start/end and each train step's begin/end wall times, and the share of "
+                          "collective time during which a step was computing (overlap_share)")
     run.add_argument("--verbose", type=int, choices=(0, 1, 2),
                      help="Keras verbosity on rank 0 (default: progress bar on a terminal, a line per epoch otherwise)")
     # Every default is TrainConfig's (one copy): argparse shows it in --help and parses to it.

@@ -93,6 +93,8 @@ class TrainConfig:
     eval_every: int = 1
     tensorboard: bool = True
     verbose: Optional[int] = None
+    # --step-timeline: write timeline.json: background collectives and train steps (comm/timeline.py).
+    step_timeline: bool = False
 
     def __post_init__(self):
         # Frozen all the way down: a copy the caller cannot change under us.

@@ -10,7 +10,7 @@ resize rule.
 # and saves. Every other option changes what is trained, so it must match.
 RESUMABLE_KEYS = frozenset({
     "epochs", "run_dir", "resume", "config", "checkpoint_every", "keep_checkpoints", "eval_every",
-    "threads_per_rank", "verbose", "max_bad_steps", "tensorboard", "checkpoint_every_steps",
+    "threads_per_rank", "verbose", "max_bad_steps", "tensorboard", "step_timeline", "checkpoint_every_steps",
     "checkpoint_every_minutes", "checkpoint_on_signal", "agree_every", "stop_grace_seconds", "auto_resume",
     "collectives",  # how the bytes travel, not what is trained
     "elastic", "elastic_commit_every",  # how the job survives a dead rank, not what is trained

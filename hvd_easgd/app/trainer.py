@@ -524,6 +524,8 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
     if comm.rank == 0 and config.tensorboard:
         chosen.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
                                                   profile_batch=0))
+    if config.step_timeline:  # last: SwapKeptWeights has drained at fit's end
+        chosen.append(callbacks.StepTimeline(comm, os.path.join(run_dir, "timeline.json")))
     return chosen
 
 

@@ -8,10 +8,11 @@ from .global_metrics import GlobalEvaluationMetrics
 from .metric_average import MetricAverage
 from .nonfinite_abort import AbortOnNonFinite, NonFiniteTrainingError
 from .run_recorder import RunRecorder
+from .step_timeline import StepTimeline
 from .swap_kept_weights import SwapKeptWeights
 
 __all__ = ["AbortOnNonFinite", "AdaptivePeriodLoss", "AverageStatistics", "BroadcastInitialState", "ElasticCommit", "GlobalEvaluationMetrics",
-           "MetricAverage", "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "SwapKeptWeights",
+           "MetricAverage", "NonFiniteTrainingError", "PeriodicCheckpoint", "RunRecorder", "StepTimeline", "SwapKeptWeights",
            "defaults"]
 
 

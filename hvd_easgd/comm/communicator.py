@@ -29,10 +29,38 @@ The account is one float64 variable: bytes and calls stay exact integers
 Started collectives (``start_allreduce`` / ``finish_allreduce``): the
 allreduce of a payload is started in one step and its result taken δ steps
 later (the local-update strategies' ``overlap``). The account is recorded at
-the start, exactly as the blocking allreduce records it. This base class
-gives the semantics only: the start reduces at once (blocking) and holds the
-result in variables of this communicator until the finish hands it out; a
-transport that can leave the reduction in flight overrides the pair.
+the start, exactly as the blocking allreduce records it. By default (this
+base class, LocalCommunicator, SimulatedCluster) the start reduces at once
+(blocking) and holds the result in variables of this communicator until the
+finish hands it out: the semantics, without the overlap.
+
+The Horovod and the direct communicators reduce in the background
+(``reduces_in_background``; comm/background.py). The start compresses and
+records in-graph as above, then a ``tf.py_function`` hands copies of the
+wire tensors to the communicator's one worker thread, which runs the
+transport's blocking grouped allreduce eagerly and decompresses the result,
+and returns the handle; the finish is a ``tf.py_function`` that waits for
+that job (blocking only if it has not ended yet) and returns the result.
+Whether a start went to the worker is asked of the worker when the finish
+runs (a started format that cannot be summed is held instead, and payloads
+of the same shapes may take either path). Why this design, in a traced step: a collective op inside the
+graph is waited on by the step that runs it (Horovod's op completes
+asynchronously, but the step does not end before its outputs exist), and a
+non-blocking MPI op would need a request carried across steps in a
+resource; a Python handle into a worker is the one form that works the
+same over every transport, at the cost of one copy of the payload each way
+and the graph's py_functions (so the step is never XLA-compiled: the
+trainer and ``DistributedOptimizer`` turn XLA off). One worker per
+communicator keeps the collectives in start order on every rank; Horovod
+matches the background ops by an explicit name from the handle (the same
+on every rank, one per collective in flight), so main-thread collectives
+meanwhile are matched by their own names; the direct path runs them on a
+duplicate MPI communicator of their own, so they never interleave with the
+main thread's. A job that raised (a dead peer) makes the finish raise.
+Formats that cannot be summed as they travel (bf16, int8, int4: the
+quantised allreduce, several collectives) still reduce at the start,
+blocking. ``HVD_EASGD_BACKGROUND=0`` runs the jobs on the caller's thread at
+the start (the blocking twin the tests compare against; not an option).
 
 Sub-communicators (``split``): a communicator over some of the ranks, with
 its own ``rank`` and ``size`` (among those ranks) and its own account. What
@@ -51,6 +79,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
+from .background import BackgroundReducer, background_off
 from .compression import Compression
 from .quantised_allreduce import quantised_allreduce
 
@@ -92,6 +121,11 @@ def _nbytes(tensor):
     return tf.size(tensor, out_type=tf.int64) * itemsize
 
 
+def _signature(tensors):
+    """What identifies a started allreduce's payload: its shapes and dtypes."""
+    return tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+
+
 class Communicator:
     rank = 0
     size = 1
@@ -105,6 +139,11 @@ class Communicator:
     homogeneous = True
     # Whether the transport has an alltoall (``_alltoall``): the quantised allreduce's p > 2 form needs one.
     has_alltoall = False
+    # Where the background worker and the train steps record their times (comm/timeline.py), on the
+    # communicator without a parent; None records nothing.
+    timeline = None
+    # The worker that runs started allreduces (comm/background.py), where the transport has one.
+    _background = None
 
     def __init__(self, parent=None):
         # [payload bytes, collective calls, wire bytes], in one variable so
@@ -244,10 +283,23 @@ class Communicator:
             return reduced
         return reduced, [t - compression.decompress(w, d) for t, w, d in zip(tensors, wire, dtypes)]
 
-    # Whether start_allreduce runs the collective behind the caller's next steps. No transport does yet:
-    # each reduces at once, blocking, and holds the result (docs/strategies.md, Overlap). A strategy's
-    # traffic hook reports its overlapped share from this, so the cost model does not project hidden time.
+    # Whether start_allreduce runs the collective behind the caller's next steps (module docstring): the
+    # Horovod and direct communicators set it on themselves. A strategy's traffic hook reports its overlapped
+    # share from this, so the cost model projects hidden time only where it is hidden.
     reduces_in_background = False
+
+    def _reduce_in_background(self, reduce):
+        """Runs this communicator's started allreduces on a worker thread: ``reduce(arrays, op, handle)``
+        is the transport's eager grouped allreduce (comm/background.py)."""
+        self._background = BackgroundReducer(reduce, timeline=lambda: self._root().timeline,
+                                             inline=background_off())
+        self.reduces_in_background = not self._background.inline
+
+    def _root(self):
+        comm = self
+        while comm.parent is not None:
+            comm = comm.parent
+        return comm
 
     def start_allreduce(self, tensors, op="sum", compression=Compression.none, with_errors=False):
         """Starts the allreduce of ``tensors``; ``finish_allreduce`` takes its result.
@@ -260,9 +312,27 @@ class Communicator:
           the errors as ``allreduce_with_errors`` gives them (known at the start).
         """
         tensors = [tf.convert_to_tensor(t) for t in tensors]
-        reduced, errors = self._allreduce(tensors, op, compression, True, with_errors=True)
-        handle = self._hold(reduced)
+        if self._background is not None and tensors and self.size > 1 and compression.summable:
+            handle, errors = self._start_in_background(tensors, op, compression)
+        else:
+            reduced, errors = self._allreduce(tensors, op, compression, True, with_errors=True)
+            handle = self._hold(reduced)
         return (handle, errors) if with_errors else handle
+
+    def _start_in_background(self, tensors, op, compression):
+        if op not in REDUCE_OPS:
+            raise ValueError(f"`op` must be one of {REDUCE_OPS}. Received: op={op!r}")
+        wire, dtypes = zip(*(compression.compress(t) for t in tensors))
+        self._record(wire)
+        errors = [t - compression.decompress(w, d) for t, w, d in zip(tensors, wire, dtypes)]
+
+        def decompress(reduced):  # in the worker: the finish then needs no more than the payload's shapes
+            return [compression.decompress(tf.convert_to_tensor(r), d) for r, d in zip(reduced, dtypes)]
+
+        handle = tf.py_function(lambda *arrays: self._background.submit(arrays, op, then=decompress), list(wire),
+                                Tout=tf.int64, name="start_allreduce")
+        handle.set_shape([])
+        return handle, errors
 
     def finish_allreduce(self, handle, like):
         """The result of the started allreduce ``handle``, shaped as ``like`` (its payload).
@@ -271,6 +341,26 @@ class Communicator:
         with a payload of ``like``'s shapes) is an error, not a wait.
         """
         like = [tf.convert_to_tensor(t) for t in like]
+        if self._background is None or self.size == 1:
+            return self._finish_held(handle, like)
+        # Which path the start took is known when it ran, not when this was traced (a format that cannot
+        # be summed was held): asked of the worker.
+        handle = tf.cast(handle, tf.int64)
+        in_worker = tf.py_function(lambda h: self._background.holds(h.numpy()), [handle], Tout=tf.bool,
+                                   name="started_in_background")
+        in_worker.set_shape([])
+
+        def from_worker():
+            reduced = tf.py_function(lambda h: self._background.wait(h.numpy()), [handle],
+                                     Tout=[t.dtype for t in like], name="finish_allreduce")
+            for r, t in zip(reduced, like):
+                r.set_shape(t.shape)
+            return reduced
+
+        reduced = tf.cond(in_worker, from_worker, lambda: self._finish_held(handle, like))
+        return list(reduced) if isinstance(reduced, (list, tuple)) else [reduced]
+
+    def _finish_held(self, handle, like):
         held_handle, held = self._held_for(like)
         tf.debugging.assert_equal(held_handle, tf.cast(handle, tf.int64),
                                   message="finish_allreduce: this handle is not in flight")
@@ -278,7 +368,7 @@ class Communicator:
             return [tf.identity(v) for v in held]
 
     def _held_for(self, tensors):
-        key = tuple((tuple(t.shape.as_list()), t.dtype.name) for t in tensors)
+        key = _signature(tensors)
         if key not in self._held:
             with tf.init_scope():
                 self._held[key] = (tf.Variable(0, dtype=tf.int64, trainable=False, name="held_handle"),

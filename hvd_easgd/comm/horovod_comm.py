@@ -12,8 +12,17 @@ Horovod starts, or, with dynamic process sets (``hvd.init(process_sets=
 are known only once Horovod runs, so ``split`` uses the dynamic form (tested
 under horovodrun with Gloo and with MPI); ``hvd_easgd.init(process_sets=
 "dynamic")`` enables it.
+
+Started allreduces run in the background (communicator.py, Started
+collectives): the worker calls ``hvd.grouped_allreduce`` eagerly under a
+name of its own, ``hvd_easgd_started_<process set>_<handle>``. Horovod
+matches collectives across ranks by name, and eager ops would otherwise all
+share one; the handle counts this communicator's starts, which every rank
+makes in the same order, so the name is the same on every rank and unique
+among the collectives in flight.
 """
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
 from .communicator import Communicator
 from .local_comm import solo_communicator
@@ -39,6 +48,7 @@ class HorovodCommunicator(Communicator):
         self.refresh_membership()
         if process_set is not None:
             self._ranks = tuple(process_set.ranks)
+        self._reduce_in_background(self._background_allreduce)
 
     def refresh_membership(self):
         """Reads this rank's place among the ranks from Horovod.
@@ -57,6 +67,12 @@ class HorovodCommunicator(Communicator):
 
     def _grouped_allreduce(self, tensors, op):
         return hvd.grouped_allreduce(tensors, op=_HOROVOD_OPS[op], process_set=self.process_set)
+
+    def _background_allreduce(self, arrays, op, handle):
+        """The worker's eager grouped allreduce of a started collective (module docstring: its name)."""
+        name = f"hvd_easgd_started_{self.process_set.process_set_id}_{handle}"
+        return hvd.grouped_allreduce([tf.convert_to_tensor(a) for a in arrays], op=_HOROVOD_OPS[op],
+                                     process_set=self.process_set, name=name)
 
     def _broadcast(self, tensors, root_rank):
         # Horovod names the root by its global rank, even within a process set.

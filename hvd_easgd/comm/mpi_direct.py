@@ -1,4 +1,5 @@
-"""The direct MPI communicator: every collective is one synchronous MPI call inside the step.
+"""The direct MPI communicator: every collective is one synchronous MPI call inside the step (a started
+allreduce, on the communicator's worker thread: communicator.py, Started collectives).
 
 Why it exists: one model's gradients (153 KB in 8 tensors) take ~1 ms
 through ``hvd.grouped_allreduce`` in a ``tf.function`` over MPI at np = 2,
@@ -68,6 +69,8 @@ def _start_mpi():
 
 _start_mpi()
 
+import tensorflow as tf  # noqa: E402
+
 from . import _mpi_ops  # noqa: E402
 from .communicator import Communicator  # noqa: E402
 from .local_comm import solo_communicator  # noqa: E402
@@ -120,6 +123,12 @@ class DirectMPICommunicator(Communicator):
             self._ranks = tuple(ranks)
         self.rank, self.size = self._mpi.Get_rank(), self._mpi.Get_size()
         self._handle = self._mpi.py2f()  # how the ops name the communicator
+        # Started allreduces run on a worker thread (communicator.py, Started collectives), over a duplicate
+        # of this communicator (a collective of its ranks, made here by all of them): they never interleave
+        # with the main thread's collectives, and the one-at-a-time guard holds on each.
+        self._started_mpi = self._mpi.Dup()
+        self._started_handle = self._started_mpi.py2f()
+        self._reduce_in_background(self._background_allreduce)
         if stall_seconds is None:
             stall_seconds = (parent.stall_seconds if parent is not None else
                              float(os.environ.get("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", DEFAULT_STALL_SECONDS)))
@@ -135,6 +144,11 @@ class DirectMPICommunicator(Communicator):
     def _grouped_allreduce(self, tensors, op):
         return self._ops.mpi_direct_allreduce(tensors, comm=self._handle, average=op == "average",
                                               stall_seconds=self.stall_seconds)
+
+    def _background_allreduce(self, arrays, op, handle):
+        """The worker's eager allreduce of a started collective, on the duplicate communicator."""
+        return self._ops.mpi_direct_allreduce([tf.convert_to_tensor(a) for a in arrays], comm=self._started_handle,
+                                              average=op == "average", stall_seconds=self.stall_seconds)
 
     def _broadcast(self, tensors, root_rank):
         if not 0 <= root_rank < self.size:

@@ -423,7 +423,7 @@ class EASGD(MergesOnDrain, SyncStrategy):
         non-finite flag (one element of their dtype). BatchNorm statistics are
         averaged outside the account (``hvd_easgd.statistics``). With
         ``overlap`` all of it could run behind the step's compute (``overlapped`` 1),
-        where the communicator's ``reduces_in_background``; no transport does yet (0)."""
+        where the communicator's ``reduces_in_background`` (Horovod's and the direct one; 0 without a communicator)."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()

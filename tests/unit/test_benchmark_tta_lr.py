@@ -32,7 +32,8 @@ def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
 
 def test_every_strategy_row_has_a_train_py_equivalent():
     with_flags = {row.name for row in names.TABLE if row.train_py}
-    assert with_flags == set(names.STRATEGIES + names.TOPOLOGY + names.COMPRESSION + names.STREAMING)
+    assert with_flags == set(names.STRATEGIES + names.TOPOLOGY + names.COMPRESSION + names.STREAMING
+                             + names.OVERLAP)
     for name in with_flags:
         args = cli.parse_args(list(names.BY_NAME[name].train_py))
         assert args.strategy in registry.available(), name

@@ -138,8 +138,9 @@ def test_imports_no_tensorflow():
 
 
 def test_overlapped_configuration_hides_its_communication_behind_compute():
-    # No transport reduces in the background yet (Communicator.reduces_in_background), so the hooks report
-    # easgd_tau10_overlap as overlapped 0 and it projects as its twin. An entry whose hook said 1 would hide
+    # The table's hooks are asked without a communicator (Communicator.reduces_in_background is False: only
+    # the Horovod and direct communicators reduce in the background), so they report easgd_tau10_overlap as
+    # overlapped 0 and it projects as its twin. An entry whose hook said 1 would hide
     # its communication behind compute: step = max(c, comm), and with comm < c it is c (efficiency 1).
     import copy
     table = cost_model.load_table()

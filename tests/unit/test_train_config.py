@@ -26,6 +26,7 @@ DEFAULTS_EFFECTIVE = {
     "checkpoint_on_signal": "none", "agree_every": 10, "stop_grace_seconds": 120.0, "auto_resume": False,
     "keep_checkpoints": 3, "elastic": False, "elastic_commit_every": None,  # --elastic (issue 27)
     "eval_every": 1, "tensorboard": True, "verbose": None,
+    "step_timeline": False,  # --step-timeline (issue 25: timeline.json)
 }
 
 
