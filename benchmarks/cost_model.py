@@ -75,9 +75,9 @@ def hierarchical_allreduce(hosts, ranks_per_host, size, intra, inter, inter_algo
 
 
 def step_time(compute, comm, overlapped=0.0):
-    """c + comm, the ``overlapped`` part of comm hidden behind compute: c + (1−o)·comm ⊕ max."""
-    hidden = overlapped * comm
-    return max(compute, hidden) + (comm - hidden)
+    """c + max(0, comm − w·c): communication runs during the share ``w`` of each step's compute
+    (``ExpectedTraffic.overlapped``, F·δ/τ for a δ-step overlap); w = 1 gives max(c, comm)."""
+    return compute + max(0.0, comm - overlapped * compute)
 
 
 def load_table(path=TABLE_PATH):

@@ -154,9 +154,10 @@ class ExpectedTraffic:
     flat strategy's groups are single ranks, so all of its traffic is
     ``across_groups`` and ``ranks_per_group`` is 1. The ``across_groups``
     collectives run in ``ranks_per_group`` sets side by side (the j-th rank of
-    every group), each over one rank per group. ``overlapped`` is the share of
-    that communication the strategy runs behind its step's compute (0: none,
-    1: all of it), what a cost model hides (``benchmarks/cost_model.py``).
+    every group), each over one rank per group. ``overlapped`` is the share w
+    of the steps' compute during which that communication runs (0: none; a
+    δ-step overlap of F syncs per τ steps: F·δ/τ), so a cost model charges a
+    step c + max(0, comm − w·c) (``benchmarks/cost_model.py``).
     """
 
     within_group: Traffic = NO_TRAFFIC

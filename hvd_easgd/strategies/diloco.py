@@ -478,8 +478,8 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
                          sample_counts=False):
         """On every τ-th step ONE call: Δ and the non-finite flag (module docstring); with
         ``fragments`` F calls per τ steps, one per fragment. With ``overlap`` all of it could
-        run behind the inner steps (``overlapped`` 1) where the communicator
-        ``reduces_in_background``; no transport does yet (0)."""
+        run behind δ inner steps (``overlapped`` F·δ/τ) where the communicator
+        ``reduces_in_background`` (``local_updates.overlapped_share``)."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()

@@ -422,8 +422,8 @@ class EASGD(MergesOnDrain, SyncStrategy):
         """On every τ-th step ONE call: the elastic differences and the
         non-finite flag (one element of their dtype). BatchNorm statistics are
         averaged outside the account (``hvd_easgd.statistics``). With
-        ``overlap`` all of it could run behind the step's compute (``overlapped`` 1),
-        where the communicator's ``reduces_in_background`` (Horovod's and the direct one; 0 without a communicator)."""
+        ``overlap`` δ it runs behind δ steps' compute (``overlapped`` δ/τ) where the
+        communicator ``reduces_in_background`` (``local_updates.overlapped_share``)."""
         size = hosts * ranks_per_host
         if size == 1:
             return ExpectedTraffic()

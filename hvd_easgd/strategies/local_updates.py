@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from .. import validation
 from ..comm import Compression
-from ..comm.communicator import Communicator
 from .base import all_finite, as_dense, check_count, count_as, zeros_unless
 
 
@@ -140,11 +139,22 @@ def check_overlap_schedule(overlap, schedule):
 
 
 def overlapped_share(strategy):
-    """``ExpectedTraffic.overlapped`` of an overlapping strategy: 1 (all of its
-    synchronisation could run behind the step's compute) with ``overlap`` >= 1
-    where its communicator ``reduces_in_background``, else 0."""
-    comm = strategy.comm if strategy.comm is not None else Communicator
-    return 1.0 if strategy.overlap and comm.reduces_in_background else 0.0
+    """``ExpectedTraffic.overlapped`` of an overlapping strategy: F·δ/τ where its
+    communicator ``reduces_in_background``, else 0. Each of the F syncs per τ
+    steps (F fragments; 1 without) runs behind the δ steps that follow its
+    start, so per period τ·c + F·max(0, T/F − δ·c): per step
+    c + max(0, comm − (F·δ/τ)·c), with comm = T/τ.
+
+    Asked without a communicator, the hook answers for the default multi-rank
+    transports (Horovod's and the direct path's), which do, as ``has_alltoall``
+    does. A format that is not summed as it travels (bf16, int8, int4) reduces
+    at the start on every transport (comm/background.py), so it hides nothing.
+    """
+    in_background = strategy.comm.reduces_in_background if strategy.comm is not None else True
+    summable = getattr(strategy, "compression", Compression.none).summable
+    if not (strategy.overlap and in_background and summable):
+        return 0.0
+    return min(1.0, getattr(strategy, "fragments", 1) * strategy.overlap / strategy.period)
 
 
 def starts_this_step(strategy):

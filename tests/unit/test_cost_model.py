@@ -84,8 +84,9 @@ def test_overlap_hides_communication_up_to_compute():
     assert cost_model.step_time(0.010, 0.004) == pytest.approx(0.014)
     assert cost_model.step_time(0.010, 0.004, overlapped=1.0) == pytest.approx(0.010)
     assert cost_model.step_time(0.010, 0.030, overlapped=1.0) == pytest.approx(0.030)
-    # half hidden: max(c, 0.5·comm) + 0.5·comm
-    assert cost_model.step_time(0.010, 0.030, overlapped=0.5) == pytest.approx(0.015 + 0.015)
+    # communication during half of each step's compute: c + max(0, comm − 0.5·c)
+    assert cost_model.step_time(0.010, 0.030, overlapped=0.5) == pytest.approx(0.010 + 0.025)
+    assert cost_model.step_time(0.010, 0.004, overlapped=0.5) == pytest.approx(0.010)
 
 
 def test_flat_sync_matches_the_ring_formula_from_the_table():
@@ -138,21 +139,27 @@ def test_imports_no_tensorflow():
 
 
 def test_overlapped_configuration_hides_its_communication_behind_compute():
-    # The table's hooks are asked without a communicator (Communicator.reduces_in_background is False: only
-    # the Horovod and direct communicators reduce in the background), so they report easgd_tau10_overlap as
-    # overlapped 0 and it projects as its twin. An entry whose hook said 1 would hide
-    # its communication behind compute: step = max(c, comm), and with comm < c it is c (efficiency 1).
+    # The table's hooks answer for the default transports, which reduce started allreduces in the background:
+    # easgd_tau10_overlap (δ = 1, τ = 10) runs its sync behind δ/τ = 0.1 of the steps' compute. Per τ steps
+    # τ·c + max(0, T − δ·c), i.e. per step c + max(0, comm − 0.1·c) with comm = T/τ.
     import copy
     table = cost_model.load_table()
-    assert table["configurations"]["easgd_tau10_overlap"]["overlapped"] == 0.0
+    assert table["configurations"]["easgd_tau10_overlap"]["overlapped"] == pytest.approx(0.1)
     assert table["configurations"]["easgd_tau10"]["overlapped"] == 0.0
+    assert table["configurations"]["diloco_tau10_int8"]["overlapped"] == 0.0
+    assert cost_model.step_time(0.010, 0.0005, 0.1) == pytest.approx(0.010)   # 0.5 ms < 1 ms window: hidden
+    assert cost_model.step_time(0.010, 0.0030, 0.1) == pytest.approx(0.012)   # 3 ms − 1 ms shows
+    assert cost_model.step_time(0.010, 0.0030, 0.0) == pytest.approx(0.013)
+    assert cost_model.step_time(0.010, 0.0300, 1.0) == pytest.approx(0.030)   # w = 1: max(c, comm)
     table = copy.deepcopy(table)
     table["configurations"]["hidden"] = dict(table["configurations"]["easgd_tau10"], overlapped=1.0)
     rows = {r[0]: r for r in cost_model.project(table, 1_000_000, 0.05, [8], 8, (A, B),
                                                 configurations=["easgd_tau10", "easgd_tau10_overlap", "hidden"])}
-    assert rows["hidden"][3] == pytest.approx(1.0)
-    assert rows["easgd_tau10"][3] < 1.0
-    assert rows["easgd_tau10_overlap"][3] == pytest.approx(rows["easgd_tau10"][3])
+    comm = cost_model.comm_time(table["configurations"]["easgd_tau10"], table["reference"], 1_000_000, 8, 8, (A, B))
+    assert rows["hidden"][3] == pytest.approx(0.05 / max(0.05, comm))
+    assert rows["easgd_tau10"][3] == pytest.approx(0.05 / (0.05 + comm))
+    assert rows["easgd_tau10_overlap"][3] == pytest.approx(0.05 / (0.05 + max(0.0, comm - 0.005)))
+    assert rows["easgd_tau10"][3] < rows["easgd_tau10_overlap"][3] <= rows["hidden"][3]
 
 
 def test_alpha_fit_recovers_alpha_and_bandwidth():
