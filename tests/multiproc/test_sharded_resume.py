@@ -2,7 +2,8 @@
 each rank holds shard j of the inter strategy's state (EASGD's center, DiLoCo's θ, outer slots and int8
 residuals). A stopped run resumed at 4 ranks ends bit for bit where an uninterrupted one does, under
 horovodrun --gloo and on the direct path under mpirun; resumed at 6 ranks (3 groups of 2), its shards are
-the saved ones re-cut (``shards.ReCut``) and it trains on.
+the saved ones re-cut (``shards.ReCut``) and it trains on; resumed at 2 ranks (1 group of 2) it trains on
+(skipped while the library refuses that resize: the group-size mapping is another change's).
 
 Checkpoints every 4 global micro-batches, τ = 10 (11 micro-batches an epoch at 4 ranks): the mid-epoch
 checkpoint at micro-batch 16 is off the τ phase (the local weights differ from the center), and after
@@ -19,6 +20,8 @@ import tensorflow as tf
 import yaml
 
 from hvd_easgd import resize
+from hvd_easgd.strategies.easgd import EASGD
+from hvd_easgd.strategies.hierarchical import Hierarchical
 from hvd_easgd.strategies.shards import FlatShards, ReCut, ShardSpec
 from tests.helpers import ROOT, horovodrun, launch
 
@@ -170,8 +173,6 @@ def test_a_sharded_easgd_run_resumes_at_6_ranks_on_its_re_cut_center_and_trains_
 
 
 def _onto_one_group_refusal():
-    from hvd_easgd.strategies.easgd import EASGD
-    from hvd_easgd.strategies.hierarchical import Hierarchical
     return Hierarchical(inter=EASGD(period=5), ranks_per_group=N).resize_refusal(SIZE, N)
 
 
