@@ -30,6 +30,7 @@ RENDERED_PAGES = {
     "compression-accuracy.md": defaults_report.render_compression,
     "supported-versions.md": tf_matrix.render,
     "time-to-accuracy.md": tta_report.render,
+    "overlap-results.md": tta_report.render_overlap,
     "projection.md": projection_report.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
