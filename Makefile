@@ -52,9 +52,10 @@ test: $(STAMP) $(OPS_STAMP)
 # train.py, horovodrun or mpirun (tests/unit/test_tests_layout.py keeps it that
 # way), so it needs the venv but not the C++ op build. It runs against an ops
 # cache that never exists, so a test that needed the ops would fail here even
-# on a machine that has them built.
+# on a machine that has them built. Two worker processes (pytest-xdist), one
+# per core: about 75 s here, against 135 s in one process.
 test-fast: $(STAMP)
-	HVD_EASGD_CACHE=$(abspath $(VENV))/.no-ops-cache $(PYTEST) -m unit tests
+	HVD_EASGD_CACHE=$(abspath $(VENV))/.no-ops-cache $(PYTEST) -m unit -n 2 tests
 
 test-unit: test-fast
 

@@ -65,6 +65,7 @@ import contextlib
 import io
 import os
 import shutil
+import threading
 
 import numpy as np
 
@@ -380,6 +381,19 @@ def _own_verdict(run_dir, path, comm):
     return (None, {"skip": reason}) if reason else (manifest, None)
 
 
+# numpy parses every .npy header with ast.literal_eval, and CPython 3.11's AST constructor keeps its
+# recursion depth per interpreter, not per thread ("SystemError: AST constructor recursion depth
+# mismatch" when two threads parse at once). Ranks that share a process (SimulatedCluster) therefore
+# read their shards one at a time; with one rank per process the lock is never contended.
+_SHARD_READ = threading.Lock()
+
+
+@contextlib.contextmanager
+def _open_shard(path):
+    with _SHARD_READ, np.load(path) as shard:
+        yield shard
+
+
 def restore(directory, manifest, model, optimizer, comm):
     """Loads this rank's state from the checkpoint in ``directory``.
 
@@ -393,7 +407,7 @@ def restore(directory, manifest, model, optimizer, comm):
     groups = state_groups(model, optimizer)
     if manifest["num_ranks"] == comm.size and not _regrouped(manifest, optimizer):
         path = os.path.join(directory, f"rank-{comm.rank:05d}.npz")
-        with np.load(path) as shard:
+        with _open_shard(path) as shard:
             _check_fits(path, shard.files, groups)
             _assign(path, groups, shard)
         _strategy_state_restored(optimizer)
@@ -401,7 +415,7 @@ def restore(directory, manifest, model, optimizer, comm):
     paths = [os.path.join(directory, f"rank-{r:05d}.npz") for r in range(manifest["num_ranks"])]
     states = []
     for path in paths:
-        with np.load(path) as shard:
+        with _open_shard(path) as shard:
             # The strategy's entries are checked once read in this run's layout (load_resized).
             _check_fits(path, [k for k in shard.files if not k.startswith("strategy/")],
                         {name: v for name, v in groups.items() if name != "strategy"})
