@@ -14,21 +14,11 @@ from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies.diloco import fragment_layout
 from tests import reference as ref
+from tests.unit.test_diloco_fragments import Pieces, train  # the same layer and training loop, BATCH 4
 
 pytestmark = pytest.mark.unit
 P, BATCH = 3, 4
 SIZES = (2, 2, 2)  # whole variables of 2 elements: int8 quantises each (a 1-element one travels exact)
-
-
-class Pieces(keras.layers.Layer):
-    """x @ w with w split into whole variables of the given sizes."""
-
-    def __init__(self, sizes, **kwargs):
-        super().__init__(**kwargs)
-        self.pieces = [self.add_weight(shape=(n,), initializer="zeros", name=f"w{k}") for k, n in enumerate(sizes)]
-
-    def call(self, x):
-        return tf.linalg.matvec(x, tf.concat(self.pieces, 0))
 
 
 def ranks(make_strategy, w0, shift=0.0):
@@ -44,16 +34,6 @@ def ranks(make_strategy, w0, shift=0.0):
     for comm in cluster.communicators:
         comm.reset_account()
     return cluster, models, opts
-
-
-def train(cluster, models, opts, shards, steps, start=0):
-    for t in range(start, start + steps):
-        def step(r):
-            x, y = (tf.constant(a, tf.float32) for a in ref.batch(shards[r], t, BATCH))
-            with tf.GradientTape() as tape:
-                loss = 0.5 * tf.reduce_mean(tf.square(models[r](x) - y))
-            opts[r].apply(tape.gradient(loss, models[r].trainable_variables), models[r].trainable_variables)
-        cluster.run(step)
 
 
 def masks(fragments):
