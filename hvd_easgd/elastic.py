@@ -112,6 +112,11 @@ _GLOO_TIMEOUT = "HOROVOD_GLOO_TIMEOUT_SECONDS"
 # at a step chosen in advance. Never set outside tests.
 TEST_DIE_AT_STEP = "HVD_EASGD_TEST_DIE_AT_STEP"
 TEST_DIE_ON_HOST = "HVD_EASGD_TEST_DIE_ON_HOST"
+# Test-only hook: "N:SECONDS" makes every micro-batch sleep SECONDS while the job
+# runs below N ranks. Survivors at 2 otherwise finish digits' epochs in about 2 s,
+# which can be less than Horovod's driver takes to discover an added host (it
+# looks every second) and the ranks to reach their next commit. Never set outside tests.
+TEST_PACE_BELOW_SIZE = "HVD_EASGD_TEST_PACE_BELOW_SIZE"
 
 # The op names horovod/tensorflow/elastic.py's wrapper recognises (defect 2).
 _HOROVOD_OP = re.compile(r"Horovod[A-Za-z]+")
@@ -355,6 +360,17 @@ def run(train, state):
     if result is None:
         raise RuntimeError("Horovod's elastic loop returned without finishing the training (it swallowed an error)")
     return result
+
+
+def maybe_pace_for_test():
+    """The test-only hook (``TEST_PACE_BELOW_SIZE``): sleep while the job is below its size."""
+    setting = os.environ.get(TEST_PACE_BELOW_SIZE)
+    if setting:
+        import horovod.tensorflow as hvd
+
+        size, seconds = setting.split(":")
+        if hvd.size() < int(size):
+            time.sleep(float(seconds))
 
 
 def maybe_die_for_test(global_step):

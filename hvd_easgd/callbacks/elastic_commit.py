@@ -27,6 +27,7 @@ class ElasticCommit(keras.callbacks.Callback):
         state.step_in_epoch += 1
         state.global_step += 1
         elastic.maybe_die_for_test(state.global_step)
+        elastic.maybe_pace_for_test()
         if self.every and state.step_in_epoch % self.every == 0 and state.step_in_epoch < self.steps_per_epoch:
             state.commit()
 

@@ -44,8 +44,8 @@ def discovery(tmp_path, hosts):
     return str(script)
 
 
-def elastic_run(tmp_path, run_dir, epochs, die_at, watch=lambda text: None, timeout=170, extra=()):
-    env = quiet_env(**{elastic.TEST_DIE_AT_STEP: str(die_at), elastic.TEST_DIE_ON_HOST: VICTIM_HOST})
+def elastic_run(tmp_path, run_dir, epochs, die_at, watch=lambda text: None, timeout=170, extra=(), hooks=None):
+    env = quiet_env(**{elastic.TEST_DIE_AT_STEP: str(die_at), elastic.TEST_DIE_ON_HOST: VICTIM_HOST, **(hooks or {})})
     cmd = horovodrun_elastic_command([TRAIN, "--elastic", "--epochs", str(epochs), "--run-dir", run_dir, *COMMON,
                                       *extra], discovery(tmp_path, ["localhost:2", f"{VICTIM_HOST}:1"]))
     return run_watching(cmd, str(tmp_path / "log"), watch, timeout=timeout, env=env)
@@ -97,9 +97,12 @@ def test_a_replacement_on_a_new_host_grows_the_job_back_to_3(tmp_path):
             added.append(True)
 
     # Commits every 4 micro-batches: the ranks learn of the new host at the next one (Horovod's
-    # driver looks every second), well before the 6 epochs end.
+    # driver looks every second). At 2 ranks each micro-batch sleeps 0.1 s (the pace hook), so
+    # the 5 epochs left give the driver at least 11 s: without it, a CI run's survivors finished
+    # all 6 epochs in 2 s, before the new host was seen.
     status, text = elastic_run(tmp_path, run_dir, epochs=6, die_at=STEPS_AT_3 + 1,
-                               watch=add_a_host_once_the_survivors_continue, extra=["--elastic-commit-every", "4"])
+                               watch=add_a_host_once_the_survivors_continue, extra=["--elastic-commit-every", "4"],
+                               hooks={elastic.TEST_PACE_BELOW_SIZE: "3:0.1"})
     assert status == 0, text[-4000:]
     sizes = [int(c[0]) for c in CONTINUED.findall(text)]
     assert sizes[:1] == [2] and sizes[-1] == 3, text[-4000:]
