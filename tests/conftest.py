@@ -1,6 +1,9 @@
 """pytest hooks: the loopback-only test network, and seconds per tier. The helpers tests import live in tests/helpers.py."""
 import os
 
+import pytest
+
+from tests import helpers
 from tools import loopback_network
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -9,10 +12,24 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 def pytest_configure(config):
     # Before any test starts a server: see tools/loopback_network.py for why.
     config.hvd_easgd_network = loopback_network.enter()
+    # Probed once, in the first process (xdist's workers inherit the environment).
+    if not os.environ.get(helpers.SLOWDOWN_ENV):
+        os.environ[helpers.SLOWDOWN_ENV] = f"{helpers.probe_slowdown():.2f}"
 
 
 def pytest_report_header(config):
-    return f"test network: {config.hvd_easgd_network}"
+    return [f"test network: {config.hvd_easgd_network}",
+            f"timeouts x{helpers.slowdown():.2f} (CPU probe against an ordinary day; tests/helpers.py)"]
+
+
+def pytest_collection_modifyitems(config, items):
+    # pytest-timeout's per-test bound (a marker, else pytest.ini's), stretched like every other timeout.
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker and marker.args else default
+        if seconds:
+            item.add_marker(pytest.mark.timeout(helpers.bounded(seconds)), append=False)
 
 
 # --- seconds per tier, printed at the end of every run -------------------------------

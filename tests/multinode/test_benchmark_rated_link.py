@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, bounded, run
 
 pytestmark = pytest.mark.multinode
 
@@ -33,12 +33,12 @@ def cross_host_ratios(rows):
             for c, r in rows.items() if r["expected_cross_host_bytes_per_sample"]}
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)
 def test_quick_rated_link_run(tmp_path):
     name = f"hvdq{os.getpid()}"[:12]
     cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--link-rates", "100mbit", "--cluster-name", name,
-           "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", "110"]
-    out = run(cmd, timeout=140, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+           "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", str(bounded(240))]
+    out = run(cmd, timeout=280, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert name not in netns  # the benchmark's cluster is gone
@@ -76,15 +76,15 @@ def test_quick_rated_link_run(tmp_path):
 TOPOLOGY = {"no_comm", "sync", "easgd_tau10", "sync_two_level", "hier_easgd_tau10", "periodic_tau10", "diloco_tau10"}
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(360)
 def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     """2 hosts × 2 ranks: Hierarchical's groups are the hosts, so its intra level never crosses and its
     inter level crosses as the formula says (one allreduce of a shard per index within the host); the flat
     strategies cross as Open MPI's halving-doubling allreduce does, 2(H-1) times their payload."""
     name = f"hvdo{os.getpid()}"[:12]
     cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--topology", "--link-rates", "100mbit",
-           "--cluster-name", name, "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", "150"]
-    out = run(cmd, timeout=190, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+           "--cluster-name", name, "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", str(bounded(300))]
+    out = run(cmd, timeout=340, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     with open(tmp_path / "results.json") as f:

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from hvd_easgd import checkpoint
+from tests.helpers import bounded
 from tests.multinode.helpers import HOSTS, RANKS_PER_HOST, horovodrun_on_hosts, launch, popen
 
 pytestmark = pytest.mark.multinode
@@ -20,14 +21,14 @@ def test_a_host_dies_the_job_ends_within_60s_and_its_checkpoint_resumes(cluster,
     try:
         # Wait for a *complete* checkpoint (its manifest written): the directory exists as soon as
         # the first shard is being written, and a kill then would leave nothing to resume from.
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + bounded(120)
         while (not checkpoint.complete_checkpoints(str(run_dir)) and proc.poll() is None
                and time.monotonic() < deadline):
             time.sleep(0.5)
         assert checkpoint.complete_checkpoints(str(run_dir)), "training never completed its first checkpoint"
         killed = cluster.kill_host("node2")  # every process of node2: its sshd, the session, the rank
         killed_at = time.monotonic()
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=bounded(90))
         elapsed = time.monotonic() - killed_at
     finally:
         if proc.poll() is None:

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+from hvd_easgd.comm.timeline import overlap_share
 from tests.helpers import ROOT, launch, quiet_env, read_rank_results, script
 
 pytestmark = pytest.mark.multiproc
@@ -79,7 +80,11 @@ def test_the_timeline_shows_collectives_during_compute_with_the_weights_of_the_b
     # a start at every t ≡ 2 (mod 4): one collective each, on both paths
     assert len(background["collectives"]) == len(blocking["collectives"]) == sum(
         1 for t in range(1, steps + 1) if (t + 2) % 4 == 0)
-    assert background["overlap_share"] > 0.5, background["overlap_share"]
+    # The first collective pays the transport's one-time set-up (Gloo's buffers, first-touch memory:
+    # 2.3 s against 0.14-0.28 s for the others in a rehearsal on a slow day), longer than the δ = 2
+    # steps that follow it; the share is judged on the warm ones.
+    warm = overlap_share(dict(background, collectives=background["collectives"][1:]))
+    assert warm > 0.5, (warm, background["overlap_share"])
     assert blocking["overlap_share"] == 0.0  # the step waits through each collective
     for w, b in zip(weights, blocking_weights, strict=True):
         np.testing.assert_array_equal(w, b)

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests.helpers import bounded
+
 pytestmark = pytest.mark.multiproc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,8 +44,8 @@ MAX_SAMPLES_PER_SEC = 500_000
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--steps", "40", "--out", str(out),
-           "--launch-timeout", "120"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
+           "--launch-timeout", str(bounded(120))]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=bounded(280))
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     with open(out / "results.json") as f:
         return out, json.load(f), proc.stdout

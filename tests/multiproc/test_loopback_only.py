@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tools import loopback_network
-from tests.helpers import ROOT, horovodrun_command, quiet_env, script
+from tests.helpers import ROOT, bounded, horovodrun_command, quiet_env, script
 
 pytestmark = pytest.mark.multiproc
 
@@ -28,7 +28,7 @@ def test_a_live_job_listens_on_loopback_only(controller, tmp_path, request):
     proc = subprocess.Popen(cmd, cwd=ROOT, env=quiet_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 100
+        deadline = time.monotonic() + bounded(100)
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert ready.exists(), f"the job never got past its first allreduce:\n{proc.stdout.read()[-3000:]}"
@@ -36,7 +36,7 @@ def test_a_live_job_listens_on_loopback_only(controller, tmp_path, request):
     finally:
         release.touch()
         try:
-            out, _ = proc.communicate(timeout=40)
+            out, _ = proc.communicate(timeout=bounded(40))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             out, _ = proc.communicate()

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from hvd_easgd import checkpoint
-from tests.helpers import PYTHON, ROOT, horovodrun, horovodrun_command, quiet_env, run, script
+from tests.helpers import PYTHON, ROOT, bounded, horovodrun, horovodrun_command, quiet_env, run, script
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -263,13 +263,13 @@ def test_killing_a_rank_ends_the_job_within_60s(tmp_path):
     try:
         # A complete checkpoint (manifest written), not just its directory: a kill between the
         # first shard and the manifest would leave nothing to check below.
-        deadline = time.time() + 120
+        deadline = time.time() + bounded(120)
         while not checkpoint.complete_checkpoints(str(run_dir)) and time.time() < deadline:
             time.sleep(0.5)
         assert checkpoint.complete_checkpoints(str(run_dir)), "training never completed its first checkpoint"
         os.kill(int((pid_dir / "pid1").read_text()), signal.SIGKILL)
         killed_at = time.time()
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=bounded(90))
         elapsed = time.time() - killed_at
     finally:
         if proc.poll() is None:
@@ -299,13 +299,13 @@ def test_sigterm_to_one_rank_checkpoints_every_rank_at_one_step_then_auto_resume
                             text=True, start_new_session=True)
     try:
         first = run_dir / "checkpoints" / "epoch-000000-step-000005"
-        deadline = time.time() + 150
+        deadline = time.time() + bounded(150)
         while not (first / "manifest.json").is_file() and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         assert (first / "manifest.json").is_file(), "training never reached its first step checkpoint"
         os.kill(int((pid_dir / "pid1").read_text()), signal.SIGTERM)  # rank 1 only
         signalled_at = time.time()
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=bounded(90))
         elapsed = time.time() - signalled_at
         print(f"stopped {elapsed:.1f}s after the signal")
     finally:

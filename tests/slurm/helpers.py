@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import bounded
+
 REPO = Path(__file__).resolve().parents[2]
 # slurm-wlm: slurmctld, slurmd and the clients; munge: authentication;
 # libpmix-dev: SLURM's mpi_pmix plugin dlopens the unversioned libpmix.so,
@@ -256,6 +258,7 @@ MinJobAge=600
 
     def wait(self, job_id, timeout):
         """Polls until the job ends; a job still running at ``timeout`` is cancelled and fails the test."""
+        timeout = bounded(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = self.job(job_id)
