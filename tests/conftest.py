@@ -24,12 +24,15 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     # pytest-timeout's per-test bound (a marker, else pytest.ini's), stretched like every other timeout.
+    # A marker's other settings (method=, func_only=) are kept; its bound may be positional or timeout=.
     default = float(config.getini("timeout") or 0)
     for item in items:
         marker = item.get_closest_marker("timeout")
-        seconds = float(marker.args[0]) if marker and marker.args else default
+        settings = dict(marker.kwargs) if marker else {}
+        seconds = float(marker.args[0] if marker and marker.args else settings.pop("timeout", default))
+        settings.pop("timeout", None)
         if seconds:
-            item.add_marker(pytest.mark.timeout(helpers.bounded(seconds)), append=False)
+            item.add_marker(pytest.mark.timeout(helpers.bounded(seconds), **settings), append=False)
 
 
 # --- seconds per tier, printed at the end of every run -------------------------------

@@ -28,3 +28,9 @@ def test_this_tests_own_pytest_timeout_was_stretched(request):
 @pytest.mark.timeout(7)
 def test_a_marked_timeout_is_stretched_too(request):
     assert request.node.get_closest_marker("timeout").args[0] == helpers.bounded(7)
+
+
+@pytest.mark.timeout(timeout=5, method="thread")
+def test_a_keyword_timeout_is_stretched_and_keeps_its_method(request):
+    marker = request.node.get_closest_marker("timeout")
+    assert marker.args[0] == helpers.bounded(5) and marker.kwargs == {"method": "thread"}
