@@ -45,8 +45,14 @@ demo: $(STAMP) $(OPS_STAMP)
 	$(VENV)/bin/horovodrun -np 2 $(PY) train.py
 
 # Every tier, every test; --durations: the slowest tests' times in the log (CI's too).
+# The unit tier on both cores, as make test-fast runs it; the tiers that launch
+# ranks after it, one test at a time (their ranks share the two cores). Both
+# run, whatever the first's result, and a failure in either fails the target.
 test: $(STAMP) $(OPS_STAMP)
-	$(PYTEST) -m "unit or multiproc or slurm or multinode" --durations=15 tests
+	@status=0; \
+	$(PYTEST) -m unit -n 2 --durations=15 tests || status=$$?; \
+	$(PYTEST) -m "multiproc or slurm or multinode" --durations=15 tests || status=$$?; \
+	exit $$status
 
 # The unit tier, in-process only: a developer's two minutes. It launches no
 # train.py, horovodrun or mpirun (tests/unit/test_tests_layout.py keeps it that

@@ -4,6 +4,7 @@ Feature code asks these functions; it never inspects versions itself.
 """
 import functools
 import os
+import sys
 
 
 def quiet_tensorflow():
@@ -12,6 +13,26 @@ def quiet_tensorflow():
     Must run before TensorFlow is imported to take effect.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def import_keras_without_plotting():
+    """Imports TensorFlow and Keras with matplotlib hidden from them, then lets it be imported again.
+
+    Keras 3 imports matplotlib.pyplot as it loads, whenever matplotlib is installed, for its
+    ``keras.visualization`` galleries: about 1 s of each rank's 9 s start on a 2-core machine, for
+    plots train.py never draws (8 ranks on one host pay it 8 times). Hidden, Keras takes matplotlib as
+    absent, so those galleries are unavailable in this process; ``import matplotlib`` works as
+    before. Nothing is hidden once anything has imported matplotlib, TensorFlow or Keras.
+    """
+    if {"matplotlib", "tensorflow", "keras"} & set(sys.modules):
+        return
+    sys.modules["matplotlib"] = None  # `import matplotlib` now raises ImportError
+    try:
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+    finally:
+        if sys.modules.get("matplotlib", ...) is None:
+            del sys.modules["matplotlib"]
 
 
 @functools.lru_cache(maxsize=None)

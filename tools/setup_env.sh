@@ -6,7 +6,7 @@
 #   2. a virtual environment with the pinned stack from requirements.txt, for
 #      the default TensorFlow (.venv) or for another supported one
 #      (TF=2.19.1 -> .venv-tf2.19.1; the list is tools/tf_versions.txt);
-#   3. Horovod 0.28.1 built from its sdist with hvd_easgd's one patch
+#   3. Horovod 0.28.1 built from its sdist with hvd_easgd's patch
 #      (tools/horovod/) against that TensorFlow, with MPI and Gloo (and NCCL
 #      where CUDA is present). The built wheel is cached outside the clone,
 #      keyed by the Horovod, TF, Python, GPU variant and patch, so a clean
@@ -23,7 +23,7 @@ PYTHON=${PYTHON:-python3.11}
 CACHE=${HVD_EASGD_CACHE:-$HOME/.cache/hvd_easgd}
 REQS=$ROOT/requirements.txt
 VERSIONS=$ROOT/tools/tf_versions.txt
-PATCH=$ROOT/tools/horovod/horovod-0.28.1-no-xla.patch
+PATCH=$ROOT/tools/horovod/horovod-0.28.1.patch
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 PLAN_ONLY=

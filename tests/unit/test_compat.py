@@ -28,3 +28,25 @@ def test_the_installed_tensorflow_is_read_without_importing_it():
     import tensorflow as tf
 
     assert version == tf.__version__
+
+
+def test_train_pys_ranks_load_keras_without_matplotlib_and_can_still_import_it():
+    import subprocess
+    import sys
+
+    code = ("import sys; import hvd_easgd.app.cli; "
+            "assert 'keras' in sys.modules and 'matplotlib' not in sys.modules, 'matplotlib was imported'; "
+            "import keras.src.visualization.plot_image_gallery as gallery; assert gallery.plt is None; "
+            "import matplotlib.pyplot; assert sys.modules['matplotlib'] is not None")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_nothing_is_hidden_once_tensorflow_is_loaded():
+    import sys
+
+    import tensorflow  # noqa: F401
+
+    before = sys.modules.get("matplotlib", "absent")
+    _compat.import_keras_without_plotting()
+    assert sys.modules.get("matplotlib", "absent") is before

@@ -5,6 +5,7 @@ stand-in ``nvidia-smi`` (and ``nvcc``) on a PATH the test controls.
 """
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -73,10 +74,23 @@ def test_a_gpu_without_the_cuda_toolkit_is_named_in_the_plan(tmp_path):
 def test_the_patch_is_part_of_the_wheel_cache_key(tmp_path):
     import hashlib
 
-    with open(os.path.join(ROOT, "tools", "horovod", "horovod-0.28.1-no-xla.patch"), "rb") as f:
+    with open(os.path.join(ROOT, "tools", "horovod", "horovod-0.28.1.patch"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:8]
     _, fields = plan(tmp_path)
     assert fields["horovod wheel cache"].endswith(f"-patch-{digest}")
+
+
+def test_the_installed_horovod_answers_its_launch_checks_from_the_extensions_library():
+    """The patch's second change, as installed: horovodrun's MPI and Gloo checks read the TensorFlow
+    extension's C library (no TensorFlow import), and here it answers rather than falling back."""
+    code = ("import sys; from horovod.common import util; "
+            "answers = [util._tensorflow_library_answer(f, verbose=False) "
+            "for f in ('horovod_gloo_built', 'horovod_mpi_built', 'horovod_no_such_function')]; "
+            "assert answers == [True, True, None], answers; "
+            "assert 'tensorflow' not in sys.modules, 'the launcher imported TensorFlow'")
+    # A fresh process, as horovodrun is: the check forks, and this test process may have threads.
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_pip_install_dot_asks_for_the_same_tensorflow_distribution_as_the_setup_script():
