@@ -1,5 +1,11 @@
 """The main job: `horovodrun -np 2 python train.py [options]` (see --help)."""
-from hvd_easgd.app.cli import main
+from hvd_easgd import _compat
+
+# Here, not in hvd_easgd.app: users' own scripts reach the app's modules too (hvd_easgd.data,
+# hvd_easgd.models) and keep Keras's matplotlib galleries; only train.py's ranks go without.
+_compat.import_keras_without_plotting()
+
+from hvd_easgd.app.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,8 @@ def import_keras_without_plotting():
     ``keras.visualization`` galleries: about 1 s of each rank's 9 s start on a 2-core machine, for
     plots train.py never draws (8 ranks on one host pay it 8 times). Hidden, Keras takes matplotlib as
     absent, so those galleries are unavailable in this process; ``import matplotlib`` works as
-    before. Nothing is hidden once anything has imported matplotlib, TensorFlow or Keras.
+    before. Nothing is hidden once anything has imported matplotlib, TensorFlow or Keras. train.py
+    calls it first; nothing in the library does.
     """
     if {"matplotlib", "tensorflow", "keras"} & set(sys.modules):
         return

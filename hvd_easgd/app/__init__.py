@@ -7,7 +7,3 @@ train.py offers. The library (``hvd_easgd.optimizer``, ``strategies``,
 ``callbacks``, ``checkpoint``, ...) never imports this package
 (``tests/unit/test_import_graph.py``).
 """
-from .. import _compat
-
-# Before data, models or trainer import TensorFlow: train.py's ranks start without matplotlib.
-_compat.import_keras_without_plotting()

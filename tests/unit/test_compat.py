@@ -2,6 +2,7 @@
 import pytest
 
 from hvd_easgd import _compat
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -34,11 +35,23 @@ def test_train_pys_ranks_load_keras_without_matplotlib_and_can_still_import_it()
     import subprocess
     import sys
 
-    code = ("import sys; import hvd_easgd.app.cli; "
+    code = ("import sys; import train; "
             "assert 'keras' in sys.modules and 'matplotlib' not in sys.modules, 'matplotlib was imported'; "
             "import keras.src.visualization.plot_image_gallery as gallery; assert gallery.plt is None; "
             "import matplotlib.pyplot; assert sys.modules['matplotlib'] is not None")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_users_script_reaching_the_apps_modules_keeps_keras_galleries():
+    """docs/keras.md's scripts call hvd_easgd.data: importing it hides nothing."""
+    import subprocess
+    import sys
+
+    code = ("import hvd_easgd; hvd_easgd.data; "
+            "import keras.src.visualization.plot_image_gallery as gallery; "
+            "assert gallery.plt is not None, 'matplotlib was hidden from Keras'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
