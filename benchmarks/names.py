@@ -118,8 +118,9 @@ TABLE = (
     Configuration("periodic_tau50_overlap46", "hvd_easgd PeriodicAverage tau=50, overlap 46 steps",
                   lambda: hvd_easgd.PeriodicAverage(period=50, overlap=46),
                   train_py=("--strategy", "periodic", "--tau", "50", "--overlap", "46"), groups=("overlap",)),
-    # Streaming DiLoCo with overlap: 2 fragments of ≈ 0.55 MB syncing alternately every 25 steps, each crossing
-    # in ≈ 0.28 s behind δ = 24 steps (≈ 0.30 s) of compute; δ < ⌊τ/F⌋ keeps one sync in flight.
+    # Streaming DiLoCo with overlap: the teacher workload's 2 fragments of ≈ 2.2 MB syncing alternately every 25
+    # steps, each crossing a 2-host link in ≈ 0.28 s at 62 Mbit/s behind δ = 24 steps of compute (the overlap
+    # page works it out from its run); δ < ⌊τ/F⌋ keeps one sync in flight.
     Configuration("diloco_tau50_f2", "hvd_easgd DiLoCo tau=50, 2 fragments (Streaming DiLoCo)",
                   lambda: hvd_easgd.DiLoCo(period=50, fragments=2),
                   train_py=("--strategy", "diloco", "--tau", "50", "--fragments", "2"), groups=("overlap",)),

@@ -27,7 +27,7 @@ import os
 import statistics
 import sys
 
-from . import curves, rated_links
+from . import curves, rated_links, workloads
 from .names import BASELINES, BY_NAME
 from .runner import REPO_ROOT, table
 
@@ -331,6 +331,29 @@ def render(results_dir=RESULTS, figures=None):
     return "\n".join(lines)
 
 
+def fragment_arithmetic(tta, hosts, params):
+    """Whether one fragment can cross behind δ steps of compute, per Streaming DiLoCo with overlap: its
+    4·N/F bytes, of which a host's link carries 2(H−1)/H, at the launch's measured rate, against δ·c with c
+    from the ceiling. ``params``: the workload's N (benchmarks/workloads.py)."""
+    if not tta.get("ceiling"):
+        return []
+    c = tta["batch_per_rank"] / tta["ceiling"]["samples_per_second_per_rank"]
+    rate = tta["link"]["measured_bits_per_second"] / 8
+    lines = []
+    for name in (n for n in tta["per_config"] if streaming_with_overlap(n)):
+        tau, fragments, delta = (int(_flag(name, f)) for f in ("--tau", "--fragments", "--overlap"))
+        fragment = 4 * params / fragments
+        crossing = 2 * (hosts - 1) / hosts * fragment / rate
+        lines.append(f"`{name}` (τ = {tau}, F = {fragments}, δ = {delta}): one fragment is 4·N/F = "
+                     f"4·{params:,}/{fragments} = {fragment / 1e6:.2f} MB; a host's link carries 2(H−1)/H of it, "
+                     f"{crossing:.2f} s at the measured {rate * 8 / 1e6:,.0f} Mbit/s. It has δ steps to cross in: "
+                     f"δ·c = {delta} × {1e3 * c:.1f} ms = {delta * c:.2f} s of compute (c from the "
+                     f"ceiling: per-rank batch {tta['batch_per_rank']} at "
+                     f"{tta['ceiling']['samples_per_second_per_rank']:,.0f} samples/s), {delta * c / crossing:.1f}× "
+                     "the crossing. The margin is this machine's: a faster CPU shrinks c, and with it δ·c.")
+    return lines
+
+
 def render_overlap(results_dir=OVERLAP_RESULTS, figures=None):
     """The overlap page: twins with and without ``--overlap`` on the rated link, no SyncAverage in the run.
 
@@ -361,7 +384,9 @@ def render_overlap(results_dir=OVERLAP_RESULTS, figures=None):
                   config_rows(tta, targets), "",
                   f"Ceiling: no communication, {tta['ceiling']['samples_per_second']:,.0f} samples/s for "
                   f"{tta['np']} ranks. Samples/s: {tta['steps_per_epoch']} steps per epoch × "
-                  f"{tta['batch_per_rank']} × {tta['np']} ranks per epoch, over the training seconds.", ""]
+                  f"{tta['batch_per_rank']} × {tta['np']} ranks per epoch, over the training seconds.", "",
+                  *fragment_arithmetic(tta, results["topology"]["hosts"], workloads.models()["overlap_mlp"].params),
+                  ""]
     lines += ["## Plots", "",
               f"![test accuracy against training wall time](figures/{figures[0]})", "",
               f"![samples/s against the measured link rate](figures/{figures[1]})", ""]

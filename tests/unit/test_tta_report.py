@@ -131,3 +131,15 @@ def test_an_overlapped_configuration_is_set_against_its_twin_without_overlap(tmp
     rows = {row[0]: row[2:] for row in tta_report.goal_rows(results, (0.5,))}
     # easgd_tau10_overlap has sync's curves (240 samples over 30 s and 60 s), easgd_tau10 periodic's (6 s, 9 s).
     assert rows["`easgd_tau10_overlap` samples/s ≥ its twin `easgd_tau10`'s"] == ["6 vs 33", "**not met**"]
+
+
+def test_a_fragment_s_crossing_is_set_against_delta_steps_of_compute(tmp_path):
+    _, _, tta = _results(tmp_path)
+    tta["per_config"]["diloco_tau50_f2_overlap24"] = tta["per_config"].pop("periodic_tau10")
+    tta["link"]["measured_bits_per_second"] = 8e6  # 1e6 B/s
+    (line,) = tta_report.fragment_arithmetic(tta, hosts=2, params=1_000_000)
+    # 4·1e6/2 = 2 MB a fragment; at 2 hosts a host's link carries 2·1/2 of it: 2 s at 1e6 B/s. c = 4/40 s =
+    # 100 ms, so δ·c = 24 × 0.1 = 2.4 s: 1.2× the crossing.
+    assert "(τ = 50, F = 2, δ = 24)" in line and "= 2.00 MB" in line and "2.00 s at the measured 8 Mbit/s" in line
+    assert "24 × 100.0 ms = 2.40 s of compute" in line and "1.2× the crossing" in line
+    assert tta_report.fragment_arithmetic(dict(tta, ceiling=None), 2, 1_000_000) == []
