@@ -31,6 +31,8 @@ SUBCOMMANDS = {
     "project": Subcommand("benchmarks.projection", "the alpha-beta cost model: samples/s and scaling "
                                                    "efficiency at many hosts, from the traffic table; --paper "
                                                    "horovod, --report (docs/projection.md)"),
+    "validate": Subcommand("benchmarks.cluster_check", "the cost model's step times against the virtual cluster's: "
+                                                    "run (--run) or re-render docs/cost-model-validation.md"),
     "tta-report": Subcommand("benchmarks.tta_report", "re-render a rated-link run's results.md, its plots and "
                                                       "docs/time-to-accuracy.md from its results.json (--check)"),
     "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the docs pages generated "

@@ -1,11 +1,16 @@
 """The real rate of the link between hosts, measured with one large allreduce.
 
-A ring allreduce of S bytes over n ranks makes every rank send, and receive,
-2(n−1)/n · S bytes; with one rank per host all of it crosses the host's link.
-So the link's rate, seen by the collective, is 2(n−1)/n · S · 8 / t bits/s,
-the allreduce's bus bandwidth. It includes every overhead the training steps
+An allreduce of S bytes across H hosts puts 2(H−1)/H · S bytes on each
+host's link (with one rank a host, a ring's 2(n−1)/n · S per rank; with
+several, Open MPI's halving/doubling does its within-host steps first). So
+the link's rate, seen by the collective, is 2(H−1)/H · S · 8 / t bits/s. It includes every overhead the training steps
 pay too (TCP, Horovod's and the controller's framing), which is what makes it
 the rate to set against a tc rate.
+
+The per-message latency α comes from a second measurement, a sweep of small
+allreduces (8 B to 64 KB) where the bytes take next to no time on the link
+(``alpha_sweep``). B and α together calibrate the cost model
+(``cost_model.py``; ``python -m benchmarks validate`` checks it).
 """
 import time
 
@@ -15,9 +20,15 @@ WARMUP = 1
 TIMED = 2
 
 
-def measure(comm, megabytes, timed=TIMED):
+def measure(comm, megabytes, timed=TIMED, hosts=None):
     """Times ``timed`` allreduces of ``megabytes`` MB of float32 (after ``WARMUP`` untimed ones);
-    returns the median's bus bandwidth in bits/s, with the sizes and times it came from."""
+    returns the rate of a host's link in bits/s at the median, with the sizes and times it came from.
+
+    An allreduce of S puts 2(H−1)/H·S on each of ``hosts`` H hosts' links (``cost_model.allreduce_link_share``:
+    its within-host steps go first); at one rank a host that is the ring's bus bandwidth, 2(n−1)/n·S.
+    ``hosts`` defaults to one a rank."""
+    from . import cost_model  # no TensorFlow
+
     import tensorflow as tf
 
     size_bytes = int(megabytes * 1e6) // 4 * 4
@@ -31,40 +42,76 @@ def measure(comm, megabytes, timed=TIMED):
         if i >= WARMUP:
             seconds.append(max(comm.allgather_json(time.perf_counter() - start)))
     median = float(np.median(seconds))
-    per_rank_bytes = 2 * (comm.size - 1) / comm.size * size_bytes
-    return {"bytes": size_bytes, "seconds": seconds, "bytes_on_link_per_rank": per_rank_bytes,
-            "bits_per_second": per_rank_bytes * 8 / median,
-            "formula": "2(n-1)/n * bytes * 8 / median seconds (ring allreduce bus bandwidth)"}
+    hosts = hosts or comm.size
+    per_host_bytes = cost_model.allreduce_link_share(hosts) * size_bytes
+    return {"bytes": size_bytes, "seconds": seconds, "hosts": hosts, "bytes_on_link_per_host": per_host_bytes,
+            "bits_per_second": per_host_bytes * 8 / median,
+            "formula": "2(H-1)/H * bytes * 8 / median seconds (a host's link, H hosts)"}
 
 
 # The small-message sweep for α: 8 B to 64 KB, where latency, not bandwidth, dominates.
 SWEEP_BYTES = tuple(8 * 4 ** i for i in range(7)) + (65536,)
 
 
-def fit_alpha(sizes, seconds, ranks):
-    """α (seconds per message) and B (bytes/s) from allreduce times t(S) = 2(p−1)·α + 2(p−1)/p·S/B,
-    a least-squares line through (S, t): intercept/(2(p−1)) and slope⁻¹·2(p−1)/p."""
+def fit_alpha(sizes, seconds, hosts):
+    """α (seconds per message) and B (bytes/s) from allreduce times across ``hosts`` hosts,
+    t(S) = L·α + F·S/B with the cost model's halving/doubling allreduce (the small messages' algorithm):
+    L = ``allreduce_latencies(hosts)``, F = ``allreduce_link_share(hosts)``; a least-squares line
+    through (S, t): α = intercept/L and B = F/slope."""
+    from . import cost_model  # no TensorFlow
+
     slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
-    steps = 2 * (ranks - 1)
-    return {"alpha": max(float(intercept), 0.0) / steps,
-            "bandwidth": steps / ranks / float(slope) if slope > 0 else float("inf")}
+    latencies, share = cost_model.allreduce_latencies(hosts), cost_model.allreduce_link_share(hosts)
+    return {"alpha": max(float(intercept), 0.0) / latencies,
+            "bandwidth": share / float(slope) if slope > 0 else float("inf")}
 
 
-def alpha_sweep(comm, sizes=SWEEP_BYTES, timed=TIMED):
-    """Times allreduces of each of ``sizes`` bytes (the median of ``timed``, slowest rank) and fits α:
-    the ``--calibration`` file of ``python -m benchmarks project`` (``{"alpha", "bandwidth", ...}``)."""
+# Allreduces chained inside one tf.function call: a training step calls its collectives from a graph,
+# so α is timed there too, and the call's own dispatch is spread over the chain.
+CHAIN = 8
+# A pause before each timed call, so that a shaped link's token bucket (tc tbf: 10 ms of its rate, at least
+# 64 KB) is full again when the chain starts, as it is when a training step's burst follows its compute:
+# 64 KB refill in 52 ms at 10 Mbit/s.
+REFILL_SECONDS = 0.1
+
+
+def alpha_sweep(comm, bandwidth, sizes=SWEEP_BYTES, timed=TIMED, hosts=None):
+    """α across the link, from allreduces of ``sizes`` bytes (8 B to 64 KB) timed inside a tf.function.
+
+    Each timed call runs ``CHAIN`` allreduces one after another (each averages
+    the last one's result, so none can start early); a size's time is the
+    median over ``timed`` calls of the slowest rank's call, divided by
+    ``CHAIN``; each call follows a pause of ``REFILL_SECONDS``. α comes from
+    the intercept of ``fit_alpha``'s line over ``hosts`` hosts. Its slope is not
+    the link's B: on the virtual cluster these messages ride tc tbf's bucket
+    and leave at the veth pair's own rate, recorded as ``line_bandwidth``;
+    ``bandwidth`` is the link probe's B (bytes/s), as given. The result is the
+    ``--calibration`` file of ``python -m benchmarks project``
+    (``{"alpha", "bandwidth", ...}``).
+    """
     import tensorflow as tf
+
+    def chained(tensor):
+        for _ in range(CHAIN):
+            tensor = comm.allreduce([tensor], op="average", record=False)[0]
+        return tensor
 
     medians = []
     for size in sizes:
         tensor = tf.ones([max(size // 4, 1)], tf.float32)
+        call = tf.function(chained)
         seconds = []
         for i in range(WARMUP + timed):
-            comm.allreduce([tf.zeros([1])], op="sum", record=False)
+            time.sleep(REFILL_SECONDS)
+            comm.allreduce([tf.zeros([1])], op="sum", record=False)  # a barrier: start together
             start = time.perf_counter()
-            np.asarray(comm.allreduce([tensor], op="sum", record=False)[0][:1])
-            if i >= WARMUP:
-                seconds.append(max(comm.allgather_json(time.perf_counter() - start)))
+            np.asarray(call(tensor)[:1])  # waits for the last collective
+            if i >= WARMUP:  # the first call traces the function
+                seconds.append(max(comm.allgather_json(time.perf_counter() - start)) / CHAIN)
         medians.append(float(np.median(seconds)))
-    return {**fit_alpha(sizes, medians, comm.size), "bytes": list(sizes), "seconds": medians,
-            "formula": "t(S) = 2(p-1)*alpha + 2(p-1)/p*S/B, least squares"}
+    hosts = hosts or comm.size
+    fit = fit_alpha(sizes, medians, hosts)
+    return {"alpha": fit["alpha"], "bandwidth": float(bandwidth), "line_bandwidth": fit["bandwidth"],
+            "bytes": list(sizes), "seconds": medians, "ranks": comm.size, "hosts": hosts, "chain": CHAIN,
+            "formula": "t(S) = 2*ceil(log2 H)*alpha + 2(H-1)/H*S/B_line, least squares (H hosts); "
+                       "bandwidth: the link probe's B"}

@@ -56,7 +56,8 @@ def _efficiency(entry, reference, params, images, alpha, bandwidth, overlapped=0
         k = math.ceil(size / FUSION_BYTES)
         comm = k * cost_model.ring_allreduce(SERVERS * GPUS_PER_SERVER, size / k, alpha, bandwidth)
     else:
-        comm = cost_model.comm_time(entry, reference, params, SERVERS, GPUS_PER_SERVER, (alpha, bandwidth))
+        comm = cost_model.comm_time(entry, reference, params, SERVERS, GPUS_PER_SERVER, (alpha, bandwidth),
+                                    allreduce=cost_model.ring_allreduce)
     return compute / cost_model.step_time(compute, comm, overlapped), comm
 
 

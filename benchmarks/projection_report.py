@@ -94,9 +94,11 @@ def best(data, model, link, at):
     return " = ".join(winners), top / score["sync"]
 
 
-def _ring_latency(data):
+def _latencies(data):
+    """Halving/doubling's and the ring's latency per allreduce at the largest cluster and 1 ms."""
     p = data["hosts"][-1] * data["ranks_per_host"]
-    return f"{2 * (p - 1) * 1e-3:.1f} s"
+    return (f"{cost_model.allreduce_latencies(data['hosts'][-1]) * 1e-3 * 1e3:.0f} ms",
+            f"{2 * (p - 1) * 1e-3:.1f} s")
 
 
 def _cell(values):
@@ -192,6 +194,8 @@ are **projection only**: no latency can be emulated on this machine (no `netem`)
 measured there. Each configuration's bytes and calls per step come from its strategy's own `expected_traffic`
 hook (the traffic table), each collective charged by its own formula; within a host the model charges shared
 memory at {cost_model.INTRA_BANDWIDTH / 1e9:g} GB/s and {cost_model.INTRA_ALPHA * 1e6:g} µs a message (assumed).
+Where this machine can measure, the same formulas are checked against the virtual cluster, row by row, on
+[the validation page](cost-model-validation.md).
 
 ## Inputs
 
@@ -234,11 +238,11 @@ The best to the target at 1,024 hosts, per link:
 
 Read it as: where SyncAverage's one allreduce a step is nearly free against the model's compute, its fewer
 epochs win; where the link's bandwidth or latency makes that allreduce cost more than the extra epochs of a
-strategy that communicates once every τ steps, that strategy wins, by the factor shown. Across sites the
-latency term dominates: the model's flat ring pays 2(p−1)α a call, {_ring_latency(data)} at
-{data['hosts'][-1] * data['ranks_per_host']:,} ranks and 1 ms, so Streaming DiLoCo's fragments (more calls of
-fewer bytes) lose there what they win on bandwidth; a tree or hierarchical allreduce would pay about log2(p)
-latencies instead, and the model does not project one for the flat strategies.
+strategy that communicates once every τ steps, that strategy wins, by the factor shown. Every allreduce is
+the faster of a ring and halving/doubling nearest ranks first ([cost model](benchmarks.md)): across sites the
+latter's 2·⌈log2 H⌉ latencies, {_latencies(data)[0]} a call at {data['hosts'][-1]:,} hosts and 1 ms, against the
+ring's {_latencies(data)[1]} at {data['hosts'][-1] * data['ranks_per_host']:,} ranks. Latency still weighs on
+Streaming DiLoCo's fragments (more calls of fewer bytes) there.
 """
 
 

@@ -6,7 +6,8 @@
 For each nominal rate the suite builds a cluster of ``--hosts`` hosts whose
 links are shaped to that rate (tc tbf on every host's egress), and launches one
 ``horovodrun --mpi`` from node1 with the ranks spread over the hosts. That
-launch first measures the link with a large allreduce (``link_probe``), then
+launch first measures the link with a large allreduce and its latency with
+small ones (``link_probe``: B and α, the cost model's calibration), then
 times every configuration on the digits CNN and on the wide MLP (5.4 M
 parameters, 21.7 MB of gradients) exactly as the single-host suite does
 (``benchmarks.worker``). The launch at the slowest rate also measures the
@@ -73,7 +74,7 @@ def worker_command(args, out_json, tta=False):
            "-H", hosts_argument(args.hosts, args.ranks_per_host), "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
            "--models", ",".join(args.rated_models), "--configs", ",".join(configs_of(args)),
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
-           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb),
+           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb), "--alpha-sweep",
            "--interface", INTERFACE, "--collectives", getattr(args, "collectives", "horovod")]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
@@ -258,7 +259,8 @@ def main(args, out_dir, command, stamp):
             probe = launch["link_probe"]
             link = {"nominal": rate, "nominal_bits_per_second": parse_rate(rate),
                     "qdisc": state["link"]["qdisc"], "measured_bits_per_second": probe["bits_per_second"],
-                    "measured_mbit": probe["bits_per_second"] / 1e6, "probe": probe}
+                    "measured_mbit": probe["bits_per_second"] / 1e6, "probe": probe,
+                    "alpha_sweep": launch.get("alpha_sweep")}
             results["links"].append(link)
             results["launches"].append({"link_rate": rate, "command": shlex.join(cmd),
                                         "seconds": time.perf_counter() - t0, "versions": launch["versions"]})

@@ -15,6 +15,7 @@ a barrier and the end of its last step; the slowest rank's time counts.
 import argparse
 import os
 import statistics
+import socket
 import sys
 import time
 
@@ -57,6 +58,8 @@ def parse_args(argv=None):
                         "(the traffic between hosts of a virtual cluster)")
     p.add_argument("--link-probe-mb", type=float, default=0.0,
                    help="before anything else, time allreduces of this many MB to measure the link (0: skip)")
+    p.add_argument("--alpha-sweep", action="store_true",
+                   help="after the link probe, time small allreduces (8 B to 64 KB) for the latency α")
     p.add_argument("--steps-per-call", type=int, default=20,
                    help="steps per tf.function call (custom loop) and steps_per_execution (model.fit)")
     p.add_argument("--batch", type=int, default=32, help="per-rank batch")
@@ -418,8 +421,12 @@ def main(argv=None):
         "loadavg_before": load_before,
     }
     if args.link_probe_mb:
-        out["link_probe"] = link_probe.measure(comm, args.link_probe_mb)
+        hosts = len(set(comm.allgather_json(socket.gethostname())))
+        out["link_probe"] = link_probe.measure(comm, args.link_probe_mb, hosts=hosts)
         launch.say(f"link probe: {out['link_probe']['bits_per_second'] / 1e6:,.0f} Mbit/s")
+        if args.alpha_sweep:
+            out["alpha_sweep"] = link_probe.alpha_sweep(comm, out["link_probe"]["bits_per_second"] / 8, hosts=hosts)
+            launch.say(f"alpha sweep: {out['alpha_sweep']['alpha'] * 1e6:,.1f} us a message")
     started = time.perf_counter()
     gradient_shapes = None
     for model_name in args.models.split(","):

@@ -63,7 +63,7 @@ def test_hierarchical_levels_from_the_table():
     intra = (1e-6, 1e10)
     n_mb = 1_000_000
     within = (3 * 1e-6 + 3 / 4 * (8 + 4 * n_mb) / 1e10) + (3 * 1e-6 + 3 * (2 * n_mb * 2 / 4) / 1e10)
-    across = 2 * 3 * A + 2 * 3 / 4 * (4 * n_mb / 4) / (B / 4)
+    across = 2 * 2 * A + 2 * 3 / 4 * (4 * n_mb / 4) / (B / 4)  # halving/doubling over 4 hosts: 2·log2 4 α
     got = cost_model.comm_time(entry, table["reference"], n_mb, 4, 4, (A, B), intra)
     assert got == pytest.approx(within + across)
 
@@ -89,15 +89,36 @@ def test_overlap_hides_communication_up_to_compute():
     assert cost_model.step_time(0.010, 0.004, overlapped=0.5) == pytest.approx(0.010)
 
 
-def test_flat_sync_matches_the_ring_formula_from_the_table():
+def test_flat_sync_is_the_faster_of_nearest_first_halving_doubling_and_the_ring():
+    # 8 hosts × 8 ranks, N = 1e6, S = 4N: within the host a reduce-scatter and an allgather (intra), then
+    # the 8 ranks of a host each allreduce their S/8 shard over the 8 hosts at B/8, by halving/doubling.
     table = cost_model.load_table()
     entry = table["configurations"]["sync"]
     params, hosts, n = 1_000_000, 8, 8
-    p = hosts * n
-    size = entry["across_groups"]["bytes_a"] + entry["across_groups"]["bytes_b"] * params
-    assert entry["across_groups"]["bytes_b"] == 4.0  # float32 gradients, once a step
+    size = 4 * params
+    assert entry["across_groups"]["bytes_b"] == 4.0 and entry["across_groups"]["bytes_a"] == 0.0
+    intra = (cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH)
+    within = 2 * (7 * intra[0] + 7 / 8 * size / intra[1])  # reduce-scatter of S + allgather of S/8 parts
+    across = 2 * 3 * A + 2 * 7 / 8 * (size / 8) / (B / 8)
     got = cost_model.comm_time(entry, table["reference"], params, hosts, n, (A, B))
-    assert got == pytest.approx(cost_model.ring_allreduce(p, size, A, B))
+    assert got == pytest.approx(within + across)
+    assert got < cost_model.ring_allreduce(64, size, A, B)  # 2·63 α and the same link bytes
+    # 400 MB over a 100 GB/s link: the within-host steps at 10 GB/s cost more than the ring's latencies.
+    fast = (A, 1e11)
+    ring = cost_model.ring_allreduce(64, 4e8, *fast)
+    assert cost_model.comm_time(entry, table["reference"], 100_000_000, hosts, n, fast) == pytest.approx(ring)
+    # One rank a host: halving/doubling over the 8, at the host's whole link.
+    assert cost_model.comm_time(entry, table["reference"], params, hosts, 1, (A, B)) == pytest.approx(
+        2 * 3 * A + 2 * 7 / 8 * size / B)
+    # The paper check's ring: 2(p − 1) latencies over all 64 ranks at the host's link.
+    assert cost_model.comm_time(entry, table["reference"], params, hosts, n, (A, B),
+                                allreduce=cost_model.ring_allreduce) == pytest.approx(
+        cost_model.ring_allreduce(64, size, A, B))
+
+
+def test_an_allreduce_on_the_links_is_two_hosts_shares_and_log2_latencies():
+    assert [cost_model.allreduce_latencies(h) for h in (1, 2, 4, 5, 8)] == [0, 2, 4, 6, 6]
+    assert cost_model.allreduce_link_share(2) == 1.0 and cost_model.allreduce_link_share(4) == 1.5
 
 
 def _cli(*args):
@@ -164,9 +185,9 @@ def test_overlapped_configuration_hides_its_communication_behind_compute():
 
 def test_alpha_fit_recovers_alpha_and_bandwidth():
     from benchmarks import link_probe  # imports no TF until a sweep runs
-    p, alpha, bandwidth = 4, 2e-5, 5e8
-    times = [2 * (p - 1) * alpha + 2 * (p - 1) / p * s / bandwidth for s in link_probe.SWEEP_BYTES]
-    fit = link_probe.fit_alpha(link_probe.SWEEP_BYTES, times, p)
+    hosts, alpha, bandwidth = 4, 2e-5, 5e8
+    times = [2 * 2 * alpha + 2 * 3 / 4 * s / bandwidth for s in link_probe.SWEEP_BYTES]  # halving/doubling
+    fit = link_probe.fit_alpha(link_probe.SWEEP_BYTES, times, hosts)
     assert fit["alpha"] == pytest.approx(alpha, rel=1e-6)
     assert fit["bandwidth"] == pytest.approx(bandwidth, rel=1e-6)
 

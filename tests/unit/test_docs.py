@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from benchmarks import defaults_report, projection_report, tta_report
+from benchmarks import cluster_check, defaults_report, projection_report, tta_report
 from tests.helpers import ROOT
 from tools import tf_matrix
 
@@ -32,6 +32,7 @@ RENDERED_PAGES = {
     "time-to-accuracy.md": tta_report.render,
     "overlap-results.md": tta_report.render_overlap,
     "projection.md": projection_report.render,
+    "cost-model-validation.md": cluster_check.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
 # to call here: benchmarks.rated_links wrote it from a results.json that is not committed.

@@ -1,0 +1,149 @@
+"""benchmarks/cluster_check.py and the token-bucket link of cost_model.py: hand-derived rows, the committed page."""
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import cluster_check, cost_model
+
+pytestmark = pytest.mark.unit
+
+
+def test_token_bucket_link_by_hand():
+    # tbf at 1e7 B/s with a 125 KB bucket; the probe measured 8e6 B/s; the line runs at 1e9 B/s.
+    link = cost_model.TokenBucketLink(1e7, 125_000, 8e6, 1e9)
+    assert link.bandwidth(1e6) == 1e7 and link.bandwidth(1e6 + 1) == 8e6  # a long burst: the probe's rate
+    # A burst of 1e5 B after 2 ms idle finds 2e4 B of tokens, which leave at 1e9 B/s instead of 1e7.
+    assert link.credit(1e5, 1, 0.002) == pytest.approx(2e4 * (1e-7 - 1e-9))
+    # A long idle fills the bucket past the burst: the whole burst goes at the line's rate.
+    assert 1e5 / 1e7 - link.credit(1e5, 1, 1.0) == pytest.approx(1e5 / 1e9)
+    # A burst of 2e6 B every 10 steps: the bucket's 125 KB, spread over 10 steps, instead of the probe's rate.
+    assert link.credit(2e6, 10, 1.0) == pytest.approx(125_000 * (1 / 8e6 - 1e-9) / 10)
+    assert cost_model.TokenBucketLink(1e7, 0, 8e6).credit(1e5, 1, 1.0) == 0  # no bucket, no credit
+
+
+def test_burst_period_of_each_kind_of_configuration():
+    table = cost_model.load_table()["configurations"]
+    periods = {name: cost_model.burst_period(table[name]) for name in
+               ("sync", "sync_powersgd4", "accum4_sync", "easgd_tau10", "diloco_tau10_int8", "no_comm")}
+    assert periods == pytest.approx({"sync": 1, "sync_powersgd4": 1, "accum4_sync": 4, "easgd_tau10": 10,
+                                     "diloco_tau10_int8": 10, "no_comm": 1})
+
+
+def _result():
+    """One launch at 2 hosts × 1 rank: the sweep's line is t(S) = 2·50 µs + S/1e9 (p = 2), the probe 80 Mbit/s.
+    The 64 KB point's chain (8 × 64 KB) overflows the 125 KB bucket: it is left out of the fit."""
+    sizes = [8, 8_192, 65_536]
+    row = {"model": "cnn", "batch_per_rank": 32, "np": 2, "link": {"nominal": "100mbit"}}
+    return {"topology": {"hosts": 2, "ranks_per_host": 1},
+            "links": [{"nominal": "100mbit", "qdisc": "tbf rate 100000000 burst 125000 latency 50ms",
+                       "measured_bits_per_second": 8e7, "measured_mbit": 80.0,
+                       "probe": {"bytes": 32_000_000, "seconds": [3.0, 3.2, 3.4]},
+                       "alpha_sweep": {"bytes": sizes, "seconds": [1e-4 + s / 1e9 for s in sizes[:2]] + [5e-3],
+                                       "ranks": 2, "chain": 8}}],
+            "rows": [dict(row, config="no_comm", samples_per_sec={"median": 32_000, "min": 31_000, "max": 33_000}),
+                     dict(row, config="sync", samples_per_sec={"median": 8_000, "min": 7_000, "max": 9_000})]}
+
+
+def test_a_sync_row_by_hand():
+    (row,) = cluster_check.rows_of(_result())
+    # c = 32·2/32,000 = 2 ms. The digits CNN's gradients are 4·38,282 = 153,128 B; at p = 2 a host sends all of
+    # it per step, a short burst (TokenBucketLink.SHORT_BURST), so at the tbf's 1.25e7 B/s. Idle
+    # before the burst: c + 2α = 2.1 ms, so the bucket holds 1.25e7·0.0021 = 26,250 B, sent at 1e9 B/s.
+    comm = 1e-4 + 153_128 / 1.25e7 - 26_250 * (1 / 1.25e7 - 1e-9)
+    assert row["alpha_us"] == pytest.approx(50) and row["swept_sizes"] == 2 and row["line_mbit"] == pytest.approx(8e3)
+    assert row["comm_ms_predicted"] == pytest.approx(comm * 1e3)
+    assert row["predicted_ms"] == pytest.approx((0.002 + comm) * 1e3)
+    # the probe's B alone: 32 MB in a median 3.2 s is 1e7 B/s on the link
+    assert row["plain_predicted_ms"] == pytest.approx((0.002 + 1e-4 + 153_128 / 1e7) * 1e3)
+    assert row["measured_ms"] == pytest.approx(8.0) and row["measured_ms_range"] == pytest.approx([64 / 9, 64 / 7])
+    assert row["comm_share"] == pytest.approx(0.75) and row["band"] == cluster_check.TIGHT
+    assert row["error"] == pytest.approx((0.002 + comm) / 0.008 - 1) and row["within"] is False
+
+
+def test_tbf_description_is_read():
+    assert cluster_check.tbf_of("tbf rate 100000000 burst 125000 latency 50ms") == (1.25e7, 125_000)
+
+
+def test_a_sweep_that_found_the_bucket_empty_leaves_the_line_unmeasured():
+    # 8 × 8 KB fit a 125 KB bucket; the slope says 1.5e7 B/s, not above 2 × the tbf's 1.25e7: no line measured.
+    sweep = {"bytes": [8, 8_192], "seconds": [1e-4, 1e-4 + 8_184 / 1.5e7], "ranks": 2, "chain": 8}
+    alpha, line, kept = cluster_check.sweep_fit(sweep, 125_000, 1.25e7, 2)
+    assert line == float("inf") and kept == 2 and alpha == pytest.approx(5e-5 - 8 / 1.5e7 / 2)
+    assert cluster_check.sweep_fit(dict(sweep, bytes=[8, 65_536]), 125_000, 1.25e7, 2) is None  # one size fits
+
+
+def test_the_probe_rate_is_a_hosts_link():
+    # 2 hosts × 2 ranks: an allreduce of 32 MB puts 2(H−1)/H·32 MB = 32 MB on each host's link, whatever the
+    # ranks a host (halving/doubling, nearest ranks first); at 4 hosts 1.5 × 32 MB.
+    probe = {"bytes": 32_000_000, "seconds": [4.0, 3.2, 3.0]}
+    assert cluster_check.probe_bandwidth(probe, 2) == pytest.approx(1e7)
+    assert cluster_check.probe_bandwidth(probe, 4) == pytest.approx(1.5e7)
+
+
+def test_rows_without_a_sweep_or_a_no_comm_twin_are_not_predicted():
+    result = _result()
+    assert cluster_check.rows_of(dict(result, rows=result["rows"][1:])) == []
+    result["links"][0]["alpha_sweep"] = None
+    assert cluster_check.rows_of(result) == []
+
+
+def test_the_set_runs_every_strategy_and_the_two_formats_at_the_default_collectives():
+    table = cost_model.load_table()["configurations"]
+    for run in cluster_check.RUNS:
+        assert "no_comm" in run.configs and set(run.configs) <= set(table)
+        argv = run.argv("out")
+        assert argv[argv.index("--collectives") + 1] == "auto"
+    layouts = {(r.hosts, r.ranks_per_host) for r in cluster_check.RUNS}
+    assert layouts == {(2, 1), (4, 1), (2, 2)}
+    assert {"diloco_tau10_int8", "sync_powersgd4", "hier_easgd_tau10", "sync_two_level"} <= {
+        c for r in cluster_check.RUNS for c in r.configs}
+
+
+def test_oversubscribed_rows_that_are_mostly_compute_are_not_judged():
+    (row,) = cluster_check.rows_of(_result(), cores=2)
+    assert not row["oversubscribed"] and row["judged"]  # 2 ranks on 2 cores
+    (row,) = cluster_check.rows_of(_result(), cores=1)
+    assert row["oversubscribed"] and row["judged"]  # communication-bound (share 0.75): judged all the same
+    result = _result()
+    result["rows"][1]["samples_per_sec"] = {"median": 25_600, "min": 25_000, "max": 26_000}  # 2.5 ms: share 0.2
+    (row,) = cluster_check.rows_of(result, cores=1)
+    assert row["oversubscribed"] and not row["judged"]
+
+
+def _row(config, rate, measured, predicted, **more):
+    row = {"layout": "2x2", "rate": rate, "model": "wide_mlp", "config": config, "compute_ms": 150.0,
+           "measured_ms": measured, "predicted_ms": predicted, "judged": True, "band": cluster_check.LOOSE,
+           "burst_bytes": 2e5, "burst_mbit": 100.0, "comm_ms_predicted": 5.0, "error": predicted / measured - 1}
+    row.update(more)
+    return dict(row, within=abs(row["error"]) <= row["band"])
+
+
+def test_each_miss_is_explained_from_the_rows():
+    long_burst = dict(band=cluster_check.TIGHT, burst_bytes=21.7e6, burst_mbit=48.0, comm_ms_predicted=3600.0)
+    rows = [_row("sync_two_level", "100mbit", 2700.0, 3750.0, **long_burst),
+            _row("sync", "100mbit", 3350.0, 3750.0, **long_burst),  # within ±15 %: a peer, not a miss
+            _row("sync_powersgd4", "1gbit", 123.0, 79.0), _row("sync_powersgd4", "100mbit", 120.0, 80.0),
+            _row("diloco_tau10", "100mbit", 100.0, 300.0, judged=False)]  # not judged: never listed
+    two_level, sgd_1g, sgd_100m = cluster_check.misses(rows)
+    # 3,600 ms predicted at 48 Mbit/s, 2,550 measured (2,700 − c): 48·3600/2550 = 67.8 Mbit/s; the peer's
+    # 48·3600/3200 = 54.
+    assert "sync_two_level (wide_mlp) at 2x2, 100mbit" in two_level and "took 2,550 ms" in two_level
+    assert "about 68 Mbit/s" in two_level and "the launch's probe" in two_level and "at 54–54 Mbit/s" in two_level
+    # The residual measured − predicted at each rate of the layout: 44 ms and 40 ms.
+    assert sgd_1g == sgd_100m.replace("100mbit, -33.3 %", "1gbit, -35.8 %")
+    assert "44 ms at 1gbit, 40 ms at 100mbit over the prediction" in sgd_1g
+
+
+def test_committed_files_equal_their_render():
+    assert cluster_check.write(check=True) == []
+    summary = cluster_check.compute()["summary"]
+    assert summary["missing_runs"] == [] and summary["rows"] > 0
+
+
+@pytest.mark.parametrize("argv", [["--only", "2x1"], ["--run", "--only", "9x9"], ["--run", "--check"]])
+def test_cli_refuses_contradictions_in_one_line(argv):
+    code = f"import sys; from benchmarks import cluster_check; sys.exit(cluster_check.main({argv!r}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "tensorflow" not in done.stderr
