@@ -27,8 +27,9 @@ anywhere else:
   least half the step, else ±25 % (issue 26's goal).
 
 The page, ``docs/cost-model-validation.md``, lists every row, the worst
-one, and why each judged row outside its band misses (``misses``); ``tests/unit/test_cost_model_validation.py`` checks that the committed JSON and page
-equal what this module computes from the committed runs. It imports no
+one, and why each judged row outside its band misses (``misses``);
+``tests/unit/test_cost_model_validation.py`` checks that the committed JSON
+and page equal what this module computes from the committed runs. It imports no
 TensorFlow (``--run`` launches the ranks that do).
 """
 import argparse
@@ -183,12 +184,13 @@ def rows_of(result, table=None, models=None, cores=None):
                 return cost_model.comm_time(entry, table["reference"], params, hosts, ranks_per_host, (alpha, b))
 
             latency = comm_at(float("inf"))  # all but the bytes' time on the link across hosts
+            at_probe = comm_at(probe)
             period = cost_model.burst_period(entry)
-            burst = (comm_at(probe) - latency) * period * probe  # bytes a host sends per burst
+            burst = (at_probe - latency) * period * probe  # bytes a host sends per burst
             bandwidth = shaped.bandwidth(burst)
             credit = shaped.credit(burst, period, period * (compute + latency))
             comm = comm_at(bandwidth) - credit
-            plain = cost_model.step_time(compute, comm_at(probe), entry.get("overlapped", 0.0))
+            plain = cost_model.step_time(compute, at_probe, entry.get("overlapped", 0.0))
             predicted = cost_model.step_time(compute, comm, entry.get("overlapped", 0.0))
             measured = _step(row)
             share = max(measured - compute, 0.0) / measured
@@ -364,7 +366,8 @@ def render(validation=None):
         lines += ["", "## Where the model misses", "",
                   "Every judged row outside its band, and why, from the rows below:", ""] + missed
     lines += ["", "## Calibration, per launch", "",
-              "| layout | rate | probe Mbit/s | bucket KB | α µs (sizes fitted) | line Mbit/s |", "|---|---|---:|---:|---:|---:|"]
+              "| layout | rate | probe Mbit/s | bucket KB | α µs (sizes fitted) | line Mbit/s |",
+              "|---|---|---:|---:|---:|---:|"]
     for r in _links(rows):
         lines.append(f"| {r['layout']} | {r['rate']} | {r['measured_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
                      f"{r['alpha_us']:.0f} ({r['swept_sizes']}) | {r['line_mbit']:,.0f} |")
@@ -402,7 +405,8 @@ def write(check=False):
 
 def main(argv=None, prog=COMMAND):
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--run", action="store_true", help="run the validation set first (about 30 min, alone)")
+    parser.add_argument("--run", action="store_true",
+                        help="run the validation set first (48 min here, alone on the machine)")
     parser.add_argument("--only", default=None, help=f"with --run: one run, from {', '.join(r.name for r in RUNS)}")
     parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
     args = parser.parse_args(argv)

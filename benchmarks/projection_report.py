@@ -94,11 +94,11 @@ def best(data, model, link, at):
     return " = ".join(winners), top / score["sync"]
 
 
-def _latencies(data):
-    """Halving/doubling's and the ring's latency per allreduce at the largest cluster and 1 ms."""
-    p = data["hosts"][-1] * data["ranks_per_host"]
-    return (f"{cost_model.allreduce_latencies(data['hosts'][-1]) * 1e-3 * 1e3:.0f} ms",
-            f"{2 * (p - 1) * 1e-3:.1f} s")
+def _latencies(data, alpha=1e-3):
+    """Halving/doubling's and the ring's latency per allreduce at the largest cluster and ``alpha`` (1 ms)."""
+    hosts = data["hosts"][-1]
+    return (f"{cost_model.allreduce_latencies(hosts) * alpha * 1e3:.0f} ms",
+            f"{2 * (hosts * data['ranks_per_host'] - 1) * alpha:.1f} s")
 
 
 def _cell(values):

@@ -27,7 +27,7 @@ import os
 import statistics
 import sys
 
-from . import curves, rated_links, workloads
+from . import cost_model, curves, rated_links, workloads
 from .names import BASELINES, BY_NAME
 from .runner import REPO_ROOT, table
 
@@ -343,7 +343,7 @@ def fragment_arithmetic(tta, hosts, params):
     for name in (n for n in tta["per_config"] if streaming_with_overlap(n)):
         tau, fragments, delta = (int(_flag(name, f)) for f in ("--tau", "--fragments", "--overlap"))
         fragment = 4 * params / fragments
-        crossing = 2 * (hosts - 1) / hosts * fragment / rate
+        crossing = cost_model.allreduce_link_share(hosts) * fragment / rate
         lines.append(f"`{name}` (τ = {tau}, F = {fragments}, δ = {delta}): one fragment is 4·N/F = "
                      f"4·{params:,}/{fragments} = {fragment / 1e6:.2f} MB; a host's link carries 2(H−1)/H of it, "
                      f"{crossing:.2f} s at the measured {rate * 8 / 1e6:,.0f} Mbit/s. It has δ steps to cross in: "
