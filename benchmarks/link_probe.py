@@ -53,6 +53,26 @@ def measure(comm, megabytes, timed=TIMED, hosts=None):
 SWEEP_BYTES = tuple(8 * 4 ** i for i in range(7)) + (65536,)
 
 
+def tbf_of(qdisc):
+    """(rate bytes/s, bucket bytes) of a ``tc tbf`` description ("tbf rate R burst B latency 50ms")."""
+    words = qdisc.split()
+    return float(words[words.index("rate") + 1]) / 8, float(words[words.index("burst") + 1])
+
+
+def within_bucket(sizes, chain, hosts, bucket):
+    """The sizes whose chain of ``chain`` allreduces puts at most ``bucket`` bytes on a host's link.
+
+    A chain larger than a shaped link's token bucket drains it and then waits on the tbf's rate, which
+    is the link's bandwidth, not α: at 10 Mbit/s the 32 and 64 KB chains tip the fitted intercept below
+    zero. ``bucket=None`` (an unshaped link) keeps every size."""
+    if bucket is None:
+        return list(sizes)
+    from . import cost_model  # no TensorFlow
+
+    share = cost_model.allreduce_link_share(hosts)
+    return [size for size in sizes if chain * share * size <= bucket]
+
+
 def fit_alpha(sizes, seconds, hosts):
     """α (seconds per message) and B (bytes/s) from allreduce times across ``hosts`` hosts,
     t(S) = L·α + F·S/B with the cost model's halving/doubling allreduce (the small messages' algorithm):
@@ -75,14 +95,29 @@ CHAIN = 8
 REFILL_SECONDS = 0.1
 
 
-def alpha_sweep(comm, bandwidth, sizes=SWEEP_BYTES, timed=TIMED, hosts=None):
+def _timed_chain(comm, call, tensor, timed):
+    """The median over ``timed`` calls (after ``WARMUP``, which traces) of the slowest rank's call, per allreduce."""
+    seconds = []
+    for i in range(WARMUP + timed):
+        time.sleep(REFILL_SECONDS)
+        comm.allreduce([tensor[:1] * 0], op="sum", record=False)  # a barrier: start together
+        start = time.perf_counter()
+        np.asarray(call(tensor)[:1])  # waits for the last collective
+        if i >= WARMUP:
+            seconds.append(max(comm.allgather_json(time.perf_counter() - start)) / CHAIN)
+    return float(np.median(seconds))
+
+
+def alpha_sweep(comm, bandwidth, sizes=SWEEP_BYTES, timed=TIMED, hosts=None, bucket=None):
     """α across the link, from allreduces of ``sizes`` bytes (8 B to 64 KB) timed inside a tf.function.
 
     Each timed call runs ``CHAIN`` allreduces one after another (each averages
     the last one's result, so none can start early); a size's time is the
     median over ``timed`` calls of the slowest rank's call, divided by
     ``CHAIN``; each call follows a pause of ``REFILL_SECONDS``. α comes from
-    the intercept of ``fit_alpha``'s line over ``hosts`` hosts. Its slope is not
+    the intercept of ``fit_alpha``'s line over ``hosts`` hosts, through the
+    sizes whose chain fits a shaped link's ``bucket`` (``within_bucket``;
+    every size if None, or if fewer than two fit). Its slope is not
     the link's B: on the virtual cluster these messages ride tc tbf's bucket
     and leave at the veth pair's own rate, recorded as ``line_bandwidth``;
     ``bandwidth`` is the link probe's B (bytes/s), as given. The result is the
@@ -97,21 +132,21 @@ def alpha_sweep(comm, bandwidth, sizes=SWEEP_BYTES, timed=TIMED, hosts=None):
         return tensor
 
     medians = []
-    for size in sizes:
-        tensor = tf.ones([max(size // 4, 1)], tf.float32)
-        call = tf.function(chained)
-        seconds = []
-        for i in range(WARMUP + timed):
-            time.sleep(REFILL_SECONDS)
-            comm.allreduce([tf.zeros([1])], op="sum", record=False)  # a barrier: start together
-            start = time.perf_counter()
-            np.asarray(call(tensor)[:1])  # waits for the last collective
-            if i >= WARMUP:  # the first call traces the function
-                seconds.append(max(comm.allgather_json(time.perf_counter() - start)) / CHAIN)
-        medians.append(float(np.median(seconds)))
+    logger, level = tf.get_logger(), tf.get_logger().level
+    # One trace a size is the sweep's design, not the retracing TensorFlow warns of (on every rank's stderr).
+    logger.setLevel("ERROR")
+    try:
+        for size in sizes:
+            medians.append(_timed_chain(comm, tf.function(chained), tf.ones([max(size // 4, 1)], tf.float32), timed))
+    finally:
+        logger.setLevel(level)
     hosts = hosts or comm.size
-    fit = fit_alpha(sizes, medians, hosts)
+    fitted = within_bucket(sizes, CHAIN, hosts, bucket)
+    if len(fitted) < 2:
+        fitted = list(sizes)
+    fit = fit_alpha(fitted, [t for size, t in zip(sizes, medians) if size in fitted], hosts)
     return {"alpha": fit["alpha"], "bandwidth": float(bandwidth), "line_bandwidth": fit["bandwidth"],
-            "bytes": list(sizes), "seconds": medians, "ranks": comm.size, "hosts": hosts, "chain": CHAIN,
-            "formula": "t(S) = 2*ceil(log2 H)*alpha + 2(H-1)/H*S/B_line, least squares (H hosts); "
-                       "bandwidth: the link probe's B"}
+            "bytes": list(sizes), "seconds": medians, "fitted_bytes": fitted, "bucket": bucket,
+            "ranks": comm.size, "hosts": hosts, "chain": CHAIN,
+            "formula": "t(S) = 2*ceil(log2 H)*alpha + 2(H-1)/H*S/B_line, least squares over fitted_bytes "
+                       "(H hosts); bandwidth: the link probe's B"}

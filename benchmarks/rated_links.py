@@ -35,7 +35,7 @@ import time
 
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from . import curves, plots, report, runner
+from . import curves, link_probe, plots, report, runner
 from .names import BASELINES, TOPOLOGY_SUITE
 from .runner import REPO_ROOT, report_failed_launch, spread, table
 
@@ -68,7 +68,8 @@ def tta_configs_of(args):
     return [c for c in configs_of(args) if c not in BASELINES]
 
 
-def worker_command(args, out_json, tta=False):
+def worker_command(args, out_json, tta=False, qdisc=None):
+    """The horovodrun command of one launch; ``qdisc``, the links' tc tbf, gives the α sweep its bucket."""
     np_ = args.hosts * args.ranks_per_host
     cmd = [runner.horovodrun(), "--disable-cache", "-np", str(np_),
            "-H", hosts_argument(args.hosts, args.ranks_per_host), "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
@@ -76,6 +77,8 @@ def worker_command(args, out_json, tta=False):
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
            "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb), "--alpha-sweep",
            "--interface", INTERFACE, "--collectives", getattr(args, "collectives", "horovod")]
+    if qdisc:
+        cmd += ["--link-bucket", repr(link_probe.tbf_of(qdisc)[1])]
     if args.repeats is not None:
         cmd += ["--repeats", str(args.repeats)]
     if tta:
@@ -246,7 +249,7 @@ def main(args, out_dir, command, stamp):
             out_json = os.path.join(out_dir, f"launch-{rate}.json")
             log_path = os.path.join(out_dir, "logs", f"hvd-{rate}.log")
             tta = runs_tta_at(args, rate)
-            cmd = worker_command(args, out_json, tta)
+            cmd = worker_command(args, out_json, tta, state["link"]["qdisc"])
             print(f"[compare] {rate}: horovodrun across {args.hosts} hosts" + (" + time-to-accuracy" if tta else ""),
                   flush=True)
             t0 = time.perf_counter()

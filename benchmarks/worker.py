@@ -60,6 +60,9 @@ def parse_args(argv=None):
                    help="before anything else, time allreduces of this many MB to measure the link (0: skip)")
     p.add_argument("--alpha-sweep", action="store_true",
                    help="after the link probe, time small allreduces (8 B to 64 KB) for the latency α")
+    p.add_argument("--link-bucket", type=float, default=None, metavar="BYTES",
+                   help="the shaped link's token bucket (tc tbf's burst): α is fitted from the sizes whose "
+                        "chain of allreduces fits in it (default: every size, an unshaped link)")
     p.add_argument("--steps-per-call", type=int, default=20,
                    help="steps per tf.function call (custom loop) and steps_per_execution (model.fit)")
     p.add_argument("--batch", type=int, default=32, help="per-rank batch")
@@ -425,7 +428,8 @@ def main(argv=None):
         out["link_probe"] = link_probe.measure(comm, args.link_probe_mb, hosts=hosts)
         launch.say(f"link probe: {out['link_probe']['bits_per_second'] / 1e6:,.0f} Mbit/s")
         if args.alpha_sweep:
-            out["alpha_sweep"] = link_probe.alpha_sweep(comm, out["link_probe"]["bits_per_second"] / 8, hosts=hosts)
+            out["alpha_sweep"] = link_probe.alpha_sweep(comm, out["link_probe"]["bits_per_second"] / 8, hosts=hosts,
+                                                      bucket=args.link_bucket)
             launch.say(f"alpha sweep: {out['alpha_sweep']['alpha'] * 1e6:,.1f} us a message")
     started = time.perf_counter()
     gradient_shapes = None

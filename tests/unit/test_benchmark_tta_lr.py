@@ -91,3 +91,14 @@ def test_the_tta_workload_flags_reach_the_rated_link_worker():
     assert (flags.tta_model, flags.tta_batch, flags.tta_lr, flags.tta_cap) == ("student_mlp", 256, 0.05, 90.0)
     assert flags.tta_config_list == ["sync", "diloco_tau10_f4"]  # the baselines never train to accuracy
     assert worker.TTA_DATA[flags.tta_model] == "teacher"
+
+
+def test_the_links_token_bucket_reaches_the_alpha_sweep():
+    from benchmarks import rated_links
+
+    args = compare.parse_args(["--link-rates", "10mbit", "--configs", "sync", "--models", "cnn"])
+    cmd = rated_links.worker_command(args, "out.json", qdisc="tbf rate 10000000 burst 65536 latency 50ms")
+    flags = worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:])
+    assert flags.alpha_sweep and flags.link_bucket == 65536.0
+    cmd = rated_links.worker_command(args, "out.json")
+    assert worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:]).link_bucket is None

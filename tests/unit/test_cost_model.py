@@ -192,6 +192,36 @@ def test_alpha_fit_recovers_alpha_and_bandwidth():
     assert fit["bandwidth"] == pytest.approx(bandwidth, rel=1e-6)
 
 
+def test_alpha_is_fitted_from_the_sizes_whose_chain_fits_the_bucket():
+    from benchmarks import link_probe
+
+    # 2 hosts at 10 Mbit/s, a 64 KiB bucket: a chain of 8 × S fits while S ≤ 8 KiB. Above, the chain waits on
+    # the tbf's rate (1.25e6 B/s), and a line through every size tips the intercept below zero (α = 0).
+    alpha, line, rate, bucket = 50e-6, 1.25e8, 1.25e6, 65_536
+    sizes = link_probe.SWEEP_BYTES
+    times = [2 * alpha + s / line if 8 * s <= bucket else 2 * alpha + s / rate - bucket / 8 / rate for s in sizes]
+    kept = link_probe.within_bucket(sizes, 8, 2, bucket)
+    assert kept == [8, 32, 128, 512, 2048, 8192]
+    assert link_probe.fit_alpha(sizes, times, 2)["alpha"] == 0.0  # the worker's fit before the bucket was known
+    fit = link_probe.fit_alpha(kept, times[:len(kept)], 2)
+    assert fit["alpha"] == pytest.approx(alpha, rel=1e-6) and fit["bandwidth"] == pytest.approx(line, rel=1e-6)
+    assert link_probe.within_bucket(sizes, 8, 4, bucket) == [8, 32, 128, 512, 2048]  # 1.5 S a link at 4 hosts
+    assert link_probe.within_bucket(sizes, 8, 2, None) == list(sizes)
+    assert link_probe.tbf_of("tbf rate 10000000 burst 65536 latency 50ms") == (1.25e6, 65_536)
+
+
+def test_the_sweep_runs_one_trace_a_size_without_tensorflows_retracing_warning(caplog):
+    from benchmarks import link_probe
+    from hvd_easgd.comm.local_comm import LocalCommunicator
+
+    # One rank: its allreduces return their inputs, so this times the calls alone; 8 sizes, 8 traces.
+    sweep = link_probe.alpha_sweep(LocalCommunicator(), 1e6, sizes=(8, 32, 128, 512, 2048, 8192), timed=1, hosts=2,
+                                   bucket=8 * 512)
+    assert sweep["fitted_bytes"] == [8, 32, 128, 512] and sweep["bucket"] == 4096
+    assert len(sweep["seconds"]) == 6 and all(t > 0 for t in sweep["seconds"]) and sweep["bandwidth"] == 1e6
+    assert sweep["alpha"] >= 0 and not [r for r in caplog.records if "retracing" in r.getMessage()]
+
+
 def test_calibration_file_sets_alpha_and_bandwidth(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text('{"alpha": 0.001, "bandwidth": 1.25e8}')
