@@ -13,7 +13,9 @@ anywhere else:
 
 * c is the ``no_comm`` row of the same launch: the same hosts, ranks and
   rate. At 4 ranks on this machine's 2 cores c is the oversubscribed compute,
-  and the model is given exactly that;
+  and the model is given exactly that. A configuration whose format encodes
+  every step (PowerSGD) computes c·(1 + s), s its encoding's share of c
+  measured in one process (``format_compute.py``);
 * the predicted step is ``cost_model.step_time(c, comm, overlapped)``. comm
   is ``comm_time`` with the configuration's bytes and collectives from the
   traffic table, the model's parameter count (``workloads.py``) and the
@@ -39,7 +41,7 @@ import statistics
 import sys
 from typing import NamedTuple
 
-from . import cost_model, link_probe, workloads
+from . import cost_model, format_compute, link_probe, workloads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "validation"
@@ -91,12 +93,6 @@ RUNS = (
 )
 
 
-def tbf_of(qdisc):
-    """(rate bytes/s, bucket bytes) of a ``tc tbf`` description ("tbf rate R burst B latency 50ms")."""
-    words = qdisc.split()
-    return float(words[words.index("rate") + 1]) / 8, float(words[words.index("burst") + 1])
-
-
 def probe_bandwidth(probe, hosts):
     """The link probe's rate of a host's link, bytes/s, from its raw times: an allreduce of S puts
     2(H−1)/H·S on each link (``cost_model.allreduce_link_share``). Runs recorded before the probe knew
@@ -114,8 +110,8 @@ def sweep_fit(sweep, bucket, rate, hosts):
     recorded before ``link_probe.REFILL_SECONDS``), leaves the line
     unmeasured, and far faster than the link: infinite. None when fewer than
     two sizes fit."""
-    chain, share = sweep.get("chain", link_probe.CHAIN), cost_model.allreduce_link_share(hosts)
-    kept = [(size, t) for size, t in zip(sweep["bytes"], sweep["seconds"]) if chain * share * size <= bucket]
+    fits = set(link_probe.within_bucket(sweep["bytes"], sweep.get("chain", link_probe.CHAIN), hosts, bucket))
+    kept = [(size, t) for size, t in zip(sweep["bytes"], sweep["seconds"]) if size in fits]
     if len(kept) < 2:
         return None
     fit = link_probe.fit_alpha([k[0] for k in kept], [k[1] for k in kept], hosts)
@@ -150,13 +146,17 @@ def _step(row, which="median"):
     return row["batch_per_rank"] * row["np"] / row["samples_per_sec"][which]
 
 
-def rows_of(result, table=None, models=None, cores=None):
+def rows_of(result, table=None, models=None, cores=None, formats=None):
     """The validation rows of one committed ``compare`` result: predicted against measured, per row.
 
     ``cores``: the CPUs the ranks shared. More ranks than cores oversubscribe the compute; such a row that
     is mostly compute is reported but not judged against the goal (``judged``): the model knows the
-    oversubscribed compute only as the no_comm run's c, in which the ranks never wait for each other."""
+    oversubscribed compute only as the no_comm run's c, in which the ranks never wait for each other.
+
+    ``formats``: {(model, configuration): share of c} a format's own encoding adds to a step
+    (``format_compute.load``, measured in one process); such a row computes c·(1 + share)."""
     table = table or cost_model.load_table()
+    formats = format_compute.load() if formats is None else formats
     models = models or workloads.models()
     hosts, ranks_per_host = result["topology"]["hosts"], result["topology"]["ranks_per_host"]
     links = {link["nominal"]: link for link in result["links"]}
@@ -165,7 +165,7 @@ def rows_of(result, table=None, models=None, cores=None):
         sweep = link.get("alpha_sweep")
         if not sweep:
             continue
-        rate, bucket = tbf_of(link["qdisc"])
+        rate, bucket = link_probe.tbf_of(link["qdisc"])
         fitted = sweep_fit(sweep, bucket, rate, hosts)
         if fitted is None:
             continue
@@ -176,7 +176,9 @@ def rows_of(result, table=None, models=None, cores=None):
         for (model, config), row in sorted(by.items()):
             if config == "no_comm" or (model, "no_comm") not in by or config not in table["configurations"]:
                 continue
-            compute = _step(by[(model, "no_comm")])
+            c = _step(by[(model, "no_comm")])
+            encoding = c * formats.get((model, config), 0.0)
+            compute = c + encoding
             params = models[WORKLOAD_OF[model]].params
             entry, scaled = to_the_account(table["configurations"][config], row, params)
 
@@ -203,7 +205,7 @@ def rows_of(result, table=None, models=None, cores=None):
                         "bytes_over_table": scaled,
                         "burst_mbit": bandwidth * 8 / 1e6, "plain_predicted_ms": plain * 1e3,
                         "plain_error": plain / measured - 1,
-                        "compute_ms": compute * 1e3, "comm_ms_predicted": comm * 1e3,
+                        "compute_ms": compute * 1e3, "encoding_ms": encoding * 1e3, "comm_ms_predicted": comm * 1e3,
                         "bucket_credit_ms": credit * 1e3,
                         "measured_ms": measured * 1e3, "measured_ms_range": [_step(row, "max") * 1e3,
                                                                              _step(row, "min") * 1e3],
@@ -284,9 +286,22 @@ def misses(rows):
             out.append(head + "The step kept " + ", ".join(f"{ms:,.0f} ms at {rate}" for rate, ms in kept)
                        + " over the prediction, with predicted communication of "
                        f"{r['comm_ms_predicted']:,.1f} ms: time that does not grow as the link slows is "
-                       "compute, and the model's only compute is the no_comm run's c (a format's own encoding, "
-                       "such as PowerSGD's low-rank products and orthogonalisation, is not in it).")
+                       f"compute the model does not charge (its compute: the no_comm run's c, "
+                       f"{r['compute_ms'] - r['encoding_ms']:,.1f} ms, plus {r['encoding_ms']:,.1f} ms of the "
+                       "format's measured encoding).")
     return out
+
+
+def _format_note(path=format_compute.PATH):
+    """Where the encoding shares come from, and what they are, for the page."""
+    if not pathlib.Path(path).is_file():
+        return "not measured: s = 0"
+    recorded = json.loads(pathlib.Path(path).read_text())
+    shares = [f"{name} on the {model}: s = {c['share']:.3f} ({1e3 * c['seconds']:.2f} ms against c = "
+              f"{1e3 * entry['step_seconds']:.2f} ms)" for model, entry in recorded["models"].items()
+              for name, c in entry["configurations"].items()]
+    return (f"`{pathlib.Path(path).relative_to(format_compute.REPO_ROOT)}`, from `{recorded['command']}`: "
+            + "; ".join(shares))
 
 
 def _comm_ms(row):
@@ -322,7 +337,9 @@ def render(validation=None):
         "measured: the median of the timed repeats, their range in brackets. Per launch, the model is given:",
         "",
         "- c, the `no_comm` step of the same launch (so at 4 ranks on this machine's 2 cores, the "
-        "oversubscribed compute);",
+        "oversubscribed compute); for a configuration whose format encodes every step (PowerSGD), c·(1 + s), "
+        "with s the encoding's share of c measured in one process (`benchmarks/format_compute.py`, "
+        + _format_note() + ");",
         "- α, from the launch's sweep of allreduces of 8 B to 64 KB timed inside a tf.function, and B, from its "
         "link probe (one 32 MB allreduce; 4 MB at 10 Mbit/s): `benchmarks/link_probe.py`;",
         "- the configuration's bytes and collectives from the traffic table, and the model's parameters; for a "
@@ -360,7 +377,7 @@ def render(validation=None):
             lines += ["", f"{label} against its band: {w['config']} ({w['model']}) at {w['layout']}, {w['rate']}: "
                           f"predicted {w['predicted_ms']:.2f} ms, measured {w['measured_ms']:.2f} ms "
                           f"({_pct(w['error'])}, band ±{w['band']:.0%}; comm share {w['comm_share']:.2f}, "
-                          f"c {w['compute_ms']:.2f} ms, predicted communication {w['comm_ms_predicted']:.2f} ms)."]
+                          f"compute {w['compute_ms']:.2f} ms, predicted communication {w['comm_ms_predicted']:.2f} ms)."]
     missed = misses(rows)
     if missed:
         lines += ["", "## Where the model misses", "",
@@ -374,7 +391,7 @@ def render(validation=None):
     lines += ["", "The α fit keeps the sweep's sizes whose chain of 8 allreduces fits in the bucket: a larger "
                   "chain waits on the tbf's rate, which is the link, not α.",
               "", "## Every row", "",
-              "| layout | rate | model | configuration | c ms | burst KB at Mbit/s | predicted comm ms | "
+              "| layout | rate | model | configuration | compute ms (c + encoding) | burst KB at Mbit/s | predicted comm ms | "
               "measured ms (range) | predicted ms | error | comm share | band | within | judged | plain α–β |",
               "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
@@ -408,6 +425,9 @@ def main(argv=None, prog=COMMAND):
     parser.add_argument("--run", action="store_true",
                         help="run the validation set first (48 min here, alone on the machine)")
     parser.add_argument("--only", default=None, help=f"with --run: one run, from {', '.join(r.name for r in RUNS)}")
+    parser.add_argument("--measure-formats", action="store_true",
+                        help="first measure the compute a format's encoding adds to a step (PowerSGD's), in one "
+                             "process, into docs/results/validation/format_compute.json (about a minute)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
     args = parser.parse_args(argv)
     names = [r.name for r in RUNS]
@@ -415,9 +435,12 @@ def main(argv=None, prog=COMMAND):
         print(f"{prog}: `only` must be one of {', '.join(names)}, with --run. Received: only={args.only}, "
               f"run={args.run}", file=sys.stderr)
         return 2
-    if args.run and args.check:
-        print(f"{prog}: `check` compares the committed files; it cannot come with --run.", file=sys.stderr)
+    if (args.run or args.measure_formats) and args.check:
+        print(f"{prog}: `check` compares the committed files; it cannot come with --run or --measure-formats.",
+              file=sys.stderr)
         return 2
+    if args.measure_formats:
+        format_compute.write(" ".join([prog, *(argv if argv is not None else sys.argv[1:])]))
     if args.run:
         from . import compare  # imports the launch machinery only when running
 

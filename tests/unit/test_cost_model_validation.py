@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from benchmarks import cluster_check, cost_model
+from benchmarks import cluster_check, cost_model, link_probe
 
 pytestmark = pytest.mark.unit
 
@@ -61,8 +61,26 @@ def test_a_sync_row_by_hand():
     assert row["error"] == pytest.approx((0.002 + comm) / 0.008 - 1) and row["within"] is False
 
 
+def test_a_formats_encoding_is_charged_as_a_share_of_c():
+    (plain,) = cluster_check.rows_of(_result(), formats={})
+    (row,) = cluster_check.rows_of(_result(), formats={("cnn", "sync"): 0.5, ("wide_mlp", "sync"): 9.0})
+    # c = 2 ms, and the encoding half of it: 3 ms of compute. The bucket refills for 1 ms longer (c + 2α =
+    # 3.1 ms): 12,500 B more of the burst leave at the line's 1e9 B/s instead of the tbf's 1.25e7.
+    assert row["encoding_ms"] == pytest.approx(1.0) and row["compute_ms"] == pytest.approx(3.0)
+    credit = 0.001 * 1.25e7 * (1 / 1.25e7 - 1e-9)
+    assert row["comm_ms_predicted"] == pytest.approx(plain["comm_ms_predicted"] - credit * 1e3)
+    assert row["predicted_ms"] == pytest.approx(3.0 + row["comm_ms_predicted"])
+    assert row["comm_share"] == pytest.approx(1 - 3 / 8)  # the encoding is compute, not communication
+
+
+def test_the_powersgd_configurations_are_found_with_their_rank():
+    from benchmarks import format_compute
+
+    assert format_compute.powersgd_configurations() == {"sync_powersgd4": 4}
+
+
 def test_tbf_description_is_read():
-    assert cluster_check.tbf_of("tbf rate 100000000 burst 125000 latency 50ms") == (1.25e7, 125_000)
+    assert link_probe.tbf_of("tbf rate 100000000 burst 125000 latency 50ms") == (1.25e7, 125_000)
 
 
 def test_a_sweep_that_found_the_bucket_empty_leaves_the_line_unmeasured():
@@ -113,6 +131,7 @@ def test_oversubscribed_rows_that_are_mostly_compute_are_not_judged():
 
 def _row(config, rate, measured, predicted, **more):
     row = {"layout": "2x2", "rate": rate, "model": "wide_mlp", "config": config, "compute_ms": 150.0,
+           "encoding_ms": 20.0,
            "measured_ms": measured, "predicted_ms": predicted, "judged": True, "band": cluster_check.LOOSE,
            "burst_bytes": 2e5, "burst_mbit": 100.0, "comm_ms_predicted": 5.0, "error": predicted / measured - 1}
     row.update(more)
@@ -133,6 +152,7 @@ def test_each_miss_is_explained_from_the_rows():
     # The residual measured − predicted at each rate of the layout: 44 ms and 40 ms.
     assert sgd_1g == sgd_100m.replace("100mbit, -33.3 %", "1gbit, -35.8 %")
     assert "44 ms at 1gbit, 40 ms at 100mbit over the prediction" in sgd_1g
+    assert "the no_comm run's c, 130.0 ms, plus 20.0 ms of the format's measured encoding" in sgd_1g
 
 
 def test_committed_files_equal_their_render():

@@ -1,0 +1,119 @@
+"""The compute a gradient format adds to every step, which the no_comm run's c does not hold.
+
+PowerSGD encodes each gradient matrix on every step (M = G + e, P = M·Q,
+Gram–Schmidt on the summed P, Q = Mᵀ·P̂, the applied P̂·Qᵀ and the new
+residual M − P̂·Q_rᵀ): several passes over all of the gradients, work no
+collective does. On the wide MLP's 21.7 MB of gradients the rated-link rows
+kept about 40 ms a step over a prediction whose only compute was c.
+
+Measured here in one process, on the model's own variables, with one
+intra-op thread (a rank of the 2-rank launches on 2 cores): the format's
+encoding alone, through a one-rank communicator whose collectives return
+their inputs, against the model's plain step (``no_comm``: forward,
+backward, SGD), both medians over timed calls. It is recorded as a share of
+c, so each launch's own c scales it: ``cluster_check`` predicts a row of
+such a configuration with compute c·(1 + share). The int8 and fp16 formats
+are one elementwise pass, on τ-strategies once a period, and are left out.
+
+    python -m benchmarks validate --measure-formats   # writes docs/results/validation/format_compute.json
+"""
+import json
+import os
+import statistics
+import time
+
+from .names import TABLE
+from .runner import REPO_ROOT
+
+PATH = os.path.join(REPO_ROOT, "docs", "results", "validation", "format_compute.json")
+MODELS = ("cnn", "wide_mlp")
+BATCH = 32  # the validation launches' per-rank batch
+CALLS = 20  # steps a timed repeat
+REPEATS = 5
+
+
+def powersgd_configurations():
+    """{configuration name: PowerSGD rank} of the configurations that compress with PowerSGD."""
+    found = {}
+    for config in TABLE:
+        flags = config.train_py or ()
+        if "--compression" in flags and flags[flags.index("--compression") + 1] == "powersgd":
+            found[config.name] = int(flags[flags.index("--powersgd-rank") + 1])
+    return found
+
+
+def _median_seconds_per_call(call, calls=CALLS, repeats=REPEATS):
+    import numpy as np
+
+    np.asarray(call())  # traces, and the first run's allocations
+    per_call = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = call()
+        np.asarray(out)  # waits for the last call
+        per_call.append((time.perf_counter() - start) / calls)
+    return statistics.median(per_call), per_call
+
+
+def measure(models=MODELS, batch=BATCH, threads=1):
+    """``{"models": {model: {"step_seconds", "configurations": {name: {"seconds", "share", ...}}}}, ...}``."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    import hvd_easgd
+    from hvd_easgd.comm.local_comm import LocalCommunicator
+    from hvd_easgd.comm.powersgd import PowerSGD
+
+    from . import configurations, machine
+
+    data = hvd_easgd.data.digits()
+    comm = LocalCommunicator()
+    out = {"threads": threads, "batch_per_rank": batch, "calls": CALLS, "repeats": REPEATS,
+           "versions": machine.versions(), "models": {}}
+    for model_name in models:
+        plain = configurations.Configuration("no_comm", model_name, data.input_shape, data.num_classes, batch, comm)
+        xs = tf.constant(data.x_train[:batch][None])
+        ys = tf.constant(data.y_train[:batch][None])
+        step, step_repeats = _median_seconds_per_call(lambda: plain.run(xs, ys))
+        variables = plain.model.trainable_variables
+        grads = [tf.random.stateless_normal(v.shape, seed=[7, i]) for i, v in enumerate(variables)]
+        entry = {"step_seconds": step, "step_repeats": step_repeats, "configurations": {}}
+        for name, rank in powersgd_configurations().items():
+            powersgd = PowerSGD(rank=rank)
+            powersgd.build(variables, name=f"format_compute_{name}")
+
+            @tf.function
+            def encode():
+                sums, _, commit = powersgd.allreduce_sums(comm, grads)
+                commit(tf.constant(True))
+                return sums[0]
+
+            seconds, repeats = _median_seconds_per_call(encode)
+            entry["configurations"][name] = {"seconds": seconds, "repeats": repeats, "share": seconds / step,
+                                             "rank": rank}
+        out["models"][model_name] = entry
+    return out
+
+
+def load(path=PATH):
+    """{(model, configuration): share of c} from the committed measurement; {} when there is none."""
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        recorded = json.load(f)
+    return {(model, name): c["share"] for model, entry in recorded["models"].items()
+            for name, c in entry["configurations"].items()}
+
+
+def write(command, path=PATH):
+    result = dict(measure(), command=command)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    for model, entry in result["models"].items():
+        for name, c in entry["configurations"].items():
+            print(f"{model}: c {1e3 * entry['step_seconds']:.2f} ms; {name} encodes in {1e3 * c['seconds']:.2f} ms "
+                  f"({c['share']:.3f} of c)")
+    return result
