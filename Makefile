@@ -51,7 +51,7 @@ demo: $(STAMP) $(OPS_STAMP)
 test: $(STAMP) $(OPS_STAMP)
 	@status=0; \
 	$(PYTEST) -m unit -n 2 --durations=15 tests || status=$$?; \
-	$(PYTEST) -m "multiproc or slurm or multinode" --durations=15 tests || status=$$?; \
+	$(PYTEST) -m "multiproc or slurm or multinode" --durations=40 tests || status=$$?; \
 	exit $$status
 
 # The unit tier, in-process only: a developer's two minutes. It launches no

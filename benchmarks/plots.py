@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
 from .curves import mean_curve, samples_per_second, throughput_model_name, workload_name  # noqa: E402
 from .runner import summary  # noqa: E402
@@ -124,6 +125,16 @@ def _seed_curves(ax, tta, targets):
                     va="bottom", fontsize=7, color="grey")
 
 
+def _plain_log_ticks(ax):
+    """Seconds as plain numbers at 1-2-5 steps: a log axis's default labels the minor ticks of a range under
+    a decade as 3×10¹, 4×10¹, ..., and they overlap."""
+    low, high = ax.get_xlim()
+    ticks = [m * 10 ** e for e in range(-2, 6) for m in (1, 2, 5) if low <= m * 10 ** e <= high]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def time_to_accuracy_by_rate(ttas, out_dir, name="time_to_accuracy_by_rate.png", targets=None):
     """Test accuracy against training wall time, one panel per link rate; per seed thin, median bold.
 
@@ -143,6 +154,7 @@ def time_to_accuracy_by_rate(ttas, out_dir, name="time_to_accuracy_by_rate.png",
         link = tta["link"]
         _seed_curves(ax, tta, targets or (tta["target"],))
         ax.set_xscale("log")
+        _plain_log_ticks(ax)
         ax.set_xlabel("training wall time, s (log scale; slowest rank, no evaluation)")
         ax.set_ylabel("test accuracy (the kept model)")
         ax.set_title(f"{workload_name(tta)}, {link['nominal']} ({link['measured_mbit']:,.0f} Mbit/s measured), "

@@ -16,14 +16,14 @@ SMOKE = os.path.join(ROOT, "docs", "results", "tta_teacher_smoke")
 def test_the_committed_page_and_reports_equal_their_render_from_results_json():
     with open(tta_report.PAGE) as f:
         assert f.read() == tta_report.render()
-    for folder in (tta_report.RESULTS, SMOKE):
+    for folder in (*tta_report.RESULTS_BY_RATE, SMOKE):
         with open(os.path.join(folder, "results.md")) as f:
             assert f.read() == tta_report.render_results_md(folder), folder
     assert tta_report.main(["--check"]) == 0
 
 
 def test_the_reports_name_what_each_pass_trained():
-    for folder in (tta_report.RESULTS, SMOKE):
+    for folder in (*tta_report.RESULTS_BY_RATE, SMOKE):
         text = tta_report.render_results_md(folder)
         # The time to accuracy trained student_mlp; the throughput rows are the digits CNN's pass.
         assert "Digits CNN," not in text and "student_mlp on --data teacher, np=2" in text
@@ -83,7 +83,7 @@ def test_times_are_the_first_epoch_at_or_above_the_target_with_medians_over_seed
     # 0.8: sync reaches it (30 s and 60 s), periodic_tau10 in neither seed.
     assert rows[("best low-communication ÷ `sync`, time to 0.8 ≤ 1/3", "100mbit")][1] == "not measured"
     assert rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "100mbit")] == [
-        "0.7100 (0.7000–0.7200) vs 0.8100 (0.8000–0.8200) (-10.00 pp)", "**not met**"]
+        "0.7100 (0.7000–0.7200) vs 0.8100 (0.8000–0.8200) after 3 epochs (-10.00 pp)", "**not met**"]
     assert rows[("every goal", "10mbit")][-1] == "not measured"
     overlap = rows[("Streaming DiLoCo with overlap, samples/s ÷ no-communication ceiling ≥ 0.9", "100mbit")]
     assert overlap == ["no configuration with overlap ran", "not measured"]
@@ -97,13 +97,13 @@ def test_a_gap_of_exactly_one_point_is_within_it(tmp_path):
         run["final_accuracy"] = final
     rows = {row[0]: row[2:] for row in tta_report.goal_rows(results, (0.5,))}
     assert rows["`periodic_tau10` ends within 1 pp of `sync`'s final accuracy"] == [
-        "0.7974 vs 0.8074 (-1.00 pp, at the limit)", "met"]
+        "0.7974 vs 0.8074 after 3 epochs (-1.00 pp, at the limit)", "met"]
 
 
 def test_the_page_renders_from_any_rated_run_and_a_folder_without_results_is_refused(tmp_path, capsys):
     folder, _, _ = _results(tmp_path)
     page = tta_report.render(folder)
-    assert "| `periodic_tau10` | 0.2 | 4.0 (2.0–6.0) | 1.5 (1–2) | 2/2 | — | — | 0/2 |" in page
+    assert "| `periodic_tau10` | 0.2 | 4.0 (2.0–6.0) | 1.5 (1–2) | 2/2 | — | — | 0/2 | 3 | 0.7100 (0.7000–0.7200) |" in page
     assert "](figures/run_time_to_accuracy.png)" in page
     assert tta_report.main(["--results", str(tmp_path / "nowhere"), "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -143,3 +143,31 @@ def test_a_fragment_s_crossing_is_set_against_delta_steps_of_compute(tmp_path):
     assert "(τ = 50, F = 2, δ = 24)" in line and "= 2.00 MB" in line and "2.00 s at the measured 8 Mbit/s" in line
     assert "24 × 100.0 ms = 2.40 s of compute" in line and "1.2× the crossing" in line
     assert tta_report.fragment_arithmetic(dict(tta, ceiling=None), 2, 1_000_000) == []
+
+
+def test_a_rate_whose_sync_run_was_capped_borrows_its_accuracy_at_as_many_epochs_from_another_rate(tmp_path):
+    _, results, fast = _results(tmp_path)
+    slow = json.loads(json.dumps(fast))
+    slow["link"] = {"nominal": "10mbit", "measured_mbit": 8.0, "nominal_bits_per_second": 10_000_000}
+    # SyncAverage's cap stopped it after 1 epoch (200 s, the same accuracy as at 100mbit in both seeds);
+    # periodic_tau10 ran 3 epochs in 30 s, and 0.5 in seed 0 at epoch 1, in seed 1 at epoch 2.
+    slow["per_config"]["sync"]["runs"] = [_run(0, [0.2], 200.0), _run(1, [0.4], 200.0)]
+    slow["per_config"]["periodic_tau10"]["runs"] = [_run(0, [0.5, 0.6, 0.80], 10.0), _run(1, [0.49, 0.55, 0.8], 10.0)]
+    results["time_to_accuracy_by_rate"].append(slow)
+    rows = {(row[0], row[1]): row[2:] for row in tta_report.goal_rows(results, (0.5, 0.9))}
+    # Seeds 0 and 1 at 3 epochs: 0.8 and 0.82 from the 100mbit run, median 0.81; periodic's 0.8, -1 pp.
+    final = rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "10mbit")]
+    assert final[0].startswith("0.8000 vs 0.8100 (0.8000–0.8200) after 3 epochs (-1.00 pp, at the limit); "
+                               "`sync`'s from its 100mbit run of seed 0, whose first epochs are within 0.00 pp")
+    assert final[0].endswith("At equal wall time instead, the cap: `sync` ended at 0.3000 (0.2000–0.4000) after 1 "
+                             "epochs") and final[1] == "met"
+    # 10 s and 20 s; SyncAverage never reached 0.5 in its 200 s.
+    assert rows[("`periodic_tau10` reaches 0.5 in less wall time than `sync`", "10mbit")] == [
+        "15.0 (10.0–20.0) s; `sync` did not reach it in 200 s (0.3000 (0.2000–0.4000) at its cap)", "met"]
+    assert rows[("`periodic_tau10` reaches 0.9 in less wall time than `sync`", "10mbit")] == [
+        "neither reached it", "not measured"]
+    assert ("workload: `sync` reaches 0.5 in 2–10 min", "10mbit") not in rows  # set at 100mbit only
+    # A SyncAverage curve that differs from the other rate's is not borrowed from.
+    slow["per_config"]["sync"]["runs"][1]["curve"][0]["accuracy"] = 0.41
+    rows = {(row[0], row[1]): row[2:] for row in tta_report.goal_rows(results, (0.5,))}
+    assert rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "10mbit")][1] == "not measured"
