@@ -103,7 +103,7 @@ def test_a_gap_of_exactly_one_point_is_within_it(tmp_path):
 def test_the_page_renders_from_any_rated_run_and_a_folder_without_results_is_refused(tmp_path, capsys):
     folder, _, _ = _results(tmp_path)
     page = tta_report.render(folder)
-    assert "| `periodic_tau10` | 0.2 | 4.0 (2.0–6.0) | 1.5 (1–2) | 2/2 | — | — | 0/2 | 3 | 0.7100 (0.7000–0.7200) |" in page
+    assert "| `periodic_tau10` | 0.2 | — | — | 0/2 | 4.0 (2.0–6.0) | 1.5 (1–2) | 2/2 | 3 | 0.7100 (0.7000–0.7200) |" in page
     assert "](figures/run_time_to_accuracy.png)" in page
     assert tta_report.main(["--results", str(tmp_path / "nowhere"), "--check"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -113,11 +113,15 @@ def test_the_page_renders_from_any_rated_run_and_a_folder_without_results_is_ref
 
 def test_the_workload_goals_come_from_the_ceiling_and_sync_s_epochs(tmp_path):
     _, results, _ = _results(tmp_path)
-    rows = {row[0]: row[2:] for row in tta_report.goal_rows(results, (0.5,))}
+    rows = {row[0]: row[2:] for row in tta_report.goal_rows(results, (0.5,), workload_target=0.5)}
     # c = 4 / 40 samples/s = 100 ms; a sync step: 30 s / 30 steps and 60 s / 30 steps, median 1.5 s.
     assert rows["workload: a `sync` step spends ≥ 90% of its time communicating"] == [
         "1 − c/step = 1 − 100.0 ms / 1500 ms = 0.933", "met"]
     assert rows["workload: `sync` reaches 0.5 in 2–10 min"] == ["0.50 min; 30.0 (20.0–40.0) s", "**not met**"]
+    # The window is the workload's target's only: 0.5 read beside a target of 0.8 gives no window row.
+    rows = {row[0]: row[2:] for row in tta_report.goal_rows(results, (0.8, 0.5), workload_target=0.8)}
+    assert rows["workload: `sync` reaches 0.8 in 2–10 min"][1] == "**not met**"
+    assert "workload: `sync` reaches 0.5 in 2–10 min" not in rows
 
 
 def test_an_overlapped_configuration_is_set_against_its_twin_without_overlap(tmp_path):
