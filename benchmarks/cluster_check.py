@@ -110,13 +110,13 @@ def sweep_fit(sweep, bucket, rate, hosts):
     recorded before ``link_probe.REFILL_SECONDS``), leaves the line
     unmeasured, and far faster than the link: infinite. None when fewer than
     two sizes fit."""
-    fits = set(link_probe.within_bucket(sweep["bytes"], sweep.get("chain", link_probe.CHAIN), hosts, bucket))
-    kept = [(size, t) for size, t in zip(sweep["bytes"], sweep["seconds"]) if size in fits]
-    if len(kept) < 2:
+    sizes, seconds = link_probe.within_bucket(sweep["bytes"], sweep["seconds"], sweep.get("chain", link_probe.CHAIN),
+                                              hosts, bucket)
+    if len(sizes) < 2:
         return None
-    fit = link_probe.fit_alpha([k[0] for k in kept], [k[1] for k in kept], hosts)
+    fit = link_probe.fit_alpha(sizes, seconds, hosts)
     line = fit["bandwidth"] if fit["bandwidth"] > 2 * rate else float("inf")
-    return fit["alpha"], line, len(kept)
+    return fit["alpha"], line, len(sizes)
 
 
 def to_the_account(entry, row, params):
@@ -226,14 +226,14 @@ def cores_of(run_dir):
 
 def compute(runs=RUNS, root=OUT):
     """Every row of every committed run in ``runs``, and the summary the page leads with."""
-    table, models = cost_model.load_table(), workloads.models()
+    table, models, formats = cost_model.load_table(), workloads.models(), format_compute.load()
     rows, missing = [], []
     for run in runs:
         path = root / run.name / "results.json"
         if not path.exists():
             missing.append(run.name)
             continue
-        rows += rows_of(json.loads(path.read_text()), table, models, cores_of(root / run.name))
+        rows += rows_of(json.loads(path.read_text()), table, models, cores_of(root / run.name), formats)
     judged = [r for r in rows if r["judged"]]
 
     def worst(of):
@@ -294,9 +294,9 @@ def misses(rows):
 
 def _format_note(path=format_compute.PATH):
     """Where the encoding shares come from, and what they are, for the page."""
-    if not pathlib.Path(path).is_file():
+    recorded = format_compute.recorded(path)
+    if recorded is None:
         return "not measured: s = 0"
-    recorded = json.loads(pathlib.Path(path).read_text())
     shares = [f"{name} on the {model}: s = {c['share']:.3f} ({1e3 * c['seconds']:.2f} ms against c = "
               f"{1e3 * entry['step_seconds']:.2f} ms)" for model, entry in recorded["models"].items()
               for name, c in entry["configurations"].items()]

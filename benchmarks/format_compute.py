@@ -97,14 +97,19 @@ def measure(models=MODELS, batch=BATCH, threads=1):
     return out
 
 
+def recorded(path=PATH):
+    """The committed measurement (``write``'s JSON), or None when there is none."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def load(path=PATH):
     """{(model, configuration): share of c} from the committed measurement; {} when there is none."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        recorded = json.load(f)
-    return {(model, name): c["share"] for model, entry in recorded["models"].items()
-            for name, c in entry["configurations"].items()}
+    record = recorded(path)
+    return {} if record is None else {(model, name): c["share"] for model, entry in record["models"].items()
+                                      for name, c in entry["configurations"].items()}
 
 
 def write(command, path=PATH):

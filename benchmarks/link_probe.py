@@ -59,18 +59,18 @@ def tbf_of(qdisc):
     return float(words[words.index("rate") + 1]) / 8, float(words[words.index("burst") + 1])
 
 
-def within_bucket(sizes, chain, hosts, bucket):
-    """The sizes whose chain of ``chain`` allreduces puts at most ``bucket`` bytes on a host's link.
+def within_bucket(sizes, seconds, chain, hosts, bucket):
+    """``(sizes, seconds)`` of the sweep's points whose chain of ``chain`` allreduces puts at most ``bucket``
+    bytes on a host's link.
 
     A chain larger than a shaped link's token bucket drains it and then waits on the tbf's rate, which
     is the link's bandwidth, not α: at 10 Mbit/s the 32 and 64 KB chains tip the fitted intercept below
-    zero. ``bucket=None`` (an unshaped link) keeps every size."""
-    if bucket is None:
-        return list(sizes)
+    zero. ``bucket=None`` (an unshaped link) keeps every point."""
     from . import cost_model  # no TensorFlow
 
     share = cost_model.allreduce_link_share(hosts)
-    return [size for size in sizes if chain * share * size <= bucket]
+    kept = [(size, t) for size, t in zip(sizes, seconds) if bucket is None or chain * share * size <= bucket]
+    return [size for size, _ in kept], [t for _, t in kept]
 
 
 def fit_alpha(sizes, seconds, hosts):
@@ -141,10 +141,10 @@ def alpha_sweep(comm, bandwidth, sizes=SWEEP_BYTES, timed=TIMED, hosts=None, buc
     finally:
         logger.setLevel(level)
     hosts = hosts or comm.size
-    fitted = within_bucket(sizes, CHAIN, hosts, bucket)
+    fitted, fitted_seconds = within_bucket(sizes, medians, CHAIN, hosts, bucket)
     if len(fitted) < 2:
-        fitted = list(sizes)
-    fit = fit_alpha(fitted, [t for size, t in zip(sizes, medians) if size in fitted], hosts)
+        fitted, fitted_seconds = list(sizes), medians
+    fit = fit_alpha(fitted, fitted_seconds, hosts)
     return {"alpha": fit["alpha"], "bandwidth": float(bandwidth), "line_bandwidth": fit["bandwidth"],
             "bytes": list(sizes), "seconds": medians, "fitted_bytes": fitted, "bucket": bucket,
             "ranks": comm.size, "hosts": hosts, "chain": CHAIN,

@@ -200,13 +200,13 @@ def test_alpha_is_fitted_from_the_sizes_whose_chain_fits_the_bucket():
     alpha, line, rate, bucket = 50e-6, 1.25e8, 1.25e6, 65_536
     sizes = link_probe.SWEEP_BYTES
     times = [2 * alpha + s / line if 8 * s <= bucket else 2 * alpha + s / rate - bucket / 8 / rate for s in sizes]
-    kept = link_probe.within_bucket(sizes, 8, 2, bucket)
-    assert kept == [8, 32, 128, 512, 2048, 8192]
+    kept, kept_times = link_probe.within_bucket(sizes, times, 8, 2, bucket)
+    assert kept == [8, 32, 128, 512, 2048, 8192] and kept_times == times[:len(kept)]
     assert link_probe.fit_alpha(sizes, times, 2)["alpha"] == 0.0  # the worker's fit before the bucket was known
-    fit = link_probe.fit_alpha(kept, times[:len(kept)], 2)
+    fit = link_probe.fit_alpha(kept, kept_times, 2)
     assert fit["alpha"] == pytest.approx(alpha, rel=1e-6) and fit["bandwidth"] == pytest.approx(line, rel=1e-6)
-    assert link_probe.within_bucket(sizes, 8, 4, bucket) == [8, 32, 128, 512, 2048]  # 1.5 S a link at 4 hosts
-    assert link_probe.within_bucket(sizes, 8, 2, None) == list(sizes)
+    assert link_probe.within_bucket(sizes, times, 8, 4, bucket)[0] == [8, 32, 128, 512, 2048]  # 1.5 S at 4 hosts
+    assert link_probe.within_bucket(sizes, times, 8, 2, None) == (list(sizes), times)
     assert link_probe.tbf_of("tbf rate 10000000 burst 65536 latency 50ms") == (1.25e6, 65_536)
 
 
