@@ -161,8 +161,11 @@ def test_a_rate_whose_sync_run_was_capped_borrows_its_accuracy_at_as_many_epochs
     rows = {(row[0], row[1]): row[2:] for row in tta_report.goal_rows(results, (0.5, 0.9))}
     # Seeds 0 and 1 at 3 epochs: 0.8 and 0.82 from the 100mbit run, median 0.81; periodic's 0.8, -1 pp.
     final = rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "10mbit")]
+    # periodic's own curves differ between the rates (this case's numbers are made up): the row says by how much.
     assert final[0].startswith("0.8000 vs 0.8100 (0.8000–0.8200) after 3 epochs (-1.00 pp, at the limit); "
-                               "`sync`'s from its 100mbit run of seed 0, whose first epochs are within 0.00 pp")
+                               "its own curves are within 10.00 pp of its 100mbit run's, seed for seed; "
+                               "`sync`'s from its 100mbit runs of seeds 0, 1, whose shared epochs with this rate's "
+                               "runs of seeds 0, 1 agree within 0.00 pp")
     assert final[0].endswith("At equal wall time instead, the cap: `sync` ended at 0.3000 (0.2000–0.4000) after 1 "
                              "epochs") and final[1] == "met"
     # 10 s and 20 s; SyncAverage never reached 0.5 in its 200 s.
@@ -175,3 +178,45 @@ def test_a_rate_whose_sync_run_was_capped_borrows_its_accuracy_at_as_many_epochs
     slow["per_config"]["sync"]["runs"][1]["curve"][0]["accuracy"] = 0.41
     rows = {(row[0], row[1]): row[2:] for row in tta_report.goal_rows(results, (0.5,))}
     assert rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "10mbit")][1] == "not measured"
+
+
+def test_a_second_launch_at_a_rate_adds_its_seeds_and_a_seed_sync_did_not_run_there_is_borrowed(tmp_path):
+    _, results, fast = _results(tmp_path)
+    fast["per_config"]["sync"]["runs"].append(_run(2, [0.3, 0.7, 0.9], 10.0))
+    fast["link"]["nominal_bits_per_second"] = 100_000_000
+    slow = json.loads(json.dumps(fast))
+    slow["link"] = {"nominal": "10mbit", "measured_mbit": 8.0, "nominal_bits_per_second": 10_000_000}
+    slow["seeds"] = 1
+    slow["per_config"]["sync"]["runs"] = [_run(0, [0.2], 200.0)]
+    slow["per_config"]["periodic_tau10"]["runs"] = [_run(0, [0.5, 0.6, 0.70], 10.0)]
+    extra = json.loads(json.dumps(slow))
+    extra["seeds"] = 2
+    del extra["per_config"]["sync"]
+    # Seed 0 again, with the same curve (another launch's wall times), and seeds 1 and 2.
+    extra["per_config"]["periodic_tau10"]["runs"] = [_run(0, [0.5, 0.6, 0.70], 11.0),
+                                                     _run(1, [0.4, 0.6, 0.86], 10.0), _run(2, [0.5, 0.8, 0.92], 10.0)]
+    first = dict(results, time_to_accuracy_by_rate=[fast, slow])
+    second = dict(results, time_to_accuracy_by_rate=[extra])
+    merged = tta_report.merged([first, second])
+    rates = [t["link"]["nominal"] for t in merged["time_to_accuracy_by_rate"]]
+    assert rates == ["100mbit", "10mbit"]
+    slow_merged = merged["time_to_accuracy_by_rate"][1]
+    assert [run["seed"] for run in slow_merged["per_config"]["periodic_tau10"]["runs"]] == [0, 1, 2]
+    assert slow_merged["per_config"]["periodic_tau10"]["runs"][0]["curve"][0]["seconds"] == 10.0  # the first's
+    assert [run["seed"] for run in slow_merged["per_config"]["sync"]["runs"]] == [0]
+    assert tta_report._seed_counts(slow_merged) == "1 seed; `periodic_tau10` 3"
+    rows = {(row[0], row[1]): row[2:] for row in tta_report.goal_rows(merged, (0.5,))}
+    # periodic 0.70, 0.86, 0.92 (median 0.86) against sync's 0.8, 0.82, 0.9 at 3 epochs at 100mbit (0.82):
+    # seeds 1 and 2 never ran SyncAverage at 10mbit, and seed 0, which did, agrees with its 100mbit run.
+    final = rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "10mbit")]
+    assert final[0].startswith("0.8600 (0.7000–0.9200) vs 0.8200 (0.8000–0.9000) after 3 epochs (+4.00 pp); "
+                               "`sync`'s from its 100mbit runs of seeds 0, 1, 2, whose shared epochs with this "
+                               "rate's run of seed 0 agree within 0.00 pp") and final[1] == "met"
+    # If the seed SyncAverage ran at both rates disagrees, no seed is borrowed on its word.
+    slow["per_config"]["sync"]["runs"][0]["curve"][0]["accuracy"] = 0.3
+    rows = {(row[0], row[1]): row[2:] for row in tta_report.goal_rows(tta_report.merged([first, second]), (0.5,))}
+    assert rows[("`periodic_tau10` ends within 1 pp of `sync`'s final accuracy", "10mbit")][1] == "not measured"
+    # A seed both launches ran must have the same curve.
+    extra["per_config"]["periodic_tau10"]["runs"][0]["curve"][2]["accuracy"] = 0.72
+    with pytest.raises(ValueError, match="`periodic_tau10` seed 0 at 10mbit differs between two launches"):
+        tta_report.merged([first, second])
