@@ -213,15 +213,21 @@ def comm_time(entry, reference, params, hosts, ranks_per_host, inter, intra=(INT
     return level_time(entry["across_groups"], params, p, hosts_ref * n_ref, link, formulas=formulas)
 
 
-def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64, configurations=None):
-    """Rows: (configuration, hosts, samples/s over the cluster, scaling efficiency vs no communication)."""
+def project(table, params, compute, hosts_list, ranks_per_host, inter, batch=64, configurations=None,
+            encoding=None):
+    """Rows: (configuration, hosts, samples/s over the cluster, scaling efficiency vs no communication).
+
+    ``encoding``: {configuration: share of c} a format's own work adds to every step (PowerSGD's products:
+    ``format_compute.shares``); such a configuration computes c·(1 + share), and its efficiency is still
+    against the plain c."""
     rows = []
     for name, entry in table["configurations"].items():
         if configurations and name not in configurations:
             continue
+        worked = compute * (1 + (encoding or {}).get(name, 0.0))
         for hosts in hosts_list:
             comm = comm_time(entry, table["reference"], params, hosts, ranks_per_host, inter)
-            t = step_time(compute, comm, entry.get("overlapped", 0.0))
+            t = step_time(worked, comm, entry.get("overlapped", 0.0))
             p = hosts * ranks_per_host
             rows.append((name, hosts, p * batch / t, compute / t))
     return rows

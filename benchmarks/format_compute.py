@@ -22,6 +22,7 @@ import os
 import statistics
 import time
 
+from . import workloads
 from .names import TABLE
 from .runner import REPO_ROOT
 
@@ -110,6 +111,44 @@ def load(path=PATH):
     record = recorded(path)
     return {} if record is None else {(model, name): c["share"] for model, entry in record["models"].items()
                                       for name, c in entry["configurations"].items()}
+
+
+def flop_share(rank, batch, params, flops_per_sample):
+    """PowerSGD's products against a step, in floating-point operations: 6rN / (b·f).
+
+    For an m×n weight at rank r, the encoding's three products (P = M·Q, Q = Mᵀ·P̂, the applied P̂·Qᵀ)
+    are 2mnr each: 6rN over the N weights (the Gram–Schmidt on P, 2mr², and the residual, mn, are
+    smaller). A step at a per-rank batch of b does b·f, f a sample's forward and backward FLOPs; for
+    dense layers f = 6N, and the share is r/b. An estimate for a model nothing measured: the skinny
+    products reach a smaller share of the machine's peak than the step's, so the shares measured here
+    are above it (the projection page sets them side by side)."""
+    return 6 * rank * params / (batch * flops_per_sample)
+
+
+def shares(workload, measured=None):
+    """{configuration: (share of c, basis)} of every PowerSGD configuration for ``workload`` (a
+    ``workloads.Workload`` of the name ``workload.name``): the committed measurement of its benchmark model
+    where there is one (``load``, basis "measured"), else ``flop_share`` from its FLOPs a sample ("FLOPs
+    estimate"), else 0 ("unknown")."""
+    name, w = workload
+    measured = load() if measured is None else measured
+    model = next((m for m, n in workloads.WORKLOAD_OF.items() if n == name), None)
+    out = {}
+    for config, rank in powersgd_configurations().items():
+        if (model, config) in measured:
+            out[config] = (measured[(model, config)], "measured")
+        elif w.flops_per_sample:
+            out[config] = (flop_share(rank, w.batch, w.params, w.flops_per_sample), "FLOPs estimate")
+        else:
+            out[config] = (0.0, "unknown")
+    return out
+
+
+def estimates(w):
+    """{configuration: ``flop_share``} of every PowerSGD configuration for a Workload (None if its FLOPs are
+    unknown)."""
+    return {config: flop_share(rank, w.batch, w.params, w.flops_per_sample) if w.flops_per_sample else None
+            for config, rank in powersgd_configurations().items()}
 
 
 def write(command, path=PATH):

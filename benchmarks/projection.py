@@ -15,7 +15,7 @@ import json
 import pathlib
 import sys
 
-from . import cost_model, paper_check, projection_report, workloads
+from . import cost_model, format_compute, paper_check, projection_report, workloads
 
 PAPERS = {"horovod": paper_check}
 
@@ -54,14 +54,19 @@ def _models(args, known):
         raise ValueError(f"`model` must be one of {', '.join(known)}. Received: model={args.model}")
     chosen = {args.model: known[args.model]} if args.model else dict(known)
     if not (args.params or args.step_time):
-        return {name: (w.params, w.compute, w.batch) for name, w in chosen.items()}
+        return chosen
     base = known.get(args.model)
     params = _positive(args.params, "params", int) if args.params else base and base.params
     step = _positive(args.step_time, "step_time") if args.step_time else base and base.compute
     if not params or not step:
         raise ValueError("`params` and `step_time` must both be given for a custom model. "
                          f"Received: params={args.params}, step_time={args.step_time}")
-    return {args.model or "custom": (params, step, base.batch if base else 64)}
+    # The model's FLOPs a sample hold while its parameters do; a share measured against this machine's c
+    # does not hold for the user's (main: a custom model is never looked up in the measurements).
+    flops = base.flops_per_sample if base and not args.params else None
+    return {args.model or "custom": workloads.Workload(params, base.batch if base else 64, step, "given",
+                                                       "--params/--step-time", flops,
+                                                       base.flops_source if flops else "")}
 
 
 def main(argv=None, prog="python -m benchmarks project"):
@@ -111,8 +116,11 @@ def main(argv=None, prog="python -m benchmarks project"):
         print(PAPERS[args.paper].render_table(PAPERS[args.paper].results()))
         return 0
     print(f"{'model':<12} {'configuration':<20} {'hosts':>6} {'ranks':>6} {'samples/s':>12} {'efficiency':>10}")
-    for model, (params, compute, batch) in models.items():
+    measured = {} if args.params or args.step_time else format_compute.load()
+    for model, w in models.items():
+        params, compute, batch = w.params, w.compute, w.batch
+        shares = {name: share for name, (share, _) in format_compute.shares((model, w), measured).items()}
         for name, h, rate, eff in cost_model.project(table, params, compute, hosts, ranks, (alpha, bandwidth), batch,
-                                                     [args.configuration] if args.configuration else None):
+                                                     [args.configuration] if args.configuration else None, shares):
             print(f"{model:<12} {name:<20} {h:>6} {h * ranks:>6} {rate:>12.4g} {eff:>10.3f}")
     return 0

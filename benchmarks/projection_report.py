@@ -22,7 +22,7 @@ ran at these sizes, and no latency can be emulated on this machine (no
 import json
 import pathlib
 
-from . import cost_model, paper_check, workloads
+from . import cost_model, format_compute, paper_check, workloads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "projection"
@@ -63,12 +63,21 @@ def compute():
     table = cost_model.load_table()
     models = workloads.models()
     configurations = [c for c in table["configurations"] if c not in LEFT_OUT]
+    measured = format_compute.load()
+    encoding = {}
+    for model, w in models.items():
+        estimates = format_compute.estimates(w)
+        encoding[model] = {name: {"share": _round(share), "basis": basis,
+                                  "estimate": None if estimates[name] is None else _round(estimates[name])}
+                           for name, (share, basis) in format_compute.shares((model, w), measured).items()
+                           if name in configurations}
     grid = {}
     for model, w in models.items():
         grid[model] = {}
+        shares = {name: e["share"] for name, e in encoding[model].items()}
         for link, bandwidth, alpha in LINKS:
             rows = cost_model.project(table, w.params, w.compute, HOSTS, RANKS_PER_HOST, (alpha, bandwidth), w.batch,
-                                      configurations)
+                                      configurations, shares)
             per = {}
             for name, _, rate, eff in rows:
                 entry = per.setdefault(name, {"samples_per_second": [], "efficiency": []})
@@ -80,7 +89,7 @@ def compute():
             "links": [{"name": n, "bytes_per_second": b, "alpha_seconds": a} for n, b, a in LINKS],
             "models": {m: w._asdict() for m, w in models.items()},
             "configurations": {c: table["configurations"][c]["description"] for c in configurations},
-            "step_ratios": ratios, "step_ratios_from": about, "projection": grid}
+            "encoding": encoding, "step_ratios": ratios, "step_ratios_from": about, "projection": grid}
 
 
 def best(data, model, link, at):
@@ -111,6 +120,30 @@ def _models_table(data):
     for m, w in data["models"].items():
         lines.append(f"| {m} | {w['params']:,} | {w['batch']} | {1e3 * w['compute']:.2f} | {w['basis']} "
                      f"| {w['source']} |")
+    return "\n".join(lines)
+
+
+def _share_cell(entry):
+    beside = "" if entry["estimate"] is None or entry["basis"] != "measured" else \
+        f"; FLOPs estimate {entry['estimate']:.3g}, ×{entry['share'] / entry['estimate']:.1f}"
+    return f"{entry['share']:.3g} ({entry['basis']}{beside})"
+
+
+def _flops_table(data):
+    lines = ["| model | FLOPs a sample (forward and backward) | from |", "|---|---:|---|"]
+    for m, w in data["models"].items():
+        lines.append(f"| {m} | " + (f"{w['flops_per_sample']:.3g}" if w["flops_per_sample"] else "—")
+                     + f" | {w['flops_source'] or 'unknown (its share is measured)'} |")
+    return "\n".join(lines)
+
+
+def _encoding_table(data):
+    names = list(dict.fromkeys(name for shares in data["encoding"].values() for name in shares))
+    lines = ["| model | " + " | ".join(f"{name}: share of c" for name in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for model, shares in data["encoding"].items():
+        lines.append(f"| {model} | " + " | ".join(_share_cell(shares[n]) if n in shares else "—" for n in names)
+                     + " |")
     return "\n".join(lines)
 
 
@@ -208,6 +241,17 @@ an accelerator computes these small models far faster, so their real efficiency 
 or assumed otherwise:
 
 {_models_table(data)}
+
+PowerSGD encodes every gradient matrix on every step, work that c does not hold: its configurations compute
+c·(1 + s) a step, with s measured in one process where `python -m benchmarks validate --measure-formats` ran
+(`docs/results/validation/format_compute.json`, this machine's CPU, against the same c) and otherwise estimated
+as its products' floating-point operations against the step's, 6rN / (b·f) at rank r, per-rank batch b and f
+FLOPs a sample (`benchmarks/format_compute.py`; r/b for dense layers). A measured share is shown beside that
+estimate where both exist. f per model:
+
+{_flops_table(data)}
+
+{_encoding_table(data)}
 
 {paper_check.render(paper)}
 ## Projected scaling efficiency

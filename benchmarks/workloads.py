@@ -16,11 +16,20 @@ Keras 3.15.1 (``sum(v.size for v in model.trainable_variables)``):
 import json
 import pathlib
 import statistics
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results"
+DENSE = "dense layers: 6N"
+# He et al., "Deep Residual Learning for Image Recognition" (CVPR 2016), Table 1: 3.8e9 multiply-adds a
+# 224x224 image forward; 2 FLOPs each, and the backward pass twice the forward.
+RESNET50_FLOPS = 3 * 2 * 3.8e9
+TOKENS_PER_SAMPLE = 2048  # the 1 B model's assumed sequence length: 6N FLOPs a token
 TF_BENCHMARKS = ("https://github.com/tensorflow/docs/blob/62da04c02d67fdcabb7bc64633f217f073fa5f63/"
                  "site/en/r1/guide/performance/benchmarks.md")
+
+
+# The benchmarks' model names (``--models``, a results row's "model") -> the name here.
+WORKLOAD_OF = {"cnn": "digits_cnn", "wide_mlp": "wide_mlp"}
 
 
 class Workload(NamedTuple):
@@ -29,6 +38,10 @@ class Workload(NamedTuple):
     compute: float  # c, seconds per step and rank, no communication
     basis: str  # "measured", "cited" or "assumed"
     source: str  # where c comes from (a committed file and field, a URL, or the assumption)
+    # A sample's forward and backward FLOPs, for what c does not measure (format_compute.flop_share); None
+    # where unknown. A dense model's is 6N (2N forward, 4N backward).
+    flops_per_sample: Optional[float] = None
+    flops_source: str = ""
 
 
 def _json(relative):
@@ -52,7 +65,7 @@ def _wide_mlp():
     batch = next(r["batch_per_rank"] for r in result["rows"] if r["model"] == "wide_mlp")
     return Workload(5_431_818, batch, analysis["compute_seconds_per_step"], "measured",
                     f"docs/results/{path}: analysis compute_seconds_per_step (no_comm, 2 hosts × 1 rank), "
-                    f"batch {batch}")
+                    f"batch {batch}", 6 * 5_431_818, DENSE)
 
 
 def _teacher():
@@ -61,7 +74,7 @@ def _teacher():
     rate, batch = tta["ceiling"]["samples_per_second_per_rank"], tta["batch_per_rank"]
     return Workload(1_093_642, batch, batch / rate, "measured",
                     f"docs/results/{path}: time_to_accuracy ceiling, {rate:,.0f} samples/s per rank at batch "
-                    f"{batch} ({tta['model']} on --data {tta['data']})")
+                    f"{batch} ({tta['model']} on --data {tta['data']})", 6 * 1_093_642, DENSE)
 
 
 def models():
@@ -72,7 +85,10 @@ def models():
         "overlap_mlp": _teacher(),
         "resnet50": Workload(25_583_592, 64, 64 / 219, "cited",
                              f"219 images/s on one P100 at batch 64 (tf_cnn_benchmarks, synthetic data): "
-                             f"{TF_BENCHMARKS}"),
+                             f"{TF_BENCHMARKS}", RESNET50_FLOPS,
+                             "3.8e9 multiply-adds forward a 224×224 image (He et al. 2016, Table 1), ×2 ×3"),
         "1b": Workload(1_000_000_000, 8, 1.0, "assumed",
-                       "assumed: 1 s a step at 8 samples a rank (a 1 B-parameter model on one accelerator)"),
+                       "assumed: 1 s a step at 8 samples a rank (a 1 B-parameter model on one accelerator)",
+                       6 * 1e9 * TOKENS_PER_SAMPLE, f"assumed: a language model's 6N a token, {TOKENS_PER_SAMPLE} "
+                       f"tokens a sample (so 1 s a step is {6e9 * TOKENS_PER_SAMPLE * 8 / 1e12:.0f} TFLOP/s)"),
     }

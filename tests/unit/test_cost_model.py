@@ -230,3 +230,15 @@ def test_calibration_file_sets_alpha_and_bandwidth(tmp_path):
     explicit = _cli(*args, "--alpha", "0.001", "--bandwidth", "1.25e8")
     assert calibrated.returncode == 0 and calibrated.stdout == explicit.stdout
     assert _cli(*args, "--calibration", str(tmp_path / "missing.json")).returncode == 2
+
+
+def test_project_charges_an_encoding_share_on_the_compute_only():
+    # One configuration of one allreduce of 4N bytes a step at 2 hosts × 1 rank, α 0, B = 1e6 B/s, c = 0.1 s:
+    # comm = 2·(1/2)·4000/1e6 = 4 ms; with a share of 0.5, the step is 0.15 + 0.004 and efficiency c / step.
+    table = {"reference": {"hosts": 2, "ranks_per_host": 1},
+             "configurations": {"x": {"ranks_per_group": 1, "overlapped": 0.0, "across_groups": {"collectives": {
+                 "allreduce": {"bytes_a": 0, "bytes_b": 4, "calls": 1}}}}}}
+    (_, _, rate, eff), = cost_model.project(table, 1000, 0.1, [2], 1, (0.0, 1e6), batch=10, encoding={"x": 0.5})
+    assert eff == pytest.approx(0.1 / 0.154) and rate == pytest.approx(2 * 10 / 0.154)
+    (_, _, _, plain), = cost_model.project(table, 1000, 0.1, [2], 1, (0.0, 1e6), batch=10)
+    assert plain == pytest.approx(0.1 / 0.104)

@@ -117,3 +117,30 @@ def test_cli_paper_table():
     assert result.returncode == 0, result.stderr
     assert [line.split("|")[1].strip() for line in result.stdout.splitlines()[2:]] == [
         "Inception V3", "ResNet-101", "VGG-16"]
+
+
+def test_powersgd_computes_c_times_one_plus_its_encoding_share_by_hand(data):
+    # wide_mlp: the committed measurement's share s (0.426 on this CPU) at 100 Gbit/s and 8 hosts:
+    # c·(1 + s) + comm, efficiency against the plain c. resnet50: no measurement, so the FLOPs estimate,
+    # 6·r·N / (b·f) = 6·4·25,583,592 / (64 · 3·2·3.8e9).
+    from benchmarks import cost_model, format_compute
+
+    measured = format_compute.load()
+    s = measured[("wide_mlp", "sync_powersgd4")]
+    w = workloads.models()["wide_mlp"]
+    entry = cost_model.load_table()
+    comm = cost_model.comm_time(entry["configurations"]["sync_powersgd4"], entry["reference"], w.params, 8, 8,
+                                (5e-6, 12.5e9))
+    row = data["projection"]["wide_mlp"]["100gbit α 5 µs"]["sync_powersgd4"]
+    assert row["efficiency"][0] == pytest.approx(w.compute / (w.compute * (1 + s) + comm), rel=1e-5)
+    assert data["encoding"]["wide_mlp"]["sync_powersgd4"] == {"share": pytest.approx(s, rel=1e-5),
+                                                             "basis": "measured", "estimate": 0.125}
+    resnet = data["encoding"]["resnet50"]["sync_powersgd4"]
+    assert resnet["basis"] == "FLOPs estimate"
+    assert resnet["share"] == pytest.approx(6 * 4 * 25_583_592 / (64 * 6 * 3.8e9), rel=1e-5)
+    # A dense model's estimate is r/b; a model whose FLOPs are unknown and that nothing measured is charged 0.
+    assert format_compute.flop_share(4, 32, 1000, 6 * 1000) == 4 / 32
+    unknown = workloads.Workload(1000, 32, 0.1, "given", "test")
+    assert format_compute.shares(("custom", unknown), measured={})["sync_powersgd4"] == (0.0, "unknown")
+    # Nothing else is charged an encoding.
+    assert set(data["encoding"]["wide_mlp"]) == {"sync_powersgd4"}
