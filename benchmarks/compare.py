@@ -62,6 +62,9 @@ def parse_args(argv=None, prog=PROG):
                    help="MPI process binding: none (horovodrun's default) or one core per rank")
     p.add_argument("--mpi-busy-poll", action="store_true",
                    help="let Open MPI busy-poll (OMPI_MCA_mpi_yield_when_idle=0; by default MPI launches yield, =1)")
+    p.add_argument("--mpi-tcp-links", type=int, default=None, metavar="N",
+                   help="rated links: Open MPI's TCP connections per pair of ranks (OMPI_MCA_btl_tcp_links; "
+                        "default Open MPI's own, 1)")
     p.add_argument("--repeats", type=int,
                    help="timed repeats per configuration (default: the fewest whole Williams designs giving at "
                         f"least {MIN_REPEATS}: {default_repeats(len(CUSTOM_LOOP))} for the {len(CUSTOM_LOOP)} "
@@ -125,6 +128,9 @@ def parse_args(argv=None, prog=PROG):
                             else (["mpi"] if quick else list(CONTROLLERS)))
     if set(args.controller_list) - set(CONTROLLERS):
         p.error(f"--controllers must be chosen from {CONTROLLERS}")
+    if args.mpi_tcp_links is not None and (args.mpi_tcp_links < 1 or not args.link_rates):
+        p.error("--mpi-tcp-links must be an integer >= 1, with --link-rates. "
+                f"Received: --mpi-tcp-links={args.mpi_tcp_links}, --link-rates={args.link_rates}")
     if args.repeats is not None and args.repeats < 1:
         p.error(f"--repeats must be an integer >= 1. Received: --repeats={args.repeats}")
     args.repeats = args.repeats or (3 if quick else None)  # None: each group's own default

@@ -96,9 +96,14 @@ def runs_tta_at(args, rate):
     return args.run_tta and (args.topology or rate == slowest_rate(args.link_rate_list))
 
 
-def launch_env():
-    """The launcher's environment: ours without any loopback-only Open MPI setting, plus MPI_ENV."""
-    return runner.launch_env(MPI_ENV, base={k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")})
+def launch_env(tcp_links=None):
+    """The launcher's environment: ours without any loopback-only Open MPI setting, plus MPI_ENV.
+
+    ``tcp_links``: Open MPI's TCP connections per pair of ranks (``btl_tcp_links``; None: its own, 1). With
+    one, a pair's exchange through a tbf link ran at 48-66 Mbit/s of 100 where plain TCP, one socket or two,
+    ran at 94, and with two at 89-96 (``benchmarks/studies/link_transport.py``)."""
+    extra = dict(MPI_ENV, **({"OMPI_MCA_btl_tcp_links": str(tcp_links)} if tcp_links else {}))
+    return runner.launch_env(extra, base={k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")})
 
 
 def horovod_settings(env):
@@ -108,10 +113,10 @@ def horovod_settings(env):
             "note": "HOROVOD_* variables not listed take Horovod 0.28.1's defaults"}
 
 
-def run_on_cluster(cluster, cmd, log_path, timeout):
-    """``runner.run_bounded`` of ``cmd`` on node1 (the launcher); the ranks it starts on the other hosts,
-    should ssh have left any behind, are ended with it."""
-    return runner.run_bounded(cmd, log_path, timeout, cluster.launcher_env(launch_env()),
+def run_on_cluster(cluster, cmd, log_path, timeout, env=None):
+    """``runner.run_bounded`` of ``cmd`` on node1 (the launcher), in ``env`` (default ``launch_env()``); the
+    ranks it starts on the other hosts, should ssh have left any behind, are ended with it."""
+    return runner.run_bounded(cmd, log_path, timeout, cluster.launcher_env(env or launch_env()),
                               through=lambda c, e: (cluster.launcher_command(c, cwd=REPO_ROOT), e),
                               cleanup=cluster.stop_jobs)
 
@@ -230,7 +235,7 @@ def main(args, out_dir, command, stamp):
     for rate in args.link_rate_list:
         parse_rate(rate)  # every rate is valid before the first cluster is built
     cluster = VirtualCluster(args.cluster_name)
-    env = launch_env()
+    env = launch_env(getattr(args, "mpi_tcp_links", None))
     results = {"timestamp": stamp, "command": command,
                "topology": {"cluster": args.cluster_name, "hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
                             "np": args.hosts * args.ranks_per_host, "interface": INTERFACE,
@@ -253,7 +258,7 @@ def main(args, out_dir, command, stamp):
             print(f"[compare] {rate}: horovodrun across {args.hosts} hosts" + (" + time-to-accuracy" if tta else ""),
                   flush=True)
             t0 = time.perf_counter()
-            outcome = run_on_cluster(cluster, cmd, log_path, args.launch_timeout)
+            outcome = run_on_cluster(cluster, cmd, log_path, args.launch_timeout, env)
             if not outcome.ok or not os.path.exists(out_json):
                 report_failed_launch(results["failures"], rate, outcome)
                 continue
