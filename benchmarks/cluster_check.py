@@ -264,6 +264,34 @@ def _pct(x):
     return f"{x * 100:+.1f} %"
 
 
+TRANSPORT = ROOT / "docs" / "results" / "link-transport" / "results.json"
+
+
+def transport_note(path=TRANSPORT):
+    """What the link-transport study measured (``benchmarks/studies/link_transport.py``), as one clause."""
+    if not path.exists():
+        return "not measured here"
+    study = json.loads(path.read_text())
+
+    def rates(layout, *arms):
+        values = [x for lay in study["layouts"] if lay["name"] == layout for rnd in lay["rounds"]
+                  for arm in arms for x in rnd[arm]["mbit"]]
+        return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+
+    def drops(*arms):
+        return sum(rnd[arm]["dropped"] for lay in study["layouts"] for rnd in lay["rounds"] for arm in arms
+                   if arm in rnd)
+
+    tcp = ("tcp_two_sockets", "tcp_one_socket")
+    return (f"`docs/results/link-transport`: 32 MB each way at once across a {study['rate']} tbf, plain TCP "
+            f"crossed at {rates('2x1', *tcp)} Mbit/s, one socket both ways or two, with {drops(*tcp)} packets "
+            f"dropped; Open MPI's allreduce at 2 × 1 at {rates('2x1', 'mpi_allreduce_links1')} with its one "
+            f"connection a pair of ranks and {rates('2x1', 'mpi_allreduce_links2')} with two; at 2 × 2, a 4-rank "
+            f"allreduce at {rates('2x2', 'mpi_flat4_links1')} and one rank a host's at "
+            f"{rates('2x2', 'mpi_leaders_links1')} with one, {rates('2x2', 'mpi_flat4_links2')} and "
+            f"{rates('2x2', 'mpi_leaders_links2')} with two")
+
+
 def misses(rows):
     """Why each judged row outside its band misses, read off the rows themselves.
 
@@ -286,9 +314,10 @@ def misses(rows):
                        + ("the launch's probe" if r["burst_bytes"] > cost_model.TokenBucketLink.SHORT_BURST
                           else "the tbf's rate, a short burst's") +
                        f"). The launch's other communication-bound rows at that rate crossed at {seen} Mbit/s."
-                       + (" A long transfer's rate through the tbf is set by when TCP overflows its queue and "
-                          "backs off, which varies by run and by traffic pattern, and the model has one B per "
-                          "launch." if r["burst_bytes"] > cost_model.TokenBucketLink.SHORT_BURST else ""))
+                       + (" A long transfer's rate here is Open MPI's over the link, which varies by launch and "
+                          f"by how many pairs of ranks cross a host's link ({transport_note()}), and the model "
+                          "has one B per launch." if r["burst_bytes"] > cost_model.TokenBucketLink.SHORT_BURST
+                          else ""))
         else:
             kept = [(q["rate"], q["measured_ms"] - q["predicted_ms"]) for q in rows
                     if (q["layout"], q["model"], q["config"]) == (r["layout"], r["model"], r["config"])]
@@ -360,7 +389,9 @@ def render(validation=None):
         "bucket of 10 ms of it (64 KB at least) that refills while the host is silent, and a queue of 50 ms. The "
         "model knows this (`cost_model.TokenBucketLink`): the bytes the bucket holds leave at the line's own "
         "rate (the α sweep's slope); a short burst (up to 1 MB) gets the tbf's rate; a longer one gets the "
-        "probe's B, which is lower, since TCP backs off each time its window outgrows the queue. "
+        "probe's B, which is Open MPI's rate over the link, not the tbf's: " + transport_note() + ". So the "
+        f"launches run {MPI_TCP_LINKS} connections a pair of ranks (`--mpi-tcp-links {MPI_TCP_LINKS}`), with "
+        "which every long transfer of a launch crosses at about one rate, as the model's one B assumes. "
         "The column *plain α–β* is the same model with the probe's B for every byte and no bucket, as a real "
         "link would have: on the digits CNN's bursts of 13–230 KB it is far off, which is why the link model "
         "is needed here and why the projection, for real links, does not use it.",

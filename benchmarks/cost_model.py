@@ -127,9 +127,13 @@ class TokenBucketLink:
       such a transfer ends within a few round trips of TCP's slow start, and
       a loss in it costs a fast retransmit while the queue keeps the link busy;
     * a longer one gets the rate the link probe measured (``probe``: 32 MB,
-      4 MB at 10 Mbit/s), 59–63 % of the tbf's here: its window grows past
-      tbf's queue (50 ms of the rate) again and again, and TCP backs off each
-      time.
+      4 MB at 10 Mbit/s). That is not the tbf's: plain TCP crosses it at 94 %
+      of its rate, both ways at once, and the tbf drops nothing. It is Open
+      MPI's TCP transport, which with its one connection a pair of ranks
+      crossed at 48–66 % (and 49–95 % at 2 × 2, by launch and by pattern), and
+      with two (``btl_tcp_links``) at 76–96 %
+      (``benchmarks/studies/link_transport.py``). The validation launches use
+      two, so that every long transfer of a launch shares the probe's rate.
 
     A real link has neither the bucket nor this queue: the projection uses the
     plain (α, B) of ``comm_time``.
