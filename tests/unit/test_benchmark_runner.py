@@ -185,3 +185,18 @@ def test_compare_under_the_entry_point_takes_the_same_flags():
     with pytest.raises(SystemExit) as exited:
         compare.parse_args(["--repeats", "0"], prog="python -m benchmarks compare")
     assert exited.value.code == 2
+
+
+def test_mpi_tcp_links_reach_the_rated_launches_environment_and_bad_values_exit_2(capsys):
+    from benchmarks import rated_links
+
+    args = compare.parse_args(["--link-rates", "100mbit", "--mpi-tcp-links", "2"], prog="python -m benchmarks compare")
+    assert args.mpi_tcp_links == 2
+    env = rated_links.launch_env(args.mpi_tcp_links)
+    assert env["OMPI_MCA_btl_tcp_links"] == "2" and env["OMPI_MCA_btl_tcp_if_include"] == "cluster0"
+    assert "OMPI_MCA_btl_tcp_links" not in rated_links.launch_env()  # Open MPI's own default otherwise
+    for bad in (["--link-rates", "100mbit", "--mpi-tcp-links", "0"], ["--mpi-tcp-links", "2"]):
+        with pytest.raises(SystemExit) as exited:
+            compare.parse_args(bad, prog="python -m benchmarks compare")
+        assert exited.value.code == 2
+        assert "--mpi-tcp-links must be an integer >= 1, with --link-rates" in capsys.readouterr().err
