@@ -125,30 +125,29 @@ def flop_share(rank, batch, params, flops_per_sample):
     return 6 * rank * params / (batch * flops_per_sample)
 
 
+def estimates(w):
+    """{configuration: ``flop_share``} of every PowerSGD configuration for a ``workloads.Workload`` (None
+    where its FLOPs a sample are unknown)."""
+    return {config: flop_share(rank, w.batch, w.params, w.flops_per_sample) if w.flops_per_sample else None
+            for config, rank in powersgd_configurations().items()}
+
+
 def shares(workload, measured=None):
-    """{configuration: (share of c, basis)} of every PowerSGD configuration for ``workload`` (a
-    ``workloads.Workload`` of the name ``workload.name``): the committed measurement of its benchmark model
-    where there is one (``load``, basis "measured"), else ``flop_share`` from its FLOPs a sample ("FLOPs
-    estimate"), else 0 ("unknown")."""
+    """{configuration: (share of c, basis)} of every PowerSGD configuration for ``workload``, a (name,
+    ``workloads.Workload``) pair: the committed measurement of its benchmark model where there is one
+    (``load``, basis "measured"), else its ``estimates`` ("FLOPs estimate"), else 0 ("unknown")."""
     name, w = workload
     measured = load() if measured is None else measured
     model = next((m for m, n in workloads.WORKLOAD_OF.items() if n == name), None)
     out = {}
-    for config, rank in powersgd_configurations().items():
+    for config, estimate in estimates(w).items():
         if (model, config) in measured:
             out[config] = (measured[(model, config)], "measured")
-        elif w.flops_per_sample:
-            out[config] = (flop_share(rank, w.batch, w.params, w.flops_per_sample), "FLOPs estimate")
+        elif estimate is not None:
+            out[config] = (estimate, "FLOPs estimate")
         else:
             out[config] = (0.0, "unknown")
     return out
-
-
-def estimates(w):
-    """{configuration: ``flop_share``} of every PowerSGD configuration for a Workload (None if its FLOPs are
-    unknown)."""
-    return {config: flop_share(rank, w.batch, w.params, w.flops_per_sample) if w.flops_per_sample else None
-            for config, rank in powersgd_configurations().items()}
 
 
 def write(command, path=PATH):

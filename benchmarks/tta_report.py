@@ -204,8 +204,8 @@ def sync_at_epochs(tta, others, epochs_by_seed):
     on the word of the seeds it did run: every one of them must agree so with the other rate's.
 
     Returns:
-        ``{"accuracy": median_range, "borrowed": [(rate, seed, max pp apart on the shared epochs, whether
-        this rate ran the seed)]}``, or None when some seed has no such run.
+        ``{"accuracy": median_range, "borrowed": [(rate, seed, max pp apart on the shared epochs)]}``, or
+        None when some seed has no such run.
     """
     own = {run["seed"]: run["curve"] for run in tta["per_config"]["sync"]["runs"]}
     values, borrowed = [], []
@@ -226,7 +226,7 @@ def sync_at_epochs(tta, others, epochs_by_seed):
                 apart = None if not shared or None in shared else max(shared)
             if len(curve) >= epochs and apart is not None and apart <= SAME_CURVE_POINTS:
                 values.append(curve[epochs - 1]["accuracy"])
-                borrowed.append((other["link"]["nominal"], seed, apart, seed in own))
+                borrowed.append((other["link"]["nominal"], seed, apart))
                 break
         else:
             return None
@@ -252,10 +252,10 @@ def _final_row(name, res, tta, others):
         if own is not None:  # the set against a borrowed reference is fair if the strategy, too, ignores the rate
             measured += f"; its own curves are within {own[1]:.2f} pp of its {own[0]} run's, seed for seed"
         rate = reference["borrowed"][0][0]
-        seeds = [seed for _, seed, _, _ in reference["borrowed"]]
+        seeds = [seed for _, seed, _ in reference["borrowed"]]
         sync = tta["per_config"]["sync"]
         ran_here = [run["seed"] for run in sync["runs"]]
-        apart = max(a for _, _, a, _ in reference["borrowed"])
+        apart = max(a for _, _, a in reference["borrowed"])
         ran = epochs_run(sync)
         measured += (f"; `sync`'s from its {rate} {_seeds(seeds)}, whose shared epochs with this "
                      f"rate's {_seeds(ran_here)} agree within {apart:.2f} pp (a SyncAverage epoch computes the "

@@ -77,6 +77,14 @@ def _teacher():
                     f"{batch} ({tta['model']} on --data {tta['data']})", 6 * 1_093_642, DENSE)
 
 
+def _one_billion(params=1_000_000_000, batch=8, step=1.0):
+    flops = 6.0 * params * TOKENS_PER_SAMPLE
+    return Workload(params, batch, step, "assumed",
+                    f"assumed: {step:g} s a step at {batch} samples a rank (a 1 B-parameter model on one accelerator)",
+                    flops, f"assumed: a language model's 6N a token, {TOKENS_PER_SAMPLE} tokens a sample (so "
+                    f"{step:g} s a step is {flops * batch / step / 1e12:.0f} TFLOP/s)")
+
+
 def models():
     """{name: Workload} for every model the projection lists, in its order."""
     return {
@@ -87,8 +95,6 @@ def models():
                              f"219 images/s on one P100 at batch 64 (tf_cnn_benchmarks, synthetic data): "
                              f"{TF_BENCHMARKS}", RESNET50_FLOPS,
                              "3.8e9 multiply-adds forward a 224×224 image (He et al. 2016, Table 1), ×2 ×3"),
-        "1b": Workload(1_000_000_000, 8, 1.0, "assumed",
-                       "assumed: 1 s a step at 8 samples a rank (a 1 B-parameter model on one accelerator)",
-                       6 * 1e9 * TOKENS_PER_SAMPLE, f"assumed: a language model's 6N a token, {TOKENS_PER_SAMPLE} "
-                       f"tokens a sample (so 1 s a step is {6e9 * TOKENS_PER_SAMPLE * 8 / 1e12:.0f} TFLOP/s)"),
+        "1b": _one_billion(),
     }
+

@@ -164,12 +164,10 @@ def run_arm(cluster, arm, args, log_dir, ranks_per_host):
     if arm.startswith("tcp"):
         seconds = [tcp_arm(cluster, args.bytes, arm == "tcp_one_socket", log_dir, args.timeout)
                    for _ in range(args.calls)]
-        on_link = [args.bytes] * len(seconds)
     else:
         kind, links = arm.split("_")[1], int(arm[-1])  # mpi_<kind>_links<n>
         seconds = mpi_arm(cluster, kind, links, args.bytes, args.calls, log_dir, args.timeout, ranks_per_host)
-        on_link = [args.bytes] * len(seconds)
-    return [8 * b / s / 1e6 for b, s in zip(on_link, seconds)], dropped(cluster) - before
+    return [8 * args.bytes / s / 1e6 for s in seconds], dropped(cluster) - before
 
 
 def markdown(results):
