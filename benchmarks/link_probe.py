@@ -11,6 +11,11 @@ The per-message latency α comes from a second measurement, a sweep of small
 allreduces (8 B to 64 KB) where the bytes take next to no time on the link
 (``alpha_sweep``). B and α together calibrate the cost model
 (``cost_model.py``; ``python -m benchmarks validate`` checks it).
+
+With several ranks a host, a launch that runs two-level configurations also
+probes each level with its own collectives (``levels``): within a host, and
+across hosts in the sets a two-level step uses. Their rates are not the flat
+allreduce's, which is one pattern among several over the same link.
 """
 import time
 
@@ -20,33 +25,73 @@ WARMUP = 1
 TIMED = 2
 
 
-def measure(comm, megabytes, timed=TIMED, hosts=None):
+def measure(comm, megabytes, timed=TIMED, hosts=None, over=None, streams=1):
     """Times ``timed`` allreduces of ``megabytes`` MB of float32 (after ``WARMUP`` untimed ones);
     returns the rate of a host's link in bits/s at the median, with the sizes and times it came from.
 
     An allreduce of S puts 2(H−1)/H·S on each of ``hosts`` H hosts' links (``cost_model.allreduce_link_share``:
     its within-host steps go first); at one rank a host that is the ring's bus bandwidth, 2(n−1)/n·S.
-    ``hosts`` defaults to one a rank."""
+    ``hosts`` defaults to one a rank.
+
+    ``over``: the sub-communicator (of ``comm``) whose allreduce is timed, default ``comm``. Every rank of
+    ``comm`` starts together and the slowest of them is the time, so the sub-communicators of several
+    groups run at once, as a two-level step runs them (``levels``); ``streams`` of them share a host's link,
+    which carries that many times the one allreduce's bytes."""
     from . import cost_model  # no TensorFlow
 
     import tensorflow as tf
 
+    over = over or comm
     size_bytes = int(megabytes * 1e6) // 4 * 4
     tensor = tf.ones([size_bytes // 4], tf.float32)
     seconds = []
     for i in range(WARMUP + timed):
         comm.allreduce([tf.zeros([1])], op="sum", record=False)  # a barrier: start together
         start = time.perf_counter()
-        result = comm.allreduce([tensor], op="sum", record=False)
+        result = over.allreduce([tensor], op="sum", record=False)
         np.asarray(result[0][:1])  # waits for the collective
         if i >= WARMUP:
             seconds.append(max(comm.allgather_json(time.perf_counter() - start)))
     median = float(np.median(seconds))
-    hosts = hosts or comm.size
-    per_host_bytes = cost_model.allreduce_link_share(hosts) * size_bytes
-    return {"bytes": size_bytes, "seconds": seconds, "hosts": hosts, "bytes_on_link_per_host": per_host_bytes,
-            "bits_per_second": per_host_bytes * 8 / median,
-            "formula": "2(H-1)/H * bytes * 8 / median seconds (a host's link, H hosts)"}
+    hosts = hosts or over.size
+    per_host_bytes = streams * cost_model.allreduce_link_share(hosts) * size_bytes
+    return {"bytes": size_bytes, "seconds": seconds, "hosts": hosts, "streams": streams,
+            "bytes_on_link_per_host": per_host_bytes, "bits_per_second": per_host_bytes * 8 / median,
+            "formula": "streams * 2(H-1)/H * bytes * 8 / median seconds (a host's link, H hosts)"}
+
+
+def levels(comm, megabytes, timed=TIMED):
+    """Each level of a two-level step probed by its own collectives, every group at once (``measure``).
+
+    With n ranks a host, Hierarchical's step is a reduce-scatter and an
+    allgather within each host, then n allreduces across the hosts, one for
+    each index within a host, on 1/n of the payload each, all at once. The
+    flat probe times one allreduce over every rank; its pattern (Open MPI's
+    halving/doubling, nearest ranks first) puts as many bytes on a host's
+    link, but it crossed at another rate (``docs/results/link-transport``).
+    So:
+
+    * ``within_host``: an allreduce of ``megabytes`` over each host's ranks,
+      every host at once. Its rate is 2(n−1)/n·S/t (``hosts`` = n: the
+      reduce-scatter and allgather of the model's within-host level), with
+      the ranks of all hosts sharing the cores as they do in a step; and the
+      α sweep over the same communicators (no bucket: nothing crosses a link);
+    * ``across_hosts``: the n sets {rank j of each host}, each allreducing
+      ``megabytes``/n at once, so a host's link carries 2(H−1)/H·S as under
+      the flat probe; its rate is that over t.
+
+    None with one rank a host (there is one level) or one host."""
+    hosts = comm.host_groups()
+    n = len(hosts[0])
+    if n == 1 or len(hosts) == 1 or any(len(h) != n for h in hosts):
+        return None
+    host = comm.split(hosts)
+    across = comm.split([[h[j] for h in hosts] for j in range(n)])
+    within = measure(comm, megabytes, timed, hosts=n, over=host)
+    return {"ranks_per_host": n,
+            "within_host": dict(within, alpha_sweep=alpha_sweep(host, within["bits_per_second"] / 8, timed=timed,
+                                                                 hosts=n)),
+            "across_hosts": measure(comm, megabytes / n, timed, hosts=len(hosts), over=across, streams=n)}
 
 
 # The small-message sweep for α: 8 B to 64 KB, where latency, not bandwidth, dominates.

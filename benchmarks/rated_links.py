@@ -268,7 +268,7 @@ def main(args, out_dir, command, stamp):
             link = {"nominal": rate, "nominal_bits_per_second": parse_rate(rate),
                     "qdisc": state["link"]["qdisc"], "measured_bits_per_second": probe["bits_per_second"],
                     "measured_mbit": probe["bits_per_second"] / 1e6, "probe": probe,
-                    "alpha_sweep": launch.get("alpha_sweep")}
+                    "alpha_sweep": launch.get("alpha_sweep"), "levels": launch.get("link_levels")}
             results["links"].append(link)
             results["launches"].append({"link_rate": rate, "command": shlex.join(cmd),
                                         "seconds": time.perf_counter() - t0, "versions": launch["versions"]})

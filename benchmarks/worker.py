@@ -431,6 +431,11 @@ def main(argv=None):
             out["alpha_sweep"] = link_probe.alpha_sweep(comm, out["link_probe"]["bits_per_second"] / 8, hosts=hosts,
                                                       bucket=args.link_bucket)
             launch.say(f"alpha sweep: {out['alpha_sweep']['alpha'] * 1e6:,.1f} us a message")
+        if grouped:  # the two-level configurations' own levels (their sub-communicators need process sets)
+            out["link_levels"] = link_probe.levels(comm, args.link_probe_mb)
+            if out["link_levels"]:
+                launch.say("level probes: within a host {:,.0f} Mbit/s, across hosts {:,.0f} Mbit/s".format(
+                    *(out["link_levels"][k]["bits_per_second"] / 1e6 for k in ("within_host", "across_hosts"))))
     started = time.perf_counter()
     gradient_shapes = None
     for model_name in args.models.split(","):

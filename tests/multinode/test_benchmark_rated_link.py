@@ -70,6 +70,7 @@ def test_quick_rated_link_run(tmp_path):
     assert link["nominal_bits_per_second"] == NOMINAL
     # tbf lets through no more than its rate (plus one bucket); TCP and framing cost some of it.
     assert 0.5 * NOMINAL < link["measured_bits_per_second"] < 1.1 * NOMINAL, link
+    assert link["levels"] is None  # one rank a host: one level, nothing more to probe
     rows = {r["config"]: r for r in results["rows"]}
     assert set(rows) == CONFIGS
     for config, row in rows.items():
@@ -111,6 +112,12 @@ def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     assert results["topology"]["np"] == 4 and results["topology"]["ranks_per_host"] == 2
     rows = {r["config"]: r for r in results["rows"]}
     assert set(rows) == TOPOLOGY
+    # The two-level configurations' own levels were probed (link_probe.levels): across hosts, the 2 sets of
+    # rank j crossed at about the tc rate, 2 streams sharing each link; within a host nothing crosses it.
+    levels = results["links"][0]["levels"]
+    assert levels["ranks_per_host"] == 2 and levels["across_hosts"]["streams"] == 2, levels
+    assert 0.5 * NOMINAL < levels["across_hosts"]["bits_per_second"] < 1.1 * NOMINAL, levels
+    assert levels["within_host"]["bits_per_second"] > 2 * NOMINAL and levels["within_host"]["hosts"] == 2, levels
     # The account, per rank, on shards of M/2 (2 ranks per group): within its host the reduce-scatter of 2
     # rows of M/2 + 4 (the non-finite flag) and the update's allgather of M/2, and, for EASGD τ=10, the
     # weights' allgather of M/2 every 10th step; across, the shard (EASGD: with its flag, every 10th step).
