@@ -14,13 +14,15 @@ anywhere else:
 * c is the ``no_comm`` row of the same launch: the same hosts, ranks and
   rate. At 4 ranks on this machine's 2 cores c is the oversubscribed compute,
   and the model is given exactly that. A configuration whose format encodes
-  every step (PowerSGD) computes c·(1 + s), s its encoding's share of c
-  measured in one process (``format_compute.py``);
+  every step (PowerSGD), or quantises once a period (DiLoCo int8), computes
+  c·(1 + s), s its encoding's share of c measured in one process
+  (``format_compute.py``; a quantising format's at the row's p);
 * the predicted step is ``cost_model.step_time(c, comm, overlapped)``. comm
   is ``comm_time`` with the configuration's bytes and collectives from the
   traffic table, the model's parameter count (``workloads.py``) and the
   launch's (α, B) across hosts (within a host: the model's assumed
-  shared-memory level), at the rate the emulated link gives a burst of its
+  shared-memory level; a two-level configuration at several ranks a host is
+  given its levels' own probes, ``link_probe.levels``), at the rate the emulated link gives a burst of its
   size, less what the link's token bucket lets through at the veth's own
   rate (``cost_model.TokenBucketLink``: the tbf's ``burst``, refilled while
   a host sends nothing);
@@ -105,8 +107,25 @@ RUNS = (
 def probe_bandwidth(probe, hosts):
     """The link probe's rate of a host's link, bytes/s, from its raw times: an allreduce of S puts
     2(H−1)/H·S on each link (``cost_model.allreduce_link_share``). Runs recorded before the probe knew
-    its hosts divided by ranks instead, which at 2 hosts × 2 ranks overstated the link by 1.5."""
-    return cost_model.allreduce_link_share(hosts) * probe["bytes"] / statistics.median(probe["seconds"])
+    its hosts divided by ranks instead, which at 2 hosts × 2 ranks overstated the link by 1.5. A probe of
+    ``streams`` allreduces at once (``link_probe.levels``) put that many times the bytes on the link."""
+    return (probe.get("streams", 1) * cost_model.allreduce_link_share(hosts) * probe["bytes"]
+            / statistics.median(probe["seconds"]))
+
+
+def level_calibration(levels):
+    """(intra (α, B), B across hosts) of a launch's level probes (``link_probe.levels``), or None.
+
+    The two-level configurations are charged with their own levels' rates: B within a host from the
+    allreduce over each host's ranks (2(n−1)/n·S/t), α there from the sweep over the same communicators,
+    and B across hosts from the n sets of rank j of each host, all at once."""
+    if not levels:
+        return None
+    n, within = levels["ranks_per_host"], levels["within_host"]
+    sweep = within["alpha_sweep"]
+    alpha = link_probe.fit_alpha(sweep["bytes"], sweep["seconds"], n)["alpha"]
+    hosts = levels["across_hosts"]["hosts"]
+    return (alpha, probe_bandwidth(within, n)), probe_bandwidth(levels["across_hosts"], hosts)
 
 
 def sweep_fit(sweep, bucket, rate, hosts):
@@ -179,20 +198,26 @@ def rows_of(result, table=None, models=None, cores=None, formats=None):
         if fitted is None:
             continue
         alpha, line_bandwidth, swept = fitted
-        probe = probe_bandwidth(link["probe"], hosts)
-        shaped = cost_model.TokenBucketLink(rate, bucket, probe, line_bandwidth)
+        flat_probe = probe_bandwidth(link["probe"], hosts)
+        levels = level_calibration(link.get("levels"))
         by = {(r["model"], r["config"]): r for r in result["rows"] if r["link"]["nominal"] == rate_name}
         for (model, config), row in sorted(by.items()):
             if config == "no_comm" or (model, "no_comm") not in by or config not in table["configurations"]:
                 continue
             c = _step(by[(model, "no_comm")])
-            encoding = c * formats.get((model, config), 0.0)
+            encoding = c * format_compute.share_of(formats, model, config, hosts * ranks_per_host)
             compute = c + encoding
             params = models[workloads.WORKLOAD_OF[model]].params
             entry, scaled = to_the_account(table["configurations"][config], row, params)
+            leveled = entry["ranks_per_group"] > 1 and levels is not None
+            # A two-level configuration is charged its levels' own probes; a flat one the flat probe, whose
+            # rate already spends its within-host steps' time (so they are charged as all but free).
+            intra, probe = levels if leveled else ((cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH), flat_probe)
+            shaped = cost_model.TokenBucketLink(rate, bucket, probe, line_bandwidth)
 
             def comm_at(b):
-                return cost_model.comm_time(entry, table["reference"], params, hosts, ranks_per_host, (alpha, b))
+                return cost_model.comm_time(entry, table["reference"], params, hosts, ranks_per_host, (alpha, b),
+                                            intra=intra)
 
             latency = comm_at(float("inf"))  # all but the bytes' time on the link across hosts
             at_probe = comm_at(probe)
@@ -209,7 +234,11 @@ def rows_of(result, table=None, models=None, cores=None, formats=None):
             error = predicted / measured - 1
             oversubscribed = cores is not None and hosts * ranks_per_host > cores
             out.append({"layout": f"{hosts}x{ranks_per_host}", "rate": rate_name, "model": model, "config": config,
-                        "measured_mbit": probe * 8 / 1e6, "alpha_us": alpha * 1e6, "swept_sizes": swept,
+                        "measured_mbit": probe * 8 / 1e6, "probe_mbit": flat_probe * 8 / 1e6,
+                        "levels": levels and {"within_mbit": levels[0][1] * 8 / 1e6,
+                                              "within_alpha_us": levels[0][0] * 1e6,
+                                              "across_mbit": levels[1] * 8 / 1e6},
+                        "levels_probed": leveled, "alpha_us": alpha * 1e6, "swept_sizes": swept,
                         "line_mbit": line_bandwidth * 8 / 1e6, "bucket_bytes": bucket, "burst_bytes": burst,
                         "bytes_over_table": scaled,
                         "burst_mbit": bandwidth * 8 / 1e6, "plain_predicted_ms": plain * 1e3,
@@ -316,7 +345,7 @@ def misses(rows):
                        f"). The launch's other communication-bound rows at that rate crossed at {seen} Mbit/s."
                        + (" A long transfer's rate here is Open MPI's over the link, which varies by launch and "
                           f"by how many pairs of ranks cross a host's link ({transport_note()}), and the model "
-                          "has one B per launch." if r["burst_bytes"] > cost_model.TokenBucketLink.SHORT_BURST
+                          "has one B per launch and pattern (the flat probe's, or the level probe's across hosts)." if r["burst_bytes"] > cost_model.TokenBucketLink.SHORT_BURST
                           else ""))
         else:
             kept = [(q["rate"], q["measured_ms"] - q["predicted_ms"]) for q in rows
@@ -335,9 +364,17 @@ def _format_note(path=format_compute.PATH):
     recorded = format_compute.recorded(path)
     if recorded is None:
         return "not measured: s = 0"
-    shares = [f"{name} on the {model}: s = {c['share']:.3f} ({1e3 * c['seconds']:.2f} ms against c = "
-              f"{1e3 * entry['step_seconds']:.2f} ms)" for model, entry in recorded["models"].items()
-              for name, c in entry["configurations"].items()]
+    shares = []
+    for model, entry in recorded["models"].items():
+        step = f"c = {1e3 * entry['step_seconds']:.2f} ms"
+        for name, c in entry["configurations"].items():
+            if "by_ranks" in c:  # a quantising format, once a period, at each p
+                shares.append(f"{name} on the {model}: s = " + ", ".join(
+                    f"{m['share']:.3f} at p = {p} ({1e3 * m['seconds']:.2f} ms a period of {c['period']} steps)"
+                    for p, m in c["by_ranks"].items()) + f" against {step}")
+            else:
+                shares.append(f"{name} on the {model}: s = {c['share']:.3f} ({1e3 * c['seconds']:.2f} ms against "
+                              f"{step})")
     return (f"`{pathlib.Path(path).relative_to(format_compute.REPO_ROOT)}`, from `{recorded['command']}`: "
             + "; ".join(shares))
 
@@ -375,11 +412,14 @@ def render(validation=None):
         "measured: the median of the timed repeats, their range in brackets. Per launch, the model is given:",
         "",
         "- c, the `no_comm` step of the same launch (so at 4 ranks on this machine's 2 cores, the "
-        "oversubscribed compute); for a configuration whose format encodes every step (PowerSGD), c·(1 + s), "
+        "oversubscribed compute); for a configuration whose format encodes every step (PowerSGD) or quantises "
+        "once a period (DiLoCo int8, at the row's p), c·(1 + s), "
         "with s the encoding's share of c measured in one process (`benchmarks/format_compute.py`, "
         + _format_note() + ");",
         "- α, from the launch's sweep of allreduces of 8 B to 64 KB timed inside a tf.function, and B, from its "
-        "link probe (one 32 MB allreduce; 4 MB at 10 Mbit/s): `benchmarks/link_probe.py`;",
+        "link probe (one 32 MB allreduce; 4 MB at 10 Mbit/s): `benchmarks/link_probe.py`; a two-level "
+        "configuration at several ranks a host, each of its levels' B (and α within a host) from a probe of that "
+        "level's own collectives (below, *Calibration*);",
         "- the configuration's bytes and collectives from the traffic table, and the model's parameters; for a "
         "flat configuration that only allreduces, its bytes are those its strategy's hook expected for the "
         "row's own model (`cluster_check.to_the_account`: the table's a + b·N is linear in N, and PowerSGD's "
@@ -423,13 +463,22 @@ def render(validation=None):
         lines += ["", "## Where the model misses", "",
                   "Every judged row outside its band, and why, from the rows below:", ""] + missed
     lines += ["", "## Calibration, per launch", "",
-              "| layout | rate | probe Mbit/s | bucket KB | α µs (sizes fitted) | line Mbit/s |",
-              "|---|---|---:|---:|---:|---:|"]
+              "| layout | rate | probe Mbit/s | bucket KB | α µs (sizes fitted) | line Mbit/s | "
+              "two levels: within a host Mbit/s (α µs), across hosts Mbit/s |",
+              "|---|---|---:|---:|---:|---:|---:|"]
     for r in _links(rows):
-        lines.append(f"| {r['layout']} | {r['rate']} | {r['measured_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
-                     f"{r['alpha_us']:.0f} ({r['swept_sizes']}) | {r['line_mbit']:,.0f} |")
+        levels = r.get("levels")
+        lines.append(f"| {r['layout']} | {r['rate']} | {r['probe_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
+                     f"{r['alpha_us']:.0f} ({r['swept_sizes']}) | {r['line_mbit']:,.0f} | "
+                     + (f"{levels['within_mbit']:,.0f} ({levels['within_alpha_us']:.0f}), {levels['across_mbit']:,.0f}"
+                        if levels else "–") + " |")
     lines += ["", "The α fit keeps the sweep's sizes whose chain of 8 allreduces fits in the bucket: a larger "
-                  "chain waits on the tbf's rate, which is the link, not α.",
+                  "chain waits on the tbf's rate, which is the link, not α. With several ranks a host, the "
+                  "two-level configurations (Hierarchical's) are charged their own levels' probes "
+                  "(`link_probe.levels`): within a host, an allreduce over each host's ranks, every host at once "
+                  "(its rate and an α sweep over the same communicators), and across hosts, the n sets of rank j "
+                  "of each host, each allreducing 1/n of 32 MB at once, as their steps run them. The flat "
+                  "configurations keep the flat probe, whose rate already spends its within-host steps' time.",
               "", "## Every row", "",
               "| layout | rate | model | configuration | compute ms (c + encoding) | burst KB at Mbit/s | predicted comm ms | "
               "measured ms (range) | predicted ms | error | comm share | band | within | judged | plain α–β |",
@@ -466,7 +515,7 @@ def main(argv=None, prog=COMMAND):
                         help="run the validation set first (48 min here, alone on the machine)")
     parser.add_argument("--only", default=None, help=f"with --run: one run, from {', '.join(r.name for r in RUNS)}")
     parser.add_argument("--measure-formats", action="store_true",
-                        help="first measure the compute a format's encoding adds to a step (PowerSGD's), in one "
+                        help="first measure the compute a format's encoding adds to a step (PowerSGD's, int8's), in one "
                              "process, into docs/results/validation/format_compute.json (about a minute)")
     parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
     args = parser.parse_args(argv)

@@ -12,8 +12,20 @@ encoding alone, through a one-rank communicator whose collectives return
 their inputs, against the model's plain step (``no_comm``: forward,
 backward, SGD), both medians over timed calls. It is recorded as a share of
 c, so each launch's own c scales it: ``cluster_check`` predicts a row of
-such a configuration with compute c·(1 + share). The int8 and fp16 formats
-are one elementwise pass, on τ-strategies once a period, and are left out.
+such a configuration with compute c·(1 + share).
+
+The quantising formats of a local-update strategy (DiLoCo int8) encode
+once a period, not every step, but not in one pass: each rank encodes its
+pseudo-gradient, decodes and adds what it receives, encodes that sum again
+(p ≥ 3) and decodes the p parts, and decodes its own payload for the error
+it keeps. On the wide MLP the rated-link rows of ``diloco_tau10_int8`` kept
+about 11 ms a step over their prediction at 1 Gbit/s and at 100 Mbit/s
+alike: work, not link. It is measured the same way, through a communicator
+of p ranks whose alltoall and allgather hand back messages of the right
+size (``EchoCommunicator``), at each p the validation runs (the two forms of
+``quantised_allreduce``), once a period: its share is the period's work
+over τ, against c. The fp16 format is summable and runs inside the
+collective; it is left out.
 
     python -m benchmarks validate --measure-formats   # writes docs/results/validation/format_compute.json
 """
@@ -41,6 +53,44 @@ def powersgd_configurations():
         if "--compression" in flags and flags[flags.index("--compression") + 1] == "powersgd":
             found[config.name] = int(flags[flags.index("--powersgd-rank") + 1])
     return found
+
+
+def quantised_configurations():
+    """{configuration name: (format, period)} of the local-update configurations whose format quantises
+    (the pseudo-gradients' int8 or int4: ``quantised_allreduce``), read from their train.py flags."""
+    found = {}
+    for config in TABLE:
+        flags = config.train_py or ()
+        if "--compression" in flags and "--tau" in flags:
+            name = flags[flags.index("--compression") + 1]
+            if name in QUANTISED:
+                found[config.name] = (name, int(flags[flags.index("--tau") + 1]))
+    return found
+
+
+QUANTISED = ("int8", "int4", "bf16")
+RANKS = (2, 4)  # the validation launches' p: the allgather form at 2, alltoall + allgather from 3
+
+
+class EchoCommunicator:
+    """What ``quantised_allreduce`` asks of a communicator of ``size`` ranks, with collectives that move
+    nothing: the alltoall hands back its p chunks, the allgather p copies of the message. So the
+    encoding, decoding and sums one rank does at p run as they would, and the link costs nothing. The
+    values are not an allreduce's (the alltoall returns this rank's own chunks, not every rank's chunk
+    j); the work on them is."""
+
+    has_alltoall = True
+
+    def __init__(self, size):
+        self.size = size
+
+    def _alltoall(self, tensor):
+        return tensor
+
+    def _allgather(self, tensor):
+        import tensorflow as tf
+
+        return tf.tile(tensor, [self.size])
 
 
 def _median_seconds_per_call(call, calls=CALLS, repeats=REPEATS):
@@ -94,8 +144,32 @@ def measure(models=MODELS, batch=BATCH, threads=1):
             seconds, repeats = _median_seconds_per_call(encode)
             entry["configurations"][name] = {"seconds": seconds, "repeats": repeats, "share": seconds / step,
                                              "rank": rank}
+        for name, (format_name, period) in quantised_configurations().items():
+            entry["configurations"][name] = {"format": format_name, "period": period, "by_ranks": {
+                str(p): _quantised_round(p, format_name, grads, period, step) for p in RANKS}}
         out["models"][model_name] = entry
     return out
+
+
+def _quantised_round(size, format_name, grads, period, step):
+    """One period's quantised allreduce of ``grads`` at ``size`` ranks, with the error kept (``EchoCommunicator``):
+    its seconds, and its share of the step ``step`` once spread over the ``period`` steps."""
+    import tensorflow as tf
+
+    from hvd_easgd.comm.compression import Compression
+    from hvd_easgd.comm.quantised_allreduce import quantised_allreduce
+
+    comm, compression = EchoCommunicator(size), Compression.by_name(format_name)
+    residuals = [tf.zeros_like(g) for g in grads]
+
+    @tf.function
+    def round_():
+        sent = [g + e for g, e in zip(grads, residuals)]  # error feedback: last period's error goes too
+        reduced, errors = quantised_allreduce(comm, sent, "average", compression, record=False, with_errors=True)
+        return reduced[0] + errors[0]
+
+    seconds, repeats = _median_seconds_per_call(round_)
+    return {"seconds": seconds, "repeats": repeats, "share": seconds / period / step}
 
 
 def recorded(path=PATH):
@@ -107,10 +181,22 @@ def recorded(path=PATH):
 
 
 def load(path=PATH):
-    """{(model, configuration): share of c} from the committed measurement; {} when there is none."""
+    """{(model, configuration): share of c} from the committed measurement, and for a format measured at
+    each p (a quantising one), {(model, configuration, p): share}; {} when there is none."""
     record = recorded(path)
-    return {} if record is None else {(model, name): c["share"] for model, entry in record["models"].items()
-                                      for name, c in entry["configurations"].items()}
+    out = {}
+    for model, entry in (record or {"models": {}})["models"].items():
+        for name, c in entry["configurations"].items():
+            if "by_ranks" in c:
+                out.update({(model, name, int(p)): at["share"] for p, at in c["by_ranks"].items()})
+            else:
+                out[(model, name)] = c["share"]
+    return out
+
+
+def share_of(formats, model, config, ranks):
+    """A row's encoding share from ``load``'s mapping: at its p where measured per p, else its own, else 0."""
+    return formats.get((model, config, ranks), formats.get((model, config), 0.0))
 
 
 def flop_share(rank, batch, params, flops_per_sample):
@@ -133,9 +219,14 @@ def estimates(w):
 
 
 def shares(workload, measured=None):
-    """{configuration: (share of c, basis)} of every PowerSGD configuration for ``workload``, a (name,
-    ``workloads.Workload``) pair: the committed measurement of its benchmark model where there is one
-    (``load``, basis "measured"), else its ``estimates`` ("FLOPs estimate"), else 0 ("unknown")."""
+    """{configuration: (share of c, basis)} of every configuration whose format adds compute, for
+    ``workload``, a (name, ``workloads.Workload``) pair.
+
+    PowerSGD's: the committed measurement of its benchmark model where there is one (``load``, basis
+    "measured"), else its ``estimates`` ("FLOPs estimate"), else 0 ("unknown"). A quantising format's: the
+    measurement at the largest p it was measured at (the alternative form, alltoall + allgather, which
+    every p from 3 runs), else 0 ("unknown": elementwise passes are bound by memory, not FLOPs, so no
+    FLOPs estimate stands in)."""
     name, w = workload
     measured = load() if measured is None else measured
     model = next((m for m, n in workloads.WORKLOAD_OF.items() if n == name), None)
@@ -147,6 +238,9 @@ def shares(workload, measured=None):
             out[config] = (estimate, "FLOPs estimate")
         else:
             out[config] = (0.0, "unknown")
+    for config in quantised_configurations():
+        at = [key[2] for key in measured if len(key) == 3 and key[:2] == (model, config)]
+        out[config] = (measured[(model, config, max(at))], f"measured at p = {max(at)}") if at else (0.0, "unknown")
     return out
 
 
@@ -157,6 +251,7 @@ def write(command, path=PATH):
         f.write("\n")
     for model, entry in result["models"].items():
         for name, c in entry["configurations"].items():
-            print(f"{model}: c {1e3 * entry['step_seconds']:.2f} ms; {name} encodes in {1e3 * c['seconds']:.2f} ms "
-                  f"({c['share']:.3f} of c)")
+            for at, m in ({f"p={p}": m for p, m in c["by_ranks"].items()} if "by_ranks" in c else {"": c}).items():
+                print(f"{model}: c {1e3 * entry['step_seconds']:.2f} ms; {name} {at} encodes in "
+                      f"{1e3 * m['seconds']:.2f} ms ({m['share']:.3f} of c)")
     return result

@@ -68,7 +68,7 @@ def compute():
     for model, w in models.items():
         estimates = format_compute.estimates(w)
         encoding[model] = {name: {"share": _round(share), "basis": basis,
-                                  "estimate": None if estimates[name] is None else _round(estimates[name])}
+                                  "estimate": None if estimates.get(name) is None else _round(estimates[name])}
                            for name, (share, basis) in format_compute.shares((model, w), measured).items()
                            if name in configurations}
     grid = {}
@@ -124,7 +124,7 @@ def _models_table(data):
 
 
 def _share_cell(entry):
-    beside = "" if entry["estimate"] is None or entry["basis"] != "measured" else \
+    beside = "" if entry["estimate"] is None or not entry["basis"].startswith("measured") else \
         f"; FLOPs estimate {entry['estimate']:.3g}, ×{entry['share'] / entry['estimate']:.1f}"
     return f"{entry['share']:.3g} ({entry['basis']}{beside})"
 
@@ -247,7 +247,11 @@ c·(1 + s) a step, with s measured in one process where `python -m benchmarks va
 (`docs/results/validation/format_compute.json`, this machine's CPU, against the same c) and otherwise estimated
 as its products' floating-point operations against the step's, 6rN / (b·f) at rank r, per-rank batch b and f
 FLOPs a sample (`benchmarks/format_compute.py`; r/b for dense layers). A measured share is shown beside that
-estimate where both exist. f per model:
+estimate where both exist. A quantising format (DiLoCo's int8 and int4) encodes once a period, in several
+elementwise passes (encode, decode and add the parts received, encode the sum, decode the gathered parts, keep the
+error): its share is the one measured at p = {max(format_compute.RANKS)} (alltoall + allgather, the form every p from 3 runs) over its
+period, and unknown (0) for a model nothing measured, since such passes are bound by memory, not FLOPs. f per
+model:
 
 {_flops_table(data)}
 

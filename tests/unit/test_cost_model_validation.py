@@ -73,6 +73,66 @@ def test_a_formats_encoding_is_charged_as_a_share_of_c():
     assert row["comm_share"] == pytest.approx(1 - 3 / 8)  # the encoding is compute, not communication
 
 
+def test_a_quantising_formats_share_is_the_one_at_the_rows_p():
+    (plain,) = cluster_check.rows_of(_result(), formats={("cnn", "sync"): 0.5})
+    (at_p,) = cluster_check.rows_of(_result(), formats={("cnn", "sync", 2): 0.5, ("cnn", "sync", 4): 9.0,
+                                                        ("cnn", "sync"): 3.0})
+    assert at_p == plain and at_p["encoding_ms"] == pytest.approx(1.0)  # p = 2: its own share, not p = 4's
+    (none,) = cluster_check.rows_of(_result(), formats={("cnn", "sync", 4): 9.0})
+    assert none["encoding_ms"] == 0.0
+
+
+def test_the_quantised_configurations_and_their_recorded_shares(tmp_path):
+    import json
+
+    from benchmarks import format_compute
+
+    assert format_compute.quantised_configurations() == {"diloco_tau10_int8": ("int8", 10),
+                                                         "diloco_tau10_int4": ("int4", 10)}
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"models": {"wide_mlp": {"step_seconds": 0.08, "configurations": {
+        "sync_powersgd4": {"seconds": 0.04, "share": 0.5, "rank": 4},
+        "diloco_tau10_int8": {"format": "int8", "period": 10, "by_ranks": {
+            "2": {"seconds": 0.048, "share": 0.06}, "4": {"seconds": 0.056, "share": 0.07}}}}}}}))
+    loaded = format_compute.load(path)
+    assert loaded == {("wide_mlp", "sync_powersgd4"): 0.5, ("wide_mlp", "diloco_tau10_int8", 2): 0.06,
+                      ("wide_mlp", "diloco_tau10_int8", 4): 0.07}
+    assert format_compute.share_of(loaded, "wide_mlp", "diloco_tau10_int8", 4) == 0.07
+    assert format_compute.share_of(loaded, "wide_mlp", "sync_powersgd4", 4) == 0.5
+    assert format_compute.share_of(loaded, "wide_mlp", "diloco_tau10_int8", 8) == 0.0  # not measured at 8
+    # The projection's: the largest p measured (the alltoall form); a model nothing measured, 0.
+    from benchmarks import workloads
+
+    models = workloads.models()
+    projected = format_compute.shares(("wide_mlp", models["wide_mlp"]), loaded)
+    assert projected["diloco_tau10_int8"] == (0.07, "measured at p = 4")
+    assert projected["diloco_tau10_int4"] == (0.0, "unknown") and projected["sync_powersgd4"] == (0.5, "measured")
+    assert format_compute.shares(("resnet50", models["resnet50"]), loaded)["diloco_tau10_int8"] == (0.0, "unknown")
+
+
+def test_the_echo_communicator_runs_one_ranks_quantised_work_at_p():
+    """Through EchoCommunicator the allgather form (p = 2) averages 2 copies of this rank's payload: the
+    decoded payload, which with the error kept is exactly the input. The alltoall form (p = 4) decodes and
+    sums 4 chunks (this rank's own, not rank j's: the values are not a sum's, the work is), and the error
+    it keeps is its own payload's, the same as at p = 2."""
+    import numpy as np
+    import tensorflow as tf
+
+    from benchmarks.format_compute import EchoCommunicator
+    from hvd_easgd.comm.compression import Compression
+    from hvd_easgd.comm.quantised_allreduce import quantised_allreduce
+
+    x = tf.random.stateless_normal([1000], seed=[1, 2])
+    out = {p: quantised_allreduce(EchoCommunicator(p), [x], "average", Compression.by_name("int8"), record=False,
+                                  with_errors=True) for p in (2, 4)}
+    (reduced,), (error,) = out[2]
+    assert float(tf.reduce_max(tf.abs(error))) > 0  # int8 loses something
+    np.testing.assert_allclose(reduced + error, x, atol=1e-6)
+    (reduced4,), (error4,) = out[4]
+    assert reduced4.shape == x.shape
+    np.testing.assert_allclose(error4, error, atol=1e-7)
+
+
 def test_the_powersgd_configurations_are_found_with_their_rank():
     from benchmarks import format_compute
 
@@ -97,6 +157,72 @@ def test_the_probe_rate_is_a_hosts_link():
     probe = {"bytes": 32_000_000, "seconds": [4.0, 3.2, 3.0]}
     assert cluster_check.probe_bandwidth(probe, 2) == pytest.approx(1e7)
     assert cluster_check.probe_bandwidth(probe, 4) == pytest.approx(1.5e7)
+
+
+def _two_level_result():
+    """_result's link at 2 hosts × 2 ranks, with the level probes of ``link_probe.levels``: within a host
+    32 MB in a median 20 ms (2(n−1)/n = 1: 1.6e9 B/s) and a sweep on the line t(S) = 2·20 µs + S/1e9; across
+    hosts 2 sets of 16 MB at once in 2 s (2 × 16 MB on a host's link: 1.6e7 B/s)."""
+    result = _result()
+    result["topology"] = {"hosts": 2, "ranks_per_host": 2}
+    sizes = [8, 8_192]
+    result["links"][0]["levels"] = {
+        "ranks_per_host": 2,
+        "within_host": {"bytes": 32_000_000, "seconds": [0.02, 0.03, 0.01], "hosts": 2, "streams": 1,
+                        "alpha_sweep": {"bytes": sizes, "seconds": [4e-5 + s / 1e9 for s in sizes]}},
+        "across_hosts": {"bytes": 16_000_000, "seconds": [2.0, 2.5, 1.5], "hosts": 2, "streams": 2}}
+    row = {"model": "cnn", "batch_per_rank": 32, "np": 4, "link": {"nominal": "100mbit"}}
+    result["rows"] = [dict(row, config=config, samples_per_sec={"median": s, "min": s, "max": s})
+                      for config, s in (("no_comm", 32_000), ("sync", 12_800), ("sync_two_level", 12_800))]
+    return result
+
+
+def test_a_two_level_row_is_charged_its_levels_own_probes():
+    (flat, two_level) = cluster_check.rows_of(_two_level_result())
+    assert (flat["config"], two_level["config"]) == ("sync", "sync_two_level")
+    assert two_level["levels_probed"] and not flat["levels_probed"]
+    assert two_level["levels"] == flat["levels"] == pytest.approx(
+        {"within_mbit": 1.6e9 * 8 / 1e6, "within_alpha_us": 20, "across_mbit": 128})
+    # The B each was charged: the across-hosts probe's 1.6e7 B/s, the flat probe's 1e7; both record the flat one.
+    assert two_level["measured_mbit"] == pytest.approx(128) and flat["measured_mbit"] == pytest.approx(80)
+    assert two_level["probe_mbit"] == flat["probe_mbit"] == pytest.approx(80)
+    # c = 32·4/32,000 = 4 ms. Within a host (n = 2) at α 20 µs, B 1.6e9: the reduce-scatter of the CNN's
+    # gradients and a count (4·38,282 + 8 B: half of it sent) and the allgather of a half (2·38,282 B).
+    n_params = 38_282
+    within = 2 * 20e-6 + (4 * n_params + 8) / 2 / 1.6e9 + 2 * n_params / 1.6e9
+    # Across: the 2 sets of rank j each allreduce the half (2·38,282 B) at 2 hosts, sharing the link (B/2):
+    # halving/doubling's 2α (α 50 µs, the launch's sweep) and the half each way at 1.6e7/2.
+    across_plain = 2 * 50e-6 + 2 * n_params / (1.6e7 / 2)
+    assert two_level["plain_predicted_ms"] == pytest.approx((0.004 + within + across_plain) * 1e3)
+    # The burst (153,128 B on a host's link) is short: the tbf's 1.25e7 B/s, less the bucket's credit for
+    # what it holds after c + the latency-and-within-host time.
+    idle = 0.004 + within + 2 * 50e-6
+    credit = min(125_000, 1.25e7 * idle, 4 * n_params) * (1 / 1.25e7 - 1 / 1e9)
+    comm = within + 2 * 50e-6 + 4 * n_params / 1.25e7 - credit
+    assert two_level["comm_ms_predicted"] == pytest.approx(comm * 1e3)
+    # The flat SyncAverage keeps the flat probe's 1e7 B/s and the within-host steps all but free.
+    assert flat["plain_predicted_ms"] == pytest.approx(
+        (0.004 + cost_model.comm_time(cost_model.load_table()["configurations"]["sync"],
+                                      cost_model.load_table()["reference"], n_params, 2, 2, (50e-6, 1e7))) * 1e3)
+
+
+def test_the_level_calibration_by_hand():
+    levels = _two_level_result()["links"][0]["levels"]
+    (alpha, intra), across = cluster_check.level_calibration(levels)
+    assert alpha == pytest.approx(20e-6) and intra == pytest.approx(1.6e9) and across == pytest.approx(1.6e7)
+    assert cluster_check.level_calibration(None) is None
+
+
+def test_a_probe_of_several_streams_counts_each_streams_bytes():
+    probe = {"bytes": 16_000_000, "seconds": [2.0], "streams": 2}
+    assert cluster_check.probe_bandwidth(probe, 2) == pytest.approx(1.6e7)
+    assert cluster_check.probe_bandwidth(probe, 4) == pytest.approx(2.4e7)  # 2 × 1.5 × 16 MB at 4 hosts
+
+
+def test_levels_are_not_probed_with_one_rank_a_host():
+    from hvd_easgd.comm.local_comm import LocalCommunicator
+
+    assert link_probe.levels(LocalCommunicator(), 1) is None
 
 
 def test_rows_without_a_sweep_or_a_no_comm_twin_are_not_predicted():

@@ -120,7 +120,7 @@ def test_cli_paper_table():
 
 
 def test_powersgd_computes_c_times_one_plus_its_encoding_share_by_hand(data):
-    # wide_mlp: the committed measurement's share s (0.426 on this CPU) at 100 Gbit/s and 8 hosts:
+    # wide_mlp: the committed measurement's share s (format_compute.json) at 100 Gbit/s and 8 hosts:
     # c·(1 + s) + comm, efficiency against the plain c. resnet50: no measurement, so the FLOPs estimate,
     # 6·r·N / (b·f) = 6·4·25,583,592 / (64 · 3·2·3.8e9).
     from benchmarks import cost_model, format_compute
@@ -142,5 +142,12 @@ def test_powersgd_computes_c_times_one_plus_its_encoding_share_by_hand(data):
     assert format_compute.flop_share(4, 32, 1000, 6 * 1000) == 4 / 32
     unknown = workloads.Workload(1000, 32, 0.1, "given", "test")
     assert format_compute.shares(("custom", unknown), measured={})["sync_powersgd4"] == (0.0, "unknown")
-    # Nothing else is charged an encoding.
-    assert set(data["encoding"]["wide_mlp"]) == {"sync_powersgd4"}
+    # Nothing else is charged an encoding but the quantising formats, at their share measured at p = 4.
+    assert set(data["encoding"]["wide_mlp"]) == {"sync_powersgd4", "diloco_tau10_int8", "diloco_tau10_int4"}
+    int8 = measured[("wide_mlp", "diloco_tau10_int8", 4)]
+    assert data["encoding"]["wide_mlp"]["diloco_tau10_int8"] == {"share": pytest.approx(int8, rel=1e-5),
+                                                                "basis": "measured at p = 4", "estimate": None}
+    comm8 = cost_model.comm_time(entry["configurations"]["diloco_tau10_int8"], entry["reference"], w.params, 8, 8,
+                                 (5e-6, 12.5e9))
+    row8 = data["projection"]["wide_mlp"]["100gbit α 5 µs"]["diloco_tau10_int8"]
+    assert row8["efficiency"][0] == pytest.approx(w.compute / (w.compute * (1 + int8) + comm8), rel=1e-5)
