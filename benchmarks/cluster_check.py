@@ -271,7 +271,8 @@ def compute(runs=RUNS, root=OUT):
         if not path.exists():
             missing.append(run.name)
             continue
-        rows += rows_of(json.loads(path.read_text()), table, models, cores_of(root / run.name), formats)
+        rows += [dict(r, run=run.name) for r in rows_of(json.loads(path.read_text()), table, models,
+                                                         cores_of(root / run.name), formats)]
     judged = [r for r in rows if r["judged"]]
 
     def worst(of):
@@ -390,10 +391,11 @@ def _crossed(row):
 
 
 def _links(rows):
-    """One calibration row per launch (layout, rate), from its first validation row."""
+    """One calibration row per launch (run, rate), from its first validation row: two runs at one layout
+    and rate (the digits CNN's and the wide MLP's) are two launches, each calibrated by its own probes."""
     seen = {}
     for r in rows:
-        seen.setdefault((r["layout"], r["rate"]), r)
+        seen.setdefault((r.get("run"), r["layout"], r["rate"]), r)
     return list(seen.values())
 
 
@@ -463,12 +465,12 @@ def render(validation=None):
         lines += ["", "## Where the model misses", "",
                   "Every judged row outside its band, and why, from the rows below:", ""] + missed
     lines += ["", "## Calibration, per launch", "",
-              "| layout | rate | probe Mbit/s | bucket KB | α µs (sizes fitted) | line Mbit/s | "
+              "| run | rate | probe Mbit/s | bucket KB | α µs (sizes fitted) | line Mbit/s | "
               "two levels: within a host Mbit/s (α µs), across hosts Mbit/s |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for r in _links(rows):
         levels = r.get("levels")
-        lines.append(f"| {r['layout']} | {r['rate']} | {r['probe_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
+        lines.append(f"| {r.get('run', r['layout'])} | {r['rate']} | {r['probe_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
                      f"{r['alpha_us']:.0f} ({r['swept_sizes']}) | {r['line_mbit']:,.0f} | "
                      + (f"{levels['within_mbit']:,.0f} ({levels['within_alpha_us']:.0f}), {levels['across_mbit']:,.0f}"
                         if levels else "–") + " |")

@@ -75,12 +75,14 @@ def levels(comm, megabytes, timed=TIMED):
       every host at once. Its rate is 2(n−1)/n·S/t (``hosts`` = n: the
       reduce-scatter and allgather of the model's within-host level), with
       the ranks of all hosts sharing the cores as they do in a step; and the
-      α sweep over the same communicators (no bucket: nothing crosses a link);
+      α sweep over the same communicators (no bucket: nothing crosses a
+      link), each host's on its own, side by side with the others' but not
+      call by call;
     * ``across_hosts``: the n sets {rank j of each host}, each allreducing
       ``megabytes``/n at once, so a host's link carries 2(H−1)/H·S as under
       the flat probe; its rate is that over t.
 
-    None with one rank a host (there is one level) or one host."""
+    None with one rank a host (there is one level), one host, or hosts of unequal ranks (no such sets)."""
     hosts = comm.host_groups()
     n = len(hosts[0])
     if n == 1 or len(hosts) == 1 or any(len(h) != n for h in hosts):

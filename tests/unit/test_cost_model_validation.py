@@ -281,6 +281,13 @@ def test_each_miss_is_explained_from_the_rows():
     assert "the no_comm run's c, 130.0 ms, plus 20.0 ms of the format's measured encoding" in sgd_1g
 
 
+def test_each_launch_has_its_calibration_row():
+    # The digits CNN's 2x2 run and the wide MLP's are two launches at the same layout and rate.
+    rows = [dict(_row("sync", "100mbit", 1.0, 1.0), run=run) for run in ("2x2", "2x2", "2x2-wide-mlp")]
+    assert [r["run"] for r in cluster_check._links(rows)] == ["2x2", "2x2-wide-mlp"]
+    assert {r["run"] for r in cluster_check.compute()["rows"]} == {r.name for r in cluster_check.RUNS}
+
+
 def test_committed_files_equal_their_render():
     assert cluster_check.write(check=True) == []
     summary = cluster_check.compute()["summary"]
