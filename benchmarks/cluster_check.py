@@ -395,7 +395,7 @@ def _links(rows):
     and rate (the digits CNN's and the wide MLP's) are two launches, each calibrated by its own probes."""
     seen = {}
     for r in rows:
-        seen.setdefault((r.get("run"), r["layout"], r["rate"]), r)
+        seen.setdefault((r["run"], r["rate"]), r)
     return list(seen.values())
 
 
@@ -469,8 +469,8 @@ def render(validation=None):
               "two levels: within a host Mbit/s (α µs), across hosts Mbit/s |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for r in _links(rows):
-        levels = r.get("levels")
-        lines.append(f"| {r.get('run', r['layout'])} | {r['rate']} | {r['probe_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
+        levels = r["levels"]
+        lines.append(f"| {r['run']} | {r['rate']} | {r['probe_mbit']:,.0f} | {r['bucket_bytes'] / 1e3:,.0f} | "
                      f"{r['alpha_us']:.0f} ({r['swept_sizes']}) | {r['line_mbit']:,.0f} | "
                      + (f"{levels['within_mbit']:,.0f} ({levels['within_alpha_us']:.0f}), {levels['across_mbit']:,.0f}"
                         if levels else "–") + " |")

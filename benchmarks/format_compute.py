@@ -47,27 +47,20 @@ REPEATS = 5
 
 def powersgd_configurations():
     """{configuration name: PowerSGD rank} of the configurations that compress with PowerSGD."""
-    found = {}
-    for config in TABLE:
-        flags = config.train_py or ()
-        if "--compression" in flags and flags[flags.index("--compression") + 1] == "powersgd":
-            found[config.name] = int(flags[flags.index("--powersgd-rank") + 1])
-    return found
+    return {config.name: int(config.flag("--powersgd-rank")) for config in TABLE
+            if config.flag("--compression") == "powersgd"}
 
 
 def quantised_configurations():
     """{configuration name: (format, period)} of the local-update configurations whose format quantises
     (the pseudo-gradients' int8 or int4: ``quantised_allreduce``), read from their train.py flags."""
-    found = {}
-    for config in TABLE:
-        flags = config.train_py or ()
-        if "--compression" in flags and "--tau" in flags:
-            name = flags[flags.index("--compression") + 1]
-            if name in QUANTISED:
-                found[config.name] = (name, int(flags[flags.index("--tau") + 1]))
-    return found
+    return {config.name: (config.flag("--compression"), int(config.flag("--tau"))) for config in TABLE
+            if config.flag("--compression") in QUANTISED and config.flag("--tau") is not None}
 
 
+# The formats that are not summable (``Compression.by_name(name).summable`` is False), so go through the
+# quantised allreduce; spelled out here because asking the formats imports TensorFlow, which the projection
+# must not (a unit test checks the two agree).
 QUANTISED = ("int8", "int4", "bf16")
 RANKS = (2, 4)  # the validation launches' p: the allgather form at 2, alltoall + allgather from 3
 

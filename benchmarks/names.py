@@ -43,6 +43,10 @@ class Configuration:
     def is_baseline(self):
         return self.make_strategy is None
 
+    def flag(self, name):
+        """The value after ``name`` in its train.py flags, or None where it has no such flag."""
+        return self.train_py[self.train_py.index(name) + 1] if name in self.train_py else None
+
     def traffic_strategy(self):
         """The strategy whose ``expected_traffic`` this configuration's is, or None."""
         make = self.make_strategy or self.sends_like

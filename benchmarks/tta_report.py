@@ -112,8 +112,7 @@ def low_communication(tta):
 
 def _flag(name, flag):
     """The value of ``flag`` in configuration ``name``'s train.py flags, or None (an unknown name: None)."""
-    flags = BY_NAME[name].train_py if name in BY_NAME else ()
-    return flags[flags.index(flag) + 1] if flag in flags else None
+    return BY_NAME[name].flag(flag) if name in BY_NAME else None
 
 
 def is_twin(name, twin):

@@ -110,6 +110,14 @@ def test_the_quantised_configurations_and_their_recorded_shares(tmp_path):
     assert format_compute.shares(("resnet50", models["resnet50"]), loaded)["diloco_tau10_int8"] == (0.0, "unknown")
 
 
+def test_the_quantising_formats_are_the_formats_that_are_not_summable():
+    # format_compute spells the list out (asking the formats imports TensorFlow); it must be theirs.
+    from benchmarks import format_compute
+    from hvd_easgd.comm.compression import COMPRESSIONS, Compression
+
+    assert set(format_compute.QUANTISED) == {n for n in COMPRESSIONS if not Compression.by_name(n).summable}
+
+
 def test_the_echo_communicator_runs_one_ranks_quantised_work_at_p():
     """Through EchoCommunicator the allgather form (p = 2) averages 2 copies of this rank's payload: the
     decoded payload, which with the error kept is exactly the input. The alltoall form (p = 4) decodes and
