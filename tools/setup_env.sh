@@ -107,8 +107,11 @@ fi
 # cluster (slurm-wlm, munge, PMIx for srun --mpi=pmix) and `ip`, which sets up
 # the tests' loopback-only network namespace (tests/loopback_network.py), and
 # ssh for the virtual cluster's hosts (tools/vcluster.py). The tests run
-# without network access, so nothing can be installed from there.
-APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make patch slurm-wlm munge libpmix-dev iproute2 openssh-client openssh-server"
+# without network access, so nothing can be installed from there. And the real
+# data sets that ship inside Debian packages: Fashion-MNIST's idx files
+# (--data fashion_mnist) and the Python docs' reStructuredText sources
+# (--data python_docs, the language model's corpus).
+APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make patch slurm-wlm munge libpmix-dev iproute2 openssh-client openssh-server dataset-fashion-mnist python3.11-doc"
 command -v "$PYTHON" >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES python3 python3-venv python3-dev"
 missing=""
 for p in $APT_PACKAGES; do

@@ -15,12 +15,14 @@ import yaml
 
 from .. import _compat, checkpoint
 from . import data
-from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
+from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, \
+    TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
 from ..comm.compression import COMPRESSIONS
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
-from .lr_scaling import DEFAULT_EPOCHS, DEFAULT_LR, MIN_UPDATES, auto_scales, rule_help
+from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEXT_EPOCHS, MIN_UPDATES, auto_scales, \
+    rule_help
 from .models import MODELS
 from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from ..runtime import COLLECTIVES, check_collectives
@@ -28,6 +30,7 @@ from ..strategies import GradientAccumulation, registry
 from .trainer import train
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+LR_SCHEDULES = ("constant", "cosine")
 
 
 class _RankZeroParser(argparse.ArgumentParser):
@@ -98,21 +101,31 @@ def build_parser():
     packed.add_argument("--powersgd-rank", type=int, metavar="R", help="the rank of --compression powersgd's factors")
 
     train = parser.add_argument_group("model, data and optimizer")
-    train.add_argument("--model", help=f"{' | '.join(MODELS)}; not given: {DEFAULT_MODEL}, or "
-                                       f"{VARIABLE_SIZE_MODEL} for images:DIR")
-    train.add_argument("--data", help="digits | synthetic | teacher | npz:PATH | images:DIR")
+    train.add_argument("--model", help=f"{' | '.join(MODELS)}; not given: {DEFAULT_MODEL}, "
+                                       f"{VARIABLE_SIZE_MODEL} for images:DIR, {TEXT_MODEL} for text")
+    train.add_argument("--data", help=f"{data.SPEC_HELP} (python_docs and text:PATH are text, read as bytes; "
+                                      "docs/train.md)")
     train.add_argument("--image-shape", help="H,W,C of --data synthetic")
     train.add_argument("--num-classes", type=int, help="classes of --data synthetic")
-    train.add_argument("--optimizer", choices=OPTIMIZERS)
+    train.add_argument("--optimizer", choices=OPTIMIZERS,
+                       help=f"not given: {DEFAULT_OPTIMIZER}, or {TEXT_OPTIMIZER} for the {TEXT_MODEL}")
     train.add_argument("--momentum", type=float, help="for momentum and nesterov")
     train.add_argument("--lr", type=float,
-                       help=f"learning rate of the inner optimizer (default {DEFAULT_LR}, scaled by --scale-lr auto)")
+                       help=f"learning rate of the inner optimizer (default {DEFAULT_LR}, scaled by --scale-lr auto; "
+                            f"adam: {DEFAULT_ADAM_LR}); with --lr-schedule cosine, its peak")
+    train.add_argument("--lr-schedule", choices=LR_SCHEDULES,
+                       help=f"cosine: a linear warm-up from 0 over --lr-warmup-updates, then a cosine decay to "
+                            f"--lr-floor x the peak at the last update; not given: constant, or cosine for the "
+                            f"{TEXT_MODEL}")
+    train.add_argument("--lr-warmup-updates", type=int, metavar="N",
+                       help="the cosine schedule's warm-up (default: 5%% of the run's updates, at most 200)")
+    train.add_argument("--lr-floor", type=float, help="the cosine schedule's last rate, as a fraction of its peak")
     train.add_argument("--batch-size", type=int,
                        help=f"per rank, per micro-batch with --accumulate (default {DEFAULT_BATCH_SIZE}; "
                             f"images:DIR takes {VARIABLE_SIZE_BATCH_SIZE})")
     train.add_argument("--epochs", type=int,
                        help=f"default {DEFAULT_EPOCHS}, or more to make at least {MIN_UPDATES} optimizer updates "
-                            "when the ranks (and --accumulate) leave few in an epoch")
+                            f"when the ranks (and --accumulate) leave few in an epoch; text: {DEFAULT_TEXT_EPOCHS}")
     train.add_argument("--seed", type=int, help="weights and data order (not the train/test split)")
     train.add_argument("--scale-lr", action=argparse.BooleanOptionalAction,
                        help="multiply --lr by a factor that grows with the ranks and --accumulate K; auto: when "
@@ -129,6 +142,12 @@ def build_parser():
                             "rank 0 says which and why at start-up")
     train.add_argument("--max-bad-steps", type=int,
                        help="abort after this many consecutive steps with NaN/Inf updates")
+
+    lm = parser.add_argument_group("language model (--model transformer on text)")
+    lm.add_argument("--context", type=int, metavar="T", help="tokens (bytes) a sample holds")
+    lm.add_argument("--layers", type=int, metavar="L", help="transformer blocks")
+    lm.add_argument("--width", type=int, metavar="D", help="the residual stream's width (a multiple of --heads)")
+    lm.add_argument("--heads", type=int, metavar="H", help="attention heads")
 
     run = parser.add_argument_group("run directory")
     run.add_argument("--run-dir", help="default runs/<timestamp>-<strategy>")
@@ -349,6 +368,7 @@ def _validate(args, options):
     """Checks argparse's namespace and resolves what takes effect in place (the
     namespace is this module's own, before the frozen config is made)."""
     variable_size = args.data.startswith("images:")
+    _resolve_model(args, variable_size)
     if args.batch_size is None:
         args.batch_size = VARIABLE_SIZE_BATCH_SIZE if variable_size else DEFAULT_BATCH_SIZE
     elif variable_size and args.batch_size != VARIABLE_SIZE_BATCH_SIZE:
@@ -358,7 +378,8 @@ def _validate(args, options):
     positive = {"--batch-size": args.batch_size, "--lr": args.lr,
                 "--accumulate": args.accumulate, "--num-classes": args.num_classes,
                 "--eval-every": args.eval_every, "--max-bad-steps": args.max_bad_steps,
-                "--powersgd-rank": args.powersgd_rank}
+                "--powersgd-rank": args.powersgd_rank, "--context": args.context, "--layers": args.layers,
+                "--width": args.width, "--heads": args.heads}
     if args.epochs is not None:  # None: the default, resolved once the ranks are known
         positive["--epochs"] = args.epochs
     for flag, value in positive.items():
@@ -386,6 +407,7 @@ def _validate(args, options):
     args.checkpoint_on_signal = ",".join(names) or "none"
     if args.lr_warmup_epochs < 0:
         raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
+    _validate_schedule(args)
     try:  # before anything starts, so every rank leaves alike
         check_collectives(args.collectives)
     except ValueError as err:  # the runtime's one message, as this command line's one line
@@ -405,19 +427,49 @@ def _validate(args, options):
     for flag, owners in _strategy_flags().items():
         if _option_key(flag) in options and flag not in accepted:
             raise UsageError(f"{flag} is an option of --strategy {' or '.join(owners)}, not {chosen}")
+
+
+def _resolve_model(args, variable_size):
+    """``--model`` and ``--optimizer`` as they take effect (the data's model; Adam for the
+    transformer), refusing a model that cannot read the data."""
+    text = data.is_text(args.data)
     if args.model is None:
-        args.model = VARIABLE_SIZE_MODEL if variable_size else DEFAULT_MODEL
+        args.model = TEXT_MODEL if text else VARIABLE_SIZE_MODEL if variable_size else DEFAULT_MODEL
     if args.model not in MODELS:
         raise UsageError(f"--model must be one of {sorted(MODELS)}. Received: {args.model!r}")
+    if text != (args.model == TEXT_MODEL):
+        raise UsageError(f"--model {args.model} cannot read --data {args.data}: text takes --model {TEXT_MODEL}, "
+                         f"and --model {TEXT_MODEL} takes text (python_docs or text:PATH)")
+    if args.model == TEXT_MODEL and args.width and args.heads and args.width % args.heads:
+        raise UsageError(f"--width must be a multiple of --heads. Received: --width {args.width} --heads {args.heads}")
+    if args.optimizer is None:
+        args.optimizer = TEXT_OPTIMIZER if args.model == TEXT_MODEL else DEFAULT_OPTIMIZER
+
+
+def _validate_schedule(args):
+    """``--lr-schedule`` as it takes effect (cosine for the transformer), and its options checked."""
+    if args.lr_schedule is None:
+        args.lr_schedule = TEXT_LR_SCHEDULE if args.model == TEXT_MODEL else "constant"
+    if not 0 <= args.lr_floor <= 1:
+        raise UsageError(f"--lr-floor must satisfy 0 <= floor <= 1. Received: --lr-floor={args.lr_floor}")
+    if args.lr_warmup_updates is not None and args.lr_warmup_updates < 0:
+        raise UsageError(f"--lr-warmup-updates must be >= 0. Received: --lr-warmup-updates={args.lr_warmup_updates}")
+    if args.lr_schedule == "cosine" and args.lr_warmup_epochs:
+        raise UsageError("--lr-warmup-epochs is the constant schedule's ramp to a scaled rate; --lr-schedule cosine "
+                         "warms up over --lr-warmup-updates. Received: --lr-schedule cosine --lr-warmup-epochs "
+                         f"{args.lr_warmup_epochs}")
+    if args.lr_schedule == "constant" and args.lr_warmup_updates is not None:
+        raise UsageError("--lr-warmup-updates goes with --lr-schedule cosine. "
+                         f"Received: --lr-schedule constant --lr-warmup-updates {args.lr_warmup_updates}")
 
 
 def _resolve_lr(args):
-    """``--lr`` as it takes effect: not given, ``DEFAULT_LR``. ``--epochs`` not
-    given stays None here: its default needs the number of ranks (``trainer``)."""
+    """``--lr`` as it takes effect: not given, ``DEFAULT_LR`` (Adam's: ``DEFAULT_ADAM_LR``).
+    ``--epochs`` not given stays None here: its default needs the number of ranks (``trainer``)."""
     if args.scale_lr not in (True, False, "auto"):
         raise UsageError(f"--scale-lr must be auto, true or false. Received: scale_lr={args.scale_lr!r}")
     if args.lr is None:
-        args.lr = DEFAULT_LR
+        args.lr = DEFAULT_ADAM_LR if args.optimizer == "adam" else DEFAULT_LR
 
 
 def _resolve_scale_lr(config, lr_given):
@@ -503,7 +555,7 @@ def main(argv=None):
         strategy = make_strategy(config)  # bad hyperparameters fail before Horovod starts
         try:
             dataset = data.load(config.data, tuple(int(s) for s in config.image_shape.split(",")),
-                                config.num_classes, seed=config.seed)
+                                config.num_classes, seed=config.seed, context=config.context)
         except data.DataError as err:
             raise UsageError(str(err)) from None
         train(config, dataset, strategy)

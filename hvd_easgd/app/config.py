@@ -20,14 +20,27 @@ from typing import Mapping, Optional, Union
 from .. import preemption, runtime
 from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
 from ..comm.compression import POWERSGD_DEFAULT_RANK
-from .data import SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
+from .data import DEFAULT_CONTEXT, SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
+from .transformer import DEFAULT_HEADS, DEFAULT_LAYERS, DEFAULT_WIDTH
 
 # The per-rank batch when --batch-size is not given, and for images of different sizes (they cannot be stacked).
 DEFAULT_BATCH_SIZE = 32
 VARIABLE_SIZE_BATCH_SIZE = 1
-# The model when --model is not given: cnn, or fcn for images:DIR (any image size).
+# The model when --model is not given: cnn, or fcn for images:DIR (any image size), or
+# transformer for text.
 DEFAULT_MODEL = "cnn"
 VARIABLE_SIZE_MODEL = "fcn"
+TEXT_MODEL = "transformer"
+# The optimizer when --optimizer is not given: momentum SGD, and Adam for the transformer,
+# as language models are trained (GPT-2, nanoGPT, DiLoCo's inner optimizer).
+DEFAULT_OPTIMIZER = "momentum"
+TEXT_OPTIMIZER = "adam"
+# --lr-schedule when not given: constant, and for the transformer a linear warm-up over
+# DEFAULT_WARMUP_SHARE of the updates (at most MAX_DEFAULT_WARMUP_UPDATES) then a cosine
+# decay to DEFAULT_LR_FLOOR of the peak at the last update.
+TEXT_LR_SCHEDULE = "cosine"
+DEFAULT_WARMUP_SHARE = 0.05
+MAX_DEFAULT_WARMUP_UPDATES = 200
 
 
 def _default_of(function, parameter):
@@ -64,9 +77,19 @@ class TrainConfig:
     data: str = "digits"
     image_shape: str = ",".join(map(str, SYNTHETIC_IMAGE_SHAPE))  # H,W,C as the flag takes it
     num_classes: int = SYNTHETIC_NUM_CLASSES
-    optimizer: str = "momentum"
+    # Text: tokens a sample holds; the transformer's size.
+    context: int = DEFAULT_CONTEXT
+    layers: int = DEFAULT_LAYERS
+    width: int = DEFAULT_WIDTH
+    heads: int = DEFAULT_HEADS
+    optimizer: Optional[str] = None
     momentum: float = 0.9
     lr: Optional[float] = None
+    # "constant" or "cosine" (linear warm-up, then cosine decay to lr_floor x the peak); None until
+    # cli resolves it by the model. lr_warmup_updates None: resolved by trainer from the run's updates.
+    lr_schedule: Optional[str] = None
+    lr_warmup_updates: Optional[int] = None
+    lr_floor: float = 0.1
     batch_size: Optional[int] = None
     epochs: Optional[int] = None
     seed: int = 0

@@ -1,4 +1,5 @@
-"""Training data: the embedded digits, synthetic images, a teacher's task, npz files and image folders.
+"""Training data: the embedded digits, Fashion-MNIST, synthetic images, a teacher's task, npz files, image
+folders, and text for language models (the Python documentation, or any file of the user's).
 
 Every rank loads the same global split and reads its own shard of it. The
 split has its own fixed seed (``SPLIT_SEED``), so ``--seed`` never moves it.
@@ -16,6 +17,10 @@ images stays uint8); image folders are kept as file names. The pipelines
 compute an epoch's permutation when they reach that epoch, gather one batch at
 a time from the arrays, and cast it to float32 (or read and decode its image
 file) only then.
+
+Text is a byte stream (``TokenWindows``): a sample is a window of ``context``
+bytes and its target the same window one byte on. The held-out split and the
+windows are fixed functions of the stream's length (``text_windows``).
 """
 import os
 from dataclasses import dataclass
@@ -61,15 +66,24 @@ class Dataset:
         x_train, x_test: an array of shape (N, H, W, C) of any numeric dtype
             (the pipelines cast each batch to float32), or ``ImageFiles``
             (images of varying size, read and decoded per batch).
-        y_train, y_test: int64 class labels of shape (N,).
-        num_classes: the number of classes.
+        y_train, y_test: int64 class labels of shape (N,), or for text the
+            ``TokenWindows`` of the next tokens (shape (N, context)).
+        num_classes: the number of classes; for text, the vocabulary (256 bytes).
+        scale: what the pipelines multiply each batch by after the cast to
+            float32 (1/255 for uint8 images kept as uint8); never applied to tokens.
     """
     name: str
     x_train: object
-    y_train: np.ndarray
+    y_train: object
     x_test: object
-    y_test: np.ndarray
+    y_test: object
     num_classes: int
+    scale: float = 1.0
+
+    @property
+    def tokens_per_sample(self):
+        """Tokens a sample holds (its context) for text, else None."""
+        return self.x_train.shape[1] if isinstance(self.x_train, TokenWindows) else None
 
     @property
     def variable_size(self):
@@ -195,6 +209,174 @@ def image_folder(path):
     return Dataset("images", x_train, y_train, x_test, y_test, len(classes))
 
 
+# --- Fashion-MNIST -----------------------------------------------------------------
+# Debian's dataset-fashion-mnist (make setup installs it) ships the original idx files.
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_FILES = {"x_train": "train-images-idx3-ubyte.gz", "y_train": "train-labels-idx1-ubyte.gz",
+                       "x_test": "t10k-images-idx3-ubyte.gz", "y_test": "t10k-labels-idx1-ubyte.gz"}
+# The idx format's magic numbers: 0x0000 then the element type (0x08, unsigned byte) and the rank.
+IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC = 0x00000803, 0x00000801
+
+
+def _read_idx(path, magic, spec):
+    """An idx file (gzipped or not) as a uint8 array: (N, rows, cols) for images, (N,) for labels."""
+    import gzip
+
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+        with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f:
+            content = f.read()
+    except FileNotFoundError:
+        raise DataError(f"--data {spec}: no such file {path}") from None
+    except (OSError, EOFError) as err:  # gzip raises BadGzipFile (an OSError) or EOFError when damaged
+        raise DataError(f"--data {spec}: cannot read {path} ({err.__class__.__name__}: {err})") from None
+    rank = magic & 0xFF
+    header = 4 + 4 * rank
+    if len(content) < header or int.from_bytes(content[:4], "big") != magic:
+        raise DataError(f"--data {spec}: {path} is not an idx file of {'images' if rank == 3 else 'labels'}")
+    shape = tuple(int.from_bytes(content[4 + 4 * i: 8 + 4 * i], "big") for i in range(rank))
+    if len(content) - header != int(np.prod(shape)):
+        raise DataError(f"--data {spec}: {path} is truncated or damaged: its header says {shape}, "
+                        f"its body holds {len(content) - header} bytes")
+    return np.frombuffer(content, np.uint8, offset=header).reshape(shape)
+
+
+def fashion_mnist(directory=FASHION_MNIST_DIR):
+    """Fashion-MNIST (Xiao et al. 2017): 60,000 training and 10,000 test images of 28×28 in 10 classes.
+
+    The split is the published one (the t10k files are the test set). Images
+    stay uint8; the pipelines scale each batch to [0, 1].
+    """
+    spec = "fashion_mnist" if directory == FASHION_MNIST_DIR else f"fashion_mnist:{directory}"
+    if not os.path.isdir(directory):
+        hint = (" (install Debian's dataset-fashion-mnist: make setup does)" if directory == FASHION_MNIST_DIR
+                else "")
+        raise DataError(f"--data {spec}: no such directory {directory}{hint}")
+    arrays = {}
+    for key, name in FASHION_MNIST_FILES.items():
+        magic = IDX_IMAGES_MAGIC if key.startswith("x") else IDX_LABELS_MAGIC
+        arrays[key] = _read_idx(os.path.join(directory, name), magic, spec)
+    for part in ("train", "test"):
+        x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
+        if len(x) != len(y) or (len(y) and y.max() >= 10):
+            raise DataError(f"--data {spec}: the {part} images and labels do not match "
+                            f"({len(x)} images, {len(y)} labels, largest label {y.max() if len(y) else None})")
+    return Dataset("fashion_mnist", arrays["x_train"][..., None], arrays["y_train"].astype(np.int64),
+                   arrays["x_test"][..., None], arrays["y_test"].astype(np.int64), num_classes=10, scale=1 / 255)
+
+
+# --- text ----------------------------------------------------------------------------
+# Tokens are bytes: a vocabulary of 256 that reads any file (UTF-8 in any language,
+# code, or binary) with no tokenizer to download or fit, and no unknown token. A
+# UTF-8 character outside ASCII costs 2-4 tokens; the Python docs are 99.9% ASCII.
+VOCABULARY_SIZE = 256
+DEFAULT_CONTEXT = 128
+# The held-out split: the stream cut into HELD_OUT_PIECES equal pieces, of which every
+# HELD_OUT_EVERY-th (pieces 19, 39, ...) is held out. 5% of the text, spread through
+# it, so that no one part (a chapter, the last files) is the whole test set; fixed by
+# the stream's length alone, the same on every rank and every run.
+HELD_OUT_PIECES = 200
+HELD_OUT_EVERY = 20
+PYTHON_DOCS_DIR = "/usr/share/doc/python3.11/html/_sources"
+
+
+class TokenWindows:
+    """Windows of ``context`` tokens of a token stream, each starting at one of ``starts``,
+    shifted by ``offset`` (0: the inputs; 1: their next tokens, the targets).
+
+    The stream is held once (a ``np.memmap`` of a file stays on disk); indexing
+    with an integer array gathers those windows into a (len(index), context)
+    array of the stream's dtype.
+    """
+
+    def __init__(self, tokens, starts, context, offset=0):
+        self.tokens, self.starts, self.context, self.offset = tokens, starts, context, offset
+
+    def __len__(self):
+        return len(self.starts)
+
+    @property
+    def shape(self):
+        return (len(self.starts), self.context)
+
+    @property
+    def dtype(self):
+        return self.tokens.dtype
+
+    def __getitem__(self, index):
+        first = self.starts[np.asarray(index)] + self.offset
+        return self.tokens[first[..., None] + np.arange(self.context)]
+
+
+def window_starts(begin, end, context):
+    """Starts of the non-overlapping windows that fit in tokens [begin, end): a window
+    reads ``context`` + 1 tokens (its inputs and, one on, its targets), so consecutive
+    windows share one token, as the target of one and the first input of the next."""
+    count = max(end - begin - 1, 0) // context
+    return begin + context * np.arange(count, dtype=np.int64)
+
+
+def text_windows(tokens, context, name):
+    """The ``Dataset`` of a token stream: training windows over the pieces kept for
+    training, test windows over the held-out pieces (``HELD_OUT_PIECES``).
+
+    An epoch visits every training window once in a shuffled order, so it reads each
+    training token once (but for fewer than ``context`` + 1 at the end of each of the
+    20 runs of training pieces, and what the equal shards drop).
+    """
+    bounds = len(tokens) * np.arange(HELD_OUT_PIECES + 1, dtype=np.int64) // HELD_OUT_PIECES
+    held = np.arange(HELD_OUT_PIECES) % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+    train, test = [], []
+    begin = 0
+    for piece in np.flatnonzero(held):
+        train.append(window_starts(begin, bounds[piece], context))
+        test.append(window_starts(bounds[piece], bounds[piece + 1], context))
+        begin = bounds[piece + 1]
+    train.append(window_starts(begin, len(tokens), context))
+    train, test = np.concatenate(train), np.concatenate(test)
+    if len(test) < 1 or len(train) < 1:
+        need = HELD_OUT_PIECES * (context + 1)  # a held-out piece must hold one window
+        raise DataError(f"--data {name}: {len(tokens)} bytes of text is too little for windows of {context} "
+                        f"tokens with a held-out split of 1/{HELD_OUT_EVERY}; give at least {need} bytes or a "
+                        "smaller --context")
+    return Dataset(name, TokenWindows(tokens, train, context), TokenWindows(tokens, train, context, offset=1),
+                   TokenWindows(tokens, test, context), TokenWindows(tokens, test, context, offset=1),
+                   num_classes=VOCABULARY_SIZE)
+
+
+def text_file(path, context=DEFAULT_CONTEXT):
+    """Any file of the user's as a byte stream (``--data text:PATH``), mapped from disk, not read into memory."""
+    spec = f"text:{path}"
+    if not os.path.isfile(path):
+        raise DataError(f"--data {spec}: no such file")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+        tokens = np.memmap(path, np.uint8, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
+    except (OSError, ValueError) as err:
+        raise DataError(f"--data {spec}: cannot read it ({err.__class__.__name__}: {err})") from None
+    return text_windows(tokens, context, spec)
+
+
+def python_docs(context=DEFAULT_CONTEXT, directory=PYTHON_DOCS_DIR):
+    """The Python 3.11 documentation's reStructuredText sources (Debian's python3.11-doc, which
+    make setup installs): 497 files, about 11.6 MB of English technical prose and code,
+    concatenated in sorted path order into one byte stream."""
+    if not os.path.isdir(directory):
+        raise DataError(f"--data python_docs: no such directory {directory} (install Debian's python3.11-doc: "
+                        "make setup does)")
+    paths = sorted(os.path.join(top, name) for top, _, names in os.walk(directory)
+                   for name in names if name.endswith(".rst.txt"))
+    if not paths:
+        raise DataError(f"--data python_docs: {directory} holds no .rst.txt files")
+    try:
+        parts = [np.fromfile(p, np.uint8) for p in paths]
+    except OSError as err:
+        raise DataError(f"--data python_docs: cannot read {err.filename} ({err.strerror})") from None
+    return text_windows(np.concatenate(parts), context, "python_docs")
+
+
 # --- the teacher's task ------------------------------------------------------------
 # A generated classification task whose labels a fixed random network (the
 # teacher) assigns: no download, the same arrays from the same seed on every rank
@@ -259,20 +441,37 @@ def teacher(train_size=TEACHER_TRAIN_SIZE, test_size=TEACHER_TEST_SIZE, input_di
     return Dataset("teacher", x[~test], y[~test], x[test], y[test], num_classes)
 
 
-def load(spec, image_shape=SYNTHETIC_IMAGE_SHAPE, num_classes=SYNTHETIC_NUM_CLASSES, seed=0):
-    """``digits`` | ``synthetic`` | ``teacher`` | ``npz:PATH`` | ``images:DIR``."""
+NAMED = ("digits", "fashion_mnist", "python_docs", "synthetic", "teacher")
+SPEC_HELP = "digits | fashion_mnist[:DIR] | python_docs | synthetic | teacher | npz:PATH | images:DIR | text:PATH"
+
+
+def is_text(spec):
+    """Whether ``--data spec`` names text (a language model's data)."""
+    return spec == "python_docs" or spec.startswith("text:")
+
+
+def load(spec, image_shape=SYNTHETIC_IMAGE_SHAPE, num_classes=SYNTHETIC_NUM_CLASSES, seed=0, context=DEFAULT_CONTEXT):
+    """The ``Dataset`` that ``--data spec`` names (``SPEC_HELP``); ``context``: tokens a text sample holds."""
     if spec == "digits":
         return digits()
     if spec == "teacher":
         return teacher()
     if spec == "synthetic":
         return synthetic(image_shape, num_classes, seed=seed)
+    if spec == "fashion_mnist":
+        return fashion_mnist()
+    if spec == "python_docs":
+        return python_docs(context)
     kind, _, path = spec.partition(":")
     if kind == "npz" and path:
         return npz(path)
     if kind == "images" and path:
         return image_folder(path)
-    raise DataError(f"--data must be digits, synthetic, teacher, npz:PATH or images:DIR. Received: {spec!r}")
+    if kind == "text" and path:
+        return text_file(path, context)
+    if kind == "fashion_mnist" and path:
+        return fashion_mnist(path)
+    raise DataError(f"--data must be {SPEC_HELP.replace(' | ', ', ')}. Received: {spec!r}")
 
 
 # --- sharding -------------------------------------------------------------------
@@ -339,7 +538,8 @@ def rest_of_epoch_dataset(data, batch_size, seed, rank, size, epoch, samples_don
     order = np.random.default_rng([seed, epoch]).permutation(len(data.y_train))
     index = order[samples_done + rank::size][: rest * batch_size].astype(np.int64).reshape(rest, batch_size)
     batches = tf.data.Dataset.from_tensor_slices(index)
-    return _read_batches(batches, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size)).prefetch(2)
+    return _read_batches(batches, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size),
+                         data.scale).prefetch(2)
 
 
 def accumulation_windows(shard_sizes, k):
@@ -365,13 +565,14 @@ def _batches_per_gather(x, batch_size):
     return int(np.clip(GATHER_BYTES // max(batch_bytes, 1), 1, MAX_BATCHES_PER_GATHER))
 
 
-def _read_batches(index_batches, x, y, batches_per_gather=1):
-    """Maps a tf.data of index batches to (float32 images, int64 labels) batches.
+def _read_batches(index_batches, x, y, batches_per_gather=1, scale=1.0):
+    """Maps a tf.data of index batches to (float32 images, int64 labels) batches,
+    or for text to (int32 tokens, int64 next tokens).
 
     Arrays are gathered with NumPy, straight from ``x`` and ``y`` (handing them
     to TensorFlow whole would copy them), ``batches_per_gather`` batches per
-    call, and cast to float32 after the gather. Image files are read and
-    decoded, one per batch: images of different sizes cannot be stacked.
+    call, and cast to float32 (times ``scale``) after the gather. Image files
+    are read and decoded, one per batch: images of different sizes cannot be stacked.
     """
     if isinstance(x, ImageFiles):
         paths, labels = tf.constant(x.paths), tf.constant(y, tf.int64)
@@ -386,11 +587,16 @@ def _read_batches(index_batches, x, y, batches_per_gather=1):
     def gather(index):
         return x[index], y[index].astype(np.int64, copy=False)
 
+    tokens = isinstance(x, TokenWindows)
+
     def read(index):
         rows, row_labels = tf.numpy_function(gather, [index], (tf.as_dtype(x.dtype), tf.int64), stateful=False)
         rows.set_shape(index.shape.concatenate(x.shape[1:]))
-        row_labels.set_shape(index.shape)
-        return tf.cast(rows, tf.float32), row_labels
+        row_labels.set_shape(index.shape.concatenate(y.shape[1:]))
+        if tokens:  # token ids, for an Embedding
+            return tf.cast(rows, tf.int32), row_labels
+        rows = tf.cast(rows, tf.float32)
+        return (rows * scale if scale != 1.0 else rows), row_labels
 
     if batches_per_gather == 1:
         return index_batches.map(read, num_parallel_calls=tf.data.AUTOTUNE)
@@ -427,7 +633,7 @@ def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, st
     if not 0 <= start_step < steps:
         raise ValueError(f"`start_step` must satisfy 0 <= start_step < steps={steps}. Received: start_step={start_step}")
     index = tf.data.Dataset.range(start_epoch, max(start_epoch, epochs)).flat_map(index_batches).skip(start_step)
-    ds = _read_batches(index, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size))
+    ds = _read_batches(index, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size), data.scale)
     return ds.prefetch(2), steps
 
 
@@ -444,4 +650,4 @@ def test_dataset(data, batch_size=256, rank=0, size=1):
     if data.variable_size:
         batch_size = 1
     index = tf.data.Dataset.from_tensor_slices(np.arange(rank, num_test, size, dtype=np.int64))
-    return _read_batches(index.batch(batch_size), data.x_test, data.y_test)
+    return _read_batches(index.batch(batch_size), data.x_test, data.y_test, scale=data.scale)

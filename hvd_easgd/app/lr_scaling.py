@@ -44,7 +44,11 @@ from .. import validation
 
 # train.py's --lr and --epochs when not given (see "The defaults" above).
 DEFAULT_LR = 0.02
+# Adam's when --lr is not given: Keras's own default, and GPT-2-small's order of magnitude.
+DEFAULT_ADAM_LR = 1e-3
 DEFAULT_EPOCHS = 10
+# Text's: an epoch reads every token of the corpus once, thousands of updates.
+DEFAULT_TEXT_EPOCHS = 1
 MIN_UPDATES = 100
 # The optimizers the rule was measured with; Adam adapts its own step size and was not measured.
 RULE_OPTIMIZERS = ("sgd", "momentum", "nesterov")
@@ -92,12 +96,14 @@ def auto_scales(strategy, optimizer, lr_given):
     return not lr_given and optimizer in RULE_OPTIMIZERS and _has_rule(strategy)
 
 
-def default_epochs(updates_per_epoch):
-    """The epochs ``train.py`` trains when ``--epochs`` is not given: ``DEFAULT_EPOCHS``,
-    or as many more as keep ``MIN_UPDATES`` optimizer updates in the run.
+def default_epochs(updates_per_epoch, text=False):
+    """The epochs ``train.py`` trains when ``--epochs`` is not given: ``DEFAULT_EPOCHS``
+    (``DEFAULT_TEXT_EPOCHS`` for text), or as many more as keep ``MIN_UPDATES``
+    optimizer updates in the run.
 
     Args:
       updates_per_epoch: optimizer updates in one epoch (micro-batches per rank / k).
+      text: whether the data are text (a language model's).
 
     Example::
 
@@ -105,4 +111,4 @@ def default_epochs(updates_per_epoch):
         default_epochs(5)   # 20: 8 ranks on digits, 5 updates an epoch
     """
     updates_per_epoch = validation.integer("updates_per_epoch", updates_per_epoch, minimum=1)
-    return max(DEFAULT_EPOCHS, -(-MIN_UPDATES // updates_per_epoch))
+    return max(DEFAULT_TEXT_EPOCHS if text else DEFAULT_EPOCHS, -(-MIN_UPDATES // updates_per_epoch))

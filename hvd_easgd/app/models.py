@@ -3,6 +3,8 @@ with hvd_easgd; these are the ones the CLI offers (``--model``)."""
 import keras
 from keras import layers
 
+from . import transformer as _transformer
+
 
 def cnn(input_shape, num_classes, keras_api=keras):
     """The digits CNN (~38k parameters at 8×8×1): the default model.
@@ -84,10 +86,21 @@ def student_mlp(input_shape, num_classes, hidden=(1024, 1024)):
     return wide_mlp(input_shape, num_classes, hidden)
 
 
-MODELS = {"cnn": cnn, "fcn": fcn, "resnet": resnet, "wide_mlp": wide_mlp, "student_mlp": student_mlp}
+def transformer(input_shape, num_classes, layers=_transformer.DEFAULT_LAYERS, width=_transformer.DEFAULT_WIDTH,
+                heads=_transformer.DEFAULT_HEADS):
+    """The decoder-only language model (``transformer.py``) over samples of ``input_shape`` = (context,)
+    tokens, predicting ``num_classes`` = the vocabulary."""
+    (context,) = input_shape
+    return _transformer.transformer(context, num_classes, layers, width, heads)
 
 
-def build(name, input_shape, num_classes):
+MODELS = {"cnn": cnn, "fcn": fcn, "resnet": resnet, "wide_mlp": wide_mlp, "student_mlp": student_mlp,
+          "transformer": transformer}
+
+
+def build(name, input_shape, num_classes, **size):
+    """Model ``name`` for the data's ``input_shape`` and ``num_classes``; ``size``: the model's own
+    size options (the transformer's ``layers``, ``width``, ``heads``)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(sorted(MODELS))}")
-    return MODELS[name](input_shape, num_classes)
+    return MODELS[name](input_shape, num_classes, **size)

@@ -21,9 +21,11 @@ import yaml
 
 from .. import _compat, atomic, callbacks, checkpoint, elastic, preemption, runtime
 from . import models
+from .config import DEFAULT_WARMUP_SHARE, MAX_DEFAULT_WARMUP_UPDATES, TEXT_MODEL
 from .config_compare import resume_mismatches
 from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
+from ..callbacks.run_recorder import perplexity
 from ..kept_model import save_kept_model
 from .lr_scaling import default_epochs
 from ..optimizer import DistributedOptimizer
@@ -45,11 +47,12 @@ def train(config, dataset, strategy):
     """
     comm = _start_ranks(config, strategy)
     steps = _steps_per_epoch(config, dataset, comm)
-    config = _resolve_epochs(config, steps)
+    config = _resolve_epochs(config, steps, text=dataset.tokens_per_sample is not None)
+    config = _resolve_warmup(config, steps)
     if config.elastic:
         # Every collective of the start runs inside the elastic loop, after the state is
         # synchronised: a replacement starts here while the live ranks are in that sync.
-        model = models.build(config.model, dataset.input_shape, dataset.num_classes)
+        model = _build_model(config, dataset)
         optimizer = _compile(model, config, strategy, comm, updates_per_epoch=steps // config.accumulate)
         recorder, test_ds, exact_evaluation, wall, start_epoch, steps = _fit_elastic(
             config, dataset, strategy, model, optimizer, comm, steps)
@@ -60,7 +63,7 @@ def train(config, dataset, strategy):
     effective = config.as_dict()
     resume_from = _checkpoint_to_resume(config, run_dir, effective, comm, strategy)
 
-    model = models.build(config.model, dataset.input_shape, dataset.num_classes)
+    model = _build_model(config, dataset)
     _check_ranks_agree(comm, effective, model)
     optimizer = _compile(model, config, strategy, comm, updates_per_epoch=steps // config.accumulate)
     _record_run(config, run_dir, effective, comm, strategy, steps, resume_from)
@@ -81,7 +84,11 @@ def _finish(config, model, comm, recorder, test_ds, exact_evaluation, wall, star
     if comm.rank == 0:
         recorder.save(final=final)
         _save_model(model, os.path.join(run_dir, "model.keras"))
-        print(f"final test accuracy: {final['test_accuracy']:.4f}", flush=True)
+        if "test_perplexity" in final:
+            print(f"final validation loss: {final['test_loss']:.4f} nats/token, perplexity "
+                  f"{final['test_perplexity']:.3f}", flush=True)
+        else:
+            print(f"final test accuracy: {final['test_accuracy']:.4f}", flush=True)
     return final
 
 
@@ -127,13 +134,31 @@ def _steps_per_epoch(config, dataset, comm):
     return steps
 
 
-def _resolve_epochs(config, steps):
+def _resolve_epochs(config, steps, text=False):
     """``config`` with its epochs: ``--epochs`` not given (None) is
     ``lr_scaling.default_epochs`` of this run's updates per epoch. The value is
     saved in config.yaml and the checkpoints, so a resume continues to the same epoch."""
     if config.epochs is not None:
         return config
-    return dataclasses.replace(config, epochs=default_epochs(steps // config.accumulate))
+    return dataclasses.replace(config, epochs=default_epochs(steps // config.accumulate, text=text))
+
+
+def _resolve_warmup(config, steps):
+    """``config`` with the cosine schedule's warm-up: ``--lr-warmup-updates`` not given is
+    ``DEFAULT_WARMUP_SHARE`` of the run's updates, at most ``MAX_DEFAULT_WARMUP_UPDATES``.
+    Saved with the run, so a resume keeps the same schedule."""
+    if config.lr_schedule != "cosine" or config.lr_warmup_updates is not None:
+        return config
+    updates = config.epochs * (steps // config.accumulate)
+    return dataclasses.replace(config, lr_warmup_updates=min(int(DEFAULT_WARMUP_SHARE * updates),
+                                                             MAX_DEFAULT_WARMUP_UPDATES))
+
+
+def _build_model(config, dataset):
+    """The model ``--model`` names, for the data; the transformer at ``--layers``, ``--width``, ``--heads``."""
+    size = ({"layers": config.layers, "width": config.width, "heads": config.heads}
+            if config.model == TEXT_MODEL else {})
+    return models.build(config.model, dataset.input_shape, dataset.num_classes, **size)
 
 
 def default_run_dir(strategy_name):
@@ -255,14 +280,28 @@ def _learning_rate_record(config, size, updates_per_epoch, resume_from=None, str
     if saved_size != size and not warmup:
         # A constant rate is a variable of the optimizer: the checkpoint's comes back with it.
         rate, factor, warmup = _learning_rate(config, saved_size, updates_per_epoch, strategy)
-    return {"rate": rate, "factor": factor, "warmup_updates": warmup}
+    record = {"rate": rate, "factor": factor, "warmup_updates": warmup}
+    if config.lr_schedule == "cosine":  # rate is the peak; the schedule's own warm-up replaces the ramp
+        record.update(schedule="cosine", warmup_updates=config.lr_warmup_updates, floor=rate * config.lr_floor,
+                      updates=config.epochs * updates_per_epoch)
+    return record
 
 
 def _inner_optimizer(config, size, updates_per_epoch, strategy=None):
     """The Keras optimizer the strategy wraps, at ``--lr`` or, with ``--scale-lr``,
-    at ``--lr`` times the strategy's ``lr_scale_factor`` (reached by linear warm-up if asked)."""
+    at ``--lr`` times the strategy's ``lr_scale_factor`` (reached by linear warm-up if asked);
+    with ``--lr-schedule cosine``, that rate is the peak of a warm-up and cosine decay over
+    the run's ``epochs * updates_per_epoch`` updates."""
     lr = config.lr
-    if config.scale_lr:
+    if config.lr_schedule == "cosine":
+        peak, _, _ = _learning_rate(config, size, updates_per_epoch, strategy)
+        warmup = config.lr_warmup_updates
+        # Built in, so model.keras stays loadable by plain Keras: linear from 0 to the
+        # peak over the warm-up, then cosine to floor x peak at the run's last update.
+        lr = keras.optimizers.schedules.CosineDecay(
+            0.0, decay_steps=max(config.epochs * updates_per_epoch - warmup, 1), alpha=config.lr_floor,
+            warmup_target=peak, warmup_steps=warmup)
+    elif config.scale_lr:
         target, _, warmup = _learning_rate(config, size, updates_per_epoch, strategy)
         if warmup > 0:
             # A built-in schedule keeps model.keras loadable by plain Keras:
@@ -373,7 +412,8 @@ def _fit(config, dataset, model, comm, run_dir, effective, steps, start_epoch, s
     """Trains from micro-batch ``start_step`` of ``start_epoch`` to the last epoch;
     returns ``(recorder, test_ds, exact_evaluation, wall seconds)``."""
     recorder = callbacks.RunRecorder(os.path.join(run_dir, "metrics.json"), comm, config.batch_size * comm.size,
-                                     steps, previous_epochs=previous_epochs, write=comm.rank == 0)
+                                     steps, previous_epochs=previous_epochs, write=comm.rank == 0,
+                                     tokens_per_sample=dataset.tokens_per_sample)
     stop_requests = preemption.StopRequests(_signal_names(config), config.stop_grace_seconds,
                                             stop_file=os.path.join(run_dir, preemption.STOP_FILE)).install()
     checkpointer = callbacks.PeriodicCheckpoint(
@@ -548,12 +588,16 @@ def _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, step
                                               return_dict=False)
     trained = [row for row in recorder.epochs if row["epoch"] > start_epoch]
     seconds = sum(row["seconds"] for row in trained)
-    return {
+    final = {
         "test_accuracy": float(test_accuracy),
         "test_loss": float(test_loss),
         "samples_per_sec": (len(trained) * steps * global_batch / seconds) if seconds else None,
         "seconds": wall_seconds,
     }
+    if recorder.tokens_per_sample:  # a language model: its loss is in nats per token
+        final["test_perplexity"] = perplexity(final["test_loss"])
+        final["tokens_per_sec"] = final["samples_per_sec"] and final["samples_per_sec"] * recorder.tokens_per_sample
+    return final
 
 
 def _save_model(model, path):

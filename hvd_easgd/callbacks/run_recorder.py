@@ -1,4 +1,5 @@
 """Per-epoch figures for the run directory's metrics.json (written by rank 0)."""
+import math
 import time
 
 import keras
@@ -19,10 +20,20 @@ class RunRecorder(keras.callbacks.Callback):
 
     Training time is measured from the epoch's start to the start of its
     validation (or its end), so evaluation does not dilute samples/s.
+
+    A language model's rows (``tokens_per_sample``: its context) also hold
+    ``tokens_per_sec`` and the perplexities exp(loss) of training and test
+    (its loss is in nats per token); the perplexities go into the epoch's logs
+    too, for the loggers after this callback (TensorBoard).
+
+    Every row holds ``rss_mb``, each rank's resident memory at the epoch's end
+    (a collective: every rank records, rank 0 writes).
     """
 
-    def __init__(self, path, comm, global_batch, steps_per_epoch, previous_epochs=(), write=True):
+    def __init__(self, path, comm, global_batch, steps_per_epoch, previous_epochs=(), write=True,
+                 tokens_per_sample=None):
         super().__init__()
+        self.tokens_per_sample = tokens_per_sample
         self.path = path
         self.comm = comm
         self.global_batch = global_batch
@@ -81,6 +92,15 @@ class RunRecorder(keras.callbacks.Callback):
         if reading is not None:
             row["tau"] = reading[0]
             row["synchronisations"] = reading[1] - (self._syncs0 or 0)
+        if self.tokens_per_sample:
+            row["tokens_per_sec"] = row["samples_per_sec"] * self.tokens_per_sample
+            for key in ("loss", "test_loss"):
+                if row[key] is not None:
+                    row[key.replace("loss", "perplexity")] = perplexity(row[key])
+            logs.update({("val_" if key.startswith("test") else "") + "perplexity": row[key]
+                         for key in ("perplexity", "test_perplexity") if key in row})
+        rss = resident_mb()
+        row["rss_mb"] = self.comm.allgather_json(rss) if self.comm.size > 1 else [rss]
         self.epochs.append(row)
         self._t0 = None
         self.save()
@@ -92,3 +112,20 @@ class RunRecorder(keras.callbacks.Callback):
         if final is not None:
             payload["final"] = final
         atomic.write_json(self.path, payload, indent=1)
+
+
+def perplexity(loss):
+    """exp(loss) of a loss in nats per token (inf past exp's range)."""
+    return math.exp(loss) if loss < 700 else math.inf
+
+
+def resident_mb():
+    """This process's resident memory now, in MB (Linux's /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

@@ -35,7 +35,7 @@ def exit_and_stderr(argv, capsys):
     (["--accumulate", "0"], "--accumulate must be > 0"),
     (["--data", "npz:/nonexistent/data.npz"], "--data npz:/nonexistent/data.npz: no such file"),
     (["--data", "images:/nonexistent"], "no such directory"),
-    (["--data", "mnist"], "--data must be digits, synthetic, teacher, npz:PATH or images:DIR"),
+    (["--data", "mnist"], "--data must be digits, fashion_mnist[:DIR], python_docs, synthetic, teacher, npz:PATH, images:DIR, text:PATH"),
     (["--image-shape", "32,32"], "--image-shape must be H,W,C"),
     (["--data", "images:/tmp", "--batch-size", "8"], "images of different sizes cannot be stacked"),
     (["--model", "vgg"], "--model must be one of"),
@@ -45,6 +45,22 @@ def exit_and_stderr(argv, capsys):
     (["--lr-warmup-epochs", "-1"], "--lr-warmup-epochs must be >= 0. Received: --lr-warmup-epochs=-1.0"),
     (["--epochs", "0"], "--epochs must be > 0. Received: --epochs=0"),
     (["--config", "/nonexistent.yaml"], "--config /nonexistent.yaml: no such file"),
+    # text and the language model
+    (["--data", "text:/nonexistent.txt"], "--data text:/nonexistent.txt: no such file"),
+    (["--data", "text:/tmp"], "--data text:/tmp: no such file"),
+    (["--data", "fashion_mnist:/nonexistent"], "--data fashion_mnist:/nonexistent: no such directory /nonexistent"),
+    (["--model", "cnn", "--data", "text:/etc/hostname"], "--model cnn cannot read --data text:/etc/hostname: text "
+     "takes --model transformer"),
+    (["--model", "transformer"], "--model transformer cannot read --data digits"),
+    (["--data", "text:/etc/hostname", "--width", "100", "--heads", "3"],
+     "--width must be a multiple of --heads. Received: --width 100 --heads 3"),
+    (["--data", "text:/etc/hostname", "--context", "0"], "--context must be > 0. Received: --context=0"),
+    (["--data", "text:/etc/hostname", "--layers", "-1"], "--layers must be > 0"),
+    (["--data", "text:/etc/hostname", "--lr-floor", "2"], "--lr-floor must satisfy 0 <= floor <= 1"),
+    (["--data", "text:/etc/hostname", "--lr-warmup-updates", "-1"], "--lr-warmup-updates must be >= 0"),
+    (["--lr-warmup-updates", "5"], "--lr-warmup-updates goes with --lr-schedule cosine"),
+    (["--data", "text:/etc/hostname", "--lr-warmup-epochs", "1"], "--lr-schedule cosine warms up over "
+     "--lr-warmup-updates"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     code, err = exit_and_stderr(argv, capsys)

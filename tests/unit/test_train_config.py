@@ -19,8 +19,10 @@ pytestmark = pytest.mark.unit
 DEFAULTS_EFFECTIVE = {
     "config": None, "plugin": [], "strategy": "sync", "accumulate": 1, "accumulate_reduction": "mean",
     "compression": "none", "powersgd_rank": 4, "model": "cnn",
-    "data": "digits", "image_shape": "32,32,3", "num_classes": 10, "optimizer": "momentum", "momentum": 0.9,
-    "lr": 0.02, "batch_size": 32, "epochs": None, "seed": 0, "scale_lr": True, "lr_warmup_epochs": 0.0,
+    "data": "digits", "image_shape": "32,32,3", "num_classes": 10,
+    "context": 128, "layers": 2, "width": 128, "heads": 4,  # the transformer's (wave 4: real workloads)
+    "optimizer": "momentum", "momentum": 0.9,
+    "lr": 0.02, "lr_schedule": "constant", "lr_warmup_updates": None, "lr_floor": 0.1, "batch_size": 32, "epochs": None, "seed": 0, "scale_lr": True, "lr_warmup_epochs": 0.0,
     "threads_per_rank": None, "collectives": "auto", "max_bad_steps": 25, "run_dir": None, "resume": None,
     "checkpoint_every": 1, "checkpoint_every_steps": 0, "checkpoint_every_minutes": 0.0,
     "checkpoint_on_signal": "none", "agree_every": 10, "stop_grace_seconds": 120.0, "auto_resume": False,
@@ -66,7 +68,11 @@ def test_a_resolved_value_comes_back_as_a_new_config():
      {"accumulate": 4, "accumulate_reduction": "sum", "checkpoint_on_signal": "TERM", "tensorboard": False,
       "data": "synthetic", "image_shape": "8,8,3", "fp16_allreduce": "fp16"}),
     (["--optimizer", "adam", "--collectives", "horovod", "--run-dir", "/tmp/x", "--verbose", "2"],
-     {"optimizer": "adam", "scale_lr": False, "collectives": "horovod", "run_dir": "/tmp/x", "verbose": 2}),
+     {"optimizer": "adam", "lr": 0.001, "scale_lr": False, "collectives": "horovod", "run_dir": "/tmp/x",
+      "verbose": 2}),
+    (["--data", "text:/etc/hostname", "--width", "64", "--heads", "2"],  # the transformer's defaults
+     {"data": "text:/etc/hostname", "model": "transformer", "width": 64, "heads": 2, "optimizer": "adam",
+      "lr": 0.001, "scale_lr": False, "lr_schedule": "cosine"}),
 ])
 def test_the_effective_config_is_the_one_saved_before_the_config_object(argv, changed):
     effective = cli.parse_args(argv).as_dict()
