@@ -26,6 +26,16 @@ def grad(w, x, y):
     return x.T @ (x @ w - y) / len(y)
 
 
+def densified(indices, values, rows):
+    """The dense gradient a sparse one (tf.IndexedSlices' indices and values) stands for: each
+    ``values[k]`` added into row ``indices[k]`` of zeros with ``rows`` rows. np.add.at, because a
+    fancy-index assignment would keep only the last value of a repeated index."""
+    values = np.asarray(values)
+    dense = np.zeros((rows,) + values.shape[1:], values.dtype)
+    np.add.at(dense, np.asarray(indices), values)
+    return dense
+
+
 def batch(shard, step, batch_size):
     """Micro-batch ``step`` of a shard, cycling."""
     x, y = shard
