@@ -12,7 +12,6 @@ the epoch-1 checkpoint (update 11, last sync at 10) the first checkpoint of a re
 """
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from hvd_easgd.strategies.easgd import EASGD
 from hvd_easgd.strategies.hierarchical import Hierarchical
 from hvd_easgd.strategies.shards import FlatShards, ReCut, ShardSpec
 from tests.helpers import ROOT, horovodrun, launch
+from tests.multiproc.helpers import stopped_at
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -57,17 +57,6 @@ def uninterrupted(tmp_path_factory):
         return runs[name]
 
     return get
-
-
-def stopped_at(straight, checkpoint_name, run_dir):
-    """``run_dir`` as ``straight``'s run stopped right after ``checkpoint_name`` leaves it."""
-    os.makedirs(os.path.join(run_dir, "checkpoints"))
-    kept = sorted(os.listdir(os.path.join(straight, "checkpoints")))
-    for name in kept[:kept.index(checkpoint_name) + 1]:
-        shutil.copytree(os.path.join(straight, "checkpoints", name), os.path.join(run_dir, "checkpoints", name))
-    for name in ("config.yaml", "metrics.json"):
-        shutil.copy(os.path.join(straight, name), run_dir)
-    return run_dir
 
 
 def shards(run_dir, name, size=SIZE):

@@ -3,7 +3,6 @@ resume (exact), bad input, and ranks that disagree or die."""
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -15,6 +14,7 @@ import yaml
 
 from hvd_easgd import checkpoint
 from tests.helpers import PYTHON, ROOT, bounded, horovodrun, horovodrun_command, quiet_env, run, script
+from tests.multiproc.helpers import assert_same_state, stopped_at
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -121,23 +121,6 @@ def test_resume_is_refused_with_another_strategy(default_run):
     assert "Exit code: 2" in out.stderr or "exit code: 2" in out.stderr.lower()
 
 
-def shard_arrays(run_dir, name):
-    directory = os.path.join(run_dir, "checkpoints", name)
-    arrays = {}
-    for rank in range(2):
-        with np.load(os.path.join(directory, f"rank-{rank:05d}.npz")) as shard:
-            arrays.update({f"{rank}:{k}": shard[k] for k in shard.files})
-    return arrays
-
-
-def assert_same_state(expected_dir, got_dir, name):
-    expected, got = shard_arrays(expected_dir, name), shard_arrays(got_dir, name)
-    assert expected.keys() == got.keys()
-    differing = [k for k in expected if not np.array_equal(expected[k], got[k])]
-    assert not differing, differing[:5]
-    return expected
-
-
 RESUMED_OPTIONS = {
     "sync": ["--strategy", "sync"],
     "easgd": ["--strategy", "easgd", "--tau", "4"],
@@ -170,18 +153,6 @@ def uninterrupted(tmp_path_factory):
         return runs[name]
 
     return get
-
-
-def stopped_at(straight, checkpoint_name, run_dir):
-    """``run_dir`` as a run of ``straight``'s configuration stopped right after ``checkpoint_name``
-    leaves it: that checkpoint and the ones before it, config.yaml and metrics.json."""
-    os.makedirs(os.path.join(run_dir, "checkpoints"))
-    kept = sorted(os.listdir(os.path.join(straight, "checkpoints")))
-    for name in kept[:kept.index(checkpoint_name) + 1]:
-        shutil.copytree(os.path.join(straight, "checkpoints", name), os.path.join(run_dir, "checkpoints", name))
-    for name in ("config.yaml", "metrics.json"):
-        shutil.copy(os.path.join(straight, name), run_dir)
-    return run_dir
 
 
 @pytest.mark.timeout(300)
