@@ -221,6 +221,7 @@ IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC = 0x00000803, 0x00000801
 def _read_idx(path, magic, spec):
     """An idx file (gzipped or not) as a uint8 array: (N, rows, cols) for images, (N,) for labels."""
     import gzip
+    import zlib
 
     try:
         with open(path, "rb") as raw:
@@ -229,7 +230,9 @@ def _read_idx(path, magic, spec):
             content = f.read()
     except FileNotFoundError:
         raise DataError(f"--data {spec}: no such file {path}") from None
-    except (OSError, EOFError) as err:  # gzip raises BadGzipFile (an OSError) or EOFError when damaged
+    except (OSError, EOFError, zlib.error) as err:
+        # a damaged gzip stream: BadGzipFile (an OSError) for a bad header or CRC, EOFError when
+        # truncated, zlib.error when the compressed data itself is corrupt
         raise DataError(f"--data {spec}: cannot read {path} ({err.__class__.__name__}: {err})") from None
     rank = magic & 0xFF
     header = 4 + 4 * rank
@@ -259,9 +262,11 @@ def fashion_mnist(directory=FASHION_MNIST_DIR):
         arrays[key] = _read_idx(os.path.join(directory, name), magic, spec)
     for part in ("train", "test"):
         x, y = arrays[f"x_{part}"], arrays[f"y_{part}"]
-        if len(x) != len(y) or (len(y) and y.max() >= 10):
+        if len(x) != len(y):
             raise DataError(f"--data {spec}: the {part} images and labels do not match "
-                            f"({len(x)} images, {len(y)} labels, largest label {y.max() if len(y) else None})")
+                            f"({len(x)} images, {len(y)} labels)")
+        if len(y) and y.max() >= 10:
+            raise DataError(f"--data {spec}: the {part} labels must be 0-9; the largest is {y.max()}")
     return Dataset("fashion_mnist", arrays["x_train"][..., None], arrays["y_train"].astype(np.int64),
                    arrays["x_test"][..., None], arrays["y_test"].astype(np.int64), num_classes=10, scale=1 / 255)
 
@@ -323,7 +328,7 @@ def text_windows(tokens, context, name):
 
     An epoch visits every training window once in a shuffled order, so it reads each
     training token once (but for fewer than ``context`` + 1 at the end of each of the
-    20 runs of training pieces, and what the equal shards drop).
+    10 runs of training pieces between the held-out ones, and what the equal shards drop).
     """
     bounds = len(tokens) * np.arange(HELD_OUT_PIECES + 1, dtype=np.int64) // HELD_OUT_PIECES
     held = np.arange(HELD_OUT_PIECES) % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
