@@ -22,7 +22,7 @@ RESUMABLE_KEYS = frozenset({
 # one ran with this value (the option's default, which is what it did then).
 ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
                # the language model's (a run saved before them trained images at a constant rate)
-               "context": 128, "layers": 2, "width": 128, "heads": 4, "lr_schedule": "constant",
+               "context": 128, "layers": 2, "width": 64, "heads": 4, "lr_schedule": "constant",
                "lr_warmup_updates": None, "lr_floor": 0.1}
 
 

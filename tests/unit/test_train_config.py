@@ -20,7 +20,7 @@ DEFAULTS_EFFECTIVE = {
     "config": None, "plugin": [], "strategy": "sync", "accumulate": 1, "accumulate_reduction": "mean",
     "compression": "none", "powersgd_rank": 4, "model": "cnn",
     "data": "digits", "image_shape": "32,32,3", "num_classes": 10,
-    "context": 128, "layers": 2, "width": 128, "heads": 4,  # the transformer's (wave 4: real workloads)
+    "context": 128, "layers": 2, "width": 64, "heads": 4,  # the transformer's (wave 4: real workloads)
     "optimizer": "momentum", "momentum": 0.9,
     "lr": 0.02, "lr_schedule": "constant", "lr_warmup_updates": None, "lr_floor": 0.1, "batch_size": 32, "epochs": None, "seed": 0, "scale_lr": True, "lr_warmup_epochs": 0.0,
     "threads_per_rank": None, "collectives": "auto", "max_bad_steps": 25, "run_dir": None, "resume": None,

@@ -38,16 +38,17 @@ def test_no_position_sees_a_later_token():
 @pytest.mark.parametrize("context, width, layers_count, heads, expected", [
     # V d + T d + L (12 d^2 + 13 d) + 2 d + d V + V, by hand:
     (16, 32, 1, 2, 8192 + 512 + 12704 + 64 + 8192 + 256),  # 29,920
-    (128, 128, 2, 4, 32768 + 16384 + 2 * 198272 + 256 + 32768 + 256),  # 478,976: the default size
+    (128, 128, 2, 4, 32768 + 16384 + 2 * 198272 + 256 + 32768 + 256),  # 478,976
+    (128, 64, 2, 4, 16384 + 8192 + 2 * 49984 + 128 + 16384 + 256),  # 141,312: the default size
 ])
 def test_the_parameter_count_is_the_formula(context, width, layers_count, heads, expected):
     assert parameter_count(context, 256, layers_count, width) == expected
     assert transformer(context, 256, layers_count, width, heads).count_params() == expected
 
 
-def test_the_default_size_is_478976_parameters():
-    assert parameter_count(128, 256) == 478_976  # the docstring's 0.48 M
-    assert transformer(128, 256).count_params() == 478_976
+def test_the_default_size_is_141312_parameters():
+    assert parameter_count(128, 256) == 141_312  # the docstring's 0.14 M
+    assert transformer(128, 256).count_params() == 141_312
 
 
 def test_width_must_divide_into_heads():
