@@ -45,26 +45,42 @@ def corpus(tmp_path_factory):
 
 
 # One run per collective path, each with another strategy, so that each path carries the
-# embedding's densified gradient (or what the strategy sends instead) at p = 2.
+# embedding's densified gradient (or what the strategy sends instead) at p = 2. The Gloo run
+# also keeps a checkpoint every 10 micro-batches: the resume test starts from one of them.
 PATHS = {
-    "horovod-gloo": ("gloo", ["--collectives", "horovod", "--strategy", "sync"]),
-    "horovod-mpi": ("mpi", ["--collectives", "horovod", "--strategy", "diloco", "--tau", "4",
-                            "--compression", "int8"]),
+    "horovod-gloo": ("gloo", ["--collectives", "horovod", "--strategy", "diloco", "--tau", "4",
+                              "--checkpoint-every-steps", "10", "--keep-checkpoints", "100"]),
+    "horovod-mpi": ("mpi", ["--collectives", "horovod", "--strategy", "sync"]),
     "mpi-direct": ("mpirun", ["--collectives", "mpi-direct", "--strategy", "easgd", "--tau", "4"]),
 }
 
 
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+    """Each path's run, launched once and shared by the tests that read it: ``runs(path)`` is
+    ``(run directory, the launch's stdout)``."""
+    done = {}
+
+    def get(path):
+        if path not in done:
+            launcher, options = PATHS[path]
+            run_dir = str(tmp_path_factory.mktemp(path) / "run")
+            proc = launch([TRAIN, "--data", f"text:{corpus[0]}", *SMALL, *options, "--epochs", "2",
+                           "--run-dir", run_dir], launcher, timeout=180)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            done[path] = run_dir, proc.stdout
+        return done[path]
+
+    return get
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("path", list(PATHS))
-def test_a_small_language_model_learns_on_every_collective_path(path, corpus, tmp_path):
-    text, unigram = corpus
-    launcher, options = PATHS[path]
-    run_dir = str(tmp_path / "run")
-    proc = launch([TRAIN, "--data", f"text:{text}", *SMALL, *options, "--epochs", "2", "--run-dir", run_dir],
-                  launcher, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    finals = FINAL.findall(proc.stdout)
-    assert len(finals) == 1, proc.stdout[-2000:]  # rank 0 alone reports
+def test_a_small_language_model_learns_on_every_collective_path(path, corpus, runs):
+    _, unigram = corpus
+    run_dir, stdout = runs(path)
+    finals = FINAL.findall(stdout)
+    assert len(finals) == 1, stdout[-2000:]  # rank 0 alone reports
     loss, shown_perplexity = map(float, finals[0])
     assert loss < FLOOR_SHARE * unigram, (loss, unigram)
     assert shown_perplexity == pytest.approx(math.exp(loss), abs=2e-3)
@@ -78,22 +94,17 @@ def test_a_small_language_model_learns_on_every_collective_path(path, corpus, tm
         assert row["tokens_per_sec"] == pytest.approx(row["samples_per_sec"] * CONTEXT, rel=1e-12)
         assert len(row["rss_mb"]) == 2 and all(mb > 100 for mb in row["rss_mb"])
     assert final["test_perplexity"] == pytest.approx(math.exp(final["test_loss"]), rel=1e-12)
-    if "sync" in options:  # the embedding travels densified: every parameter, 4 bytes, every step
+    if "sync" in PATHS[path][1]:  # the embedding travels densified: every parameter, 4 bytes, every step
         params = parameter_count(CONTEXT, 256, layers_count=1, width=32)
         assert rows[1]["bytes_sent_per_step"] == 4 * params
 
 
 @pytest.mark.timeout(300)
-def test_the_language_model_resumes_bit_identically_mid_epoch(corpus, tmp_path):
+def test_the_language_model_resumes_bit_identically_mid_epoch(runs, tmp_path):
     """DiLoCo (an outer optimizer's state) over Adam (its moments) on the cosine schedule (a
-    function of the update count): a run stopped mid-epoch, off the τ phase, and resumed ends
-    with the uninterrupted run's state, bit for bit."""
-    text, _ = corpus
-    options = ["--data", f"text:{text}", *SMALL, "--strategy", "diloco", "--tau", "4", "--epochs", "2",
-               "--checkpoint-every-steps", "10", "--keep-checkpoints", "100", "--eval-every", "2"]
-    straight = str(tmp_path / "straight")
-    proc = launch([TRAIN, *options, "--run-dir", straight], "gloo", timeout=150)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    function of the update count): the Gloo run stopped mid-epoch, off the τ phase, and resumed
+    ends with the uninterrupted run's state, bit for bit."""
+    straight, _ = runs("horovod-gloo")
     steps = json.load(open(os.path.join(straight, "checkpoints", "epoch-000001", "manifest.json")))["steps_per_epoch"]
     # a step checkpoint of the second epoch past its first, off DiLoCo's period of 4 (the ranks'
     # inner weights differ there, and the outer step is pending)
