@@ -26,6 +26,9 @@ SUBCOMMANDS = {
                                                 "MWMS and no communication, on this host or a rated virtual cluster"),
     "accuracy": Subcommand("benchmarks.accuracy", "train.py's compressed variants and their fp32 twins over "
                                                   "seeds: final accuracy and wire bytes per step, goals checked"),
+    "parity": Subcommand("benchmarks.parity", "a real workload (the language model, Fashion-MNIST) under each "
+                                              "strategy over seeds: final validation loss or accuracy against "
+                                              "SyncAverage's, goals checked"),
     "traffic": Subcommand("benchmarks.traffic_table", "write (or --check) docs/results/traffic/traffic.json "
                                                       "from the strategies' expected_traffic hooks"),
     "project": Subcommand("benchmarks.projection", "the alpha-beta cost model: samples/s and scaling "

@@ -95,18 +95,45 @@ def parse_args(argv, prog):
 def main(argv=None, prog="python -m benchmarks accuracy"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     out = os.path.abspath(args.out)
+    runs, failures = run_over_seeds(args.variant_list, args.np, args.seeds, out, args.timeout, "accuracy")
+    with open(os.path.join(out, "runs.json"), "w") as f:
+        json.dump({"np": args.np, "seeds": args.seeds, "runs": runs, "failures": failures}, f, indent=1)
+    print(render(out), flush=True)
+    return 1 if failures else 0
+
+
+def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=()):
+    """Launches every (variant, seed) once, seeds 0..``seeds``-1, one after the other, each bounded by
+    ``timeout`` seconds, and keeps each run's config.yaml and metrics.json in ``out/<variant>-seed<S>/``
+    (its log in ``out/logs/``).
+
+    Args:
+      variants: the ``Variant`` s.
+      np_, seeds, out, timeout: ranks per run, seeds per variant, the output folder, seconds per launch.
+      tag: the prefix of the progress lines (``[tag]``).
+      shown: ``metrics.json -> str``, what a progress line says of a finished run (default: its final
+        test accuracy).
+      done: labels (``<variant>-seed<S>``) already kept in ``out`` by an earlier invocation: not run again.
+
+    Returns:
+      ``(runs, failures)``: one entry per kept run (``run``, ``variant``, ``twin``, ``seed``, ``command``),
+      and one line per failed launch.
+    """
+    shown = shown or (lambda metrics: f"final test accuracy {metrics['final']['test_accuracy']:.4f}")
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     runs, failures = [], []
-    for variant in args.variant_list:
-        for seed in range(args.seeds):
+    for variant in variants:
+        for seed in range(seeds):
             label = f"{variant.name}-seed{seed}"
+            if label in done:
+                continue
             scratch = os.path.join(out, "logs", label)
             shutil.rmtree(scratch, ignore_errors=True)
             log = os.path.join(out, "logs", f"{label}.log")
-            outcome = run_local(command(variant, args.np, seed, scratch), log, args.timeout)
+            outcome = run_local(command(variant, np_, seed, scratch), log, timeout)
             if not outcome.ok:
                 failures.append(f"{label}: {outcome.why}")
-                print(f"[accuracy] {label}: {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
+                print(f"[{tag}] {label}: {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
                 continue
             kept = os.path.join(out, label)
             os.makedirs(kept, exist_ok=True)
@@ -114,14 +141,11 @@ def main(argv=None, prog="python -m benchmarks accuracy"):
                 shutil.copy(os.path.join(scratch, name), os.path.join(kept, name))
             shutil.rmtree(scratch)
             with open(os.path.join(kept, "metrics.json")) as f:
-                final = json.load(f)["final"]["test_accuracy"]
+                metrics = json.load(f)
             runs.append({"run": label, "variant": variant.name, "twin": variant.twin, "seed": seed,
-                         "command": shown_command(variant, args.np, seed)})
-            print(f"[accuracy] {label}: final test accuracy {final:.4f} ({outcome.seconds:.0f} s)", flush=True)
-    with open(os.path.join(out, "runs.json"), "w") as f:
-        json.dump({"np": args.np, "seeds": args.seeds, "runs": runs, "failures": failures}, f, indent=1)
-    print(render(out), flush=True)
-    return 1 if failures else 0
+                         "command": shown_command(variant, np_, seed)})
+            print(f"[{tag}] {label}: {shown(metrics)} ({outcome.seconds:.0f} s)", flush=True)
+    return runs, failures
 
 
 # --- the report (also rendered into the docs) ---------------------------------------------------------

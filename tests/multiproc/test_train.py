@@ -64,9 +64,10 @@ def test_defaults_reach_095_and_write_the_run_directory(default_run):
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     assert len(metrics["epochs"]) == 10
     keys = {"epoch", "loss", "accuracy", "test_loss", "test_accuracy", "samples_per_sec", "bytes_sent_per_step",
-            "collective_calls_per_step", "wire_bytes_per_step", "seconds"}
+            "collective_calls_per_step", "wire_bytes_per_step", "seconds", "rss_mb"}
     for row in metrics["epochs"]:
         assert set(row) == keys and all(row[k] is not None for k in keys)
+        assert len(row["rss_mb"]) == 2 and min(row["rss_mb"]) > 100  # each rank's resident memory, in MB
         assert row["collective_calls_per_step"] == 1.0
         assert row["bytes_sent_per_step"] == 4 * 38282  # the digits CNN's gradients
         assert row["wire_bytes_per_step"] == 4 * 38282  # a ring allreduce at p = 2: 2(p-1)/p S = S

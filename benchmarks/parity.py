@@ -1,0 +1,235 @@
+"""Does a strategy keep the model's quality on a real workload? ``python -m benchmarks parity``.
+
+    python -m benchmarks parity --workload language_model --out docs/results/parity-language-model-np2
+    python -m benchmarks parity --workload language_model --np 4 --configurations sync,diloco_tau10 --out DIR
+    python -m benchmarks parity --workload fashion_mnist --out docs/results/parity-fashion-mnist-np2
+    python -m benchmarks parity --render DIR       # the table of a finished run, goals judged
+
+Each configuration is a set of ``train.py`` flags on the workload's data at
+train.py's defaults otherwise (the model, optimizer, schedule, epochs and
+collectives a user gets), run for seeds 0..N-1 under ``horovodrun -np N``
+(``accuracy.run_over_seeds``: one launch at a time, each bounded). Every run
+trains the same epochs, so the same tokens or images. The run's own
+config.yaml and metrics.json are kept in ``OUT/<configuration>-seed<S>/`` and
+``OUT/runs.json`` names every command; the table is rendered from them
+(``render``), never typed.
+
+The goals each workload is judged by (``Workload``), on the mean over seeds:
+
+- the language model (``--data python_docs``): every configuration's final
+  validation loss within 1.5 % of SyncAverage's; a quantised DiLoCo within 1 %
+  of fp32 DiLoCo's (its twin);
+- Fashion-MNIST (``--data fashion_mnist``): every configuration at least 0.90
+  test accuracy and within 0.5 pp of SyncAverage's (50 of the 10,000 test images).
+
+This process never imports TensorFlow: it launches, waits and copies.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import NamedTuple
+
+from .accuracy import Variant, run_over_seeds
+from .runner import table
+
+
+class Workload(NamedTuple):
+    """A workload's data, what its runs are judged by, and its configurations.
+
+    ``metric`` is a key of metrics.json's ``final``; ``lower_is_better`` says
+    which way is better; a configuration must be within ``relative`` (a share
+    of the baseline's mean) or ``absolute`` (in the metric's units) of the
+    ``baseline`` configuration's mean, and of its twin's within ``twin_relative``;
+    ``floor``, if set, is the worst any run's metric may be.
+    """
+    data: tuple
+    metric: str
+    lower_is_better: bool
+    configurations: tuple
+    baseline: str = "sync"
+    relative: float = None
+    absolute: float = None
+    twin_relative: float = None
+    floor: float = None
+
+
+def _configurations(*entries):
+    return tuple(Variant(name, tuple(flags.split()), twin) for name, flags, twin in entries)
+
+
+LOCAL_UPDATES = (
+    ("sync", "--strategy sync", None),
+    ("easgd_tau10", "--strategy easgd --tau 10", None),
+    ("periodic_tau10", "--strategy periodic --tau 10", None),
+    ("diloco_tau10", "--strategy diloco --tau 10", None),
+)
+WORKLOADS = {
+    "language_model": Workload(
+        data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
+        twin_relative=0.01,
+        configurations=_configurations(
+            *LOCAL_UPDATES,
+            ("diloco_tau50", "--strategy diloco --tau 50", None),
+            # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts.
+            ("diloco_tau50_streaming", "--strategy diloco --tau 50 --fragments 5 --overlap 5", None),
+            ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
+            ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
+            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
+    "fashion_mnist": Workload(
+        data=("--data", "fashion_mnist"), metric="test_accuracy", lower_is_better=False, absolute=0.005,
+        floor=0.90,
+        configurations=_configurations(
+            *LOCAL_UPDATES,
+            ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
+            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
+}
+
+
+def parse_args(argv, prog):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), help="what to train (required unless --render)")
+    p.add_argument("--out", metavar="DIR", help="where each run's config.yaml and metrics.json go")
+    p.add_argument("--np", type=int, default=2, help="ranks per run (default 2)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
+    p.add_argument("--configurations", help="comma-separated names (default: all of the workload's; a "
+                                            "configuration brings its twin)")
+    p.add_argument("--flags", default="", help="more train.py flags for every run (e.g. a smaller --epochs "
+                                               "for a quick look; the results then answer no goal)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
+    p.add_argument("--render", metavar="DIR", help="print the table of a finished run and exit")
+    args = p.parse_args(argv)
+    if args.render:
+        return args
+    if not args.workload or not args.out:
+        p.error("--workload and --out are required (or --render DIR)")
+    if args.np < 1 or args.seeds < 1:
+        p.error(f"--np and --seeds must be integers >= 1. Received: --np={args.np} --seeds={args.seeds}")
+    workload = WORKLOADS[args.workload]
+    by_name = {c.name: c for c in workload.configurations}
+    names = args.configurations.split(",") if args.configurations else list(by_name)
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        p.error(f"--configurations must be chosen from {','.join(by_name)}. Received: {','.join(unknown)}")
+    chosen = [workload.baseline]
+    for name in names:
+        for n in (by_name[name].twin, name):
+            if n and n not in chosen:
+                chosen.append(n)
+    extra = tuple(args.flags.split())
+    args.variants = [Variant(n, workload.data + by_name[n].flags + extra, by_name[n].twin) for n in chosen]
+    return args
+
+
+def main(argv=None, prog="python -m benchmarks parity"):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if args.render:
+        print(render(args.render), end="")
+        return 0
+    workload = WORKLOADS[args.workload]
+    out = os.path.abspath(args.out)
+    index = {"workload": args.workload, "np": args.np, "flags": args.flags}
+    earlier = _earlier_runs(out, index)
+    runs, failures = run_over_seeds(args.variants, args.np, args.seeds, out, args.timeout, "parity",
+                                    shown=lambda m: f"final {workload.metric} {m['final'][workload.metric]:.4f}",
+                                    done={run["run"] for run in earlier})
+    runs = earlier + runs
+    with open(os.path.join(out, "runs.json"), "w") as f:
+        json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
+                   "failures": failures}, f, indent=1)
+    print(render(out), end="", flush=True)
+    return 1 if failures else 0
+
+
+def _earlier_runs(out, index):
+    """The runs an earlier invocation kept in ``out`` (its runs.json), which this one continues:
+    a long benchmark can be run in parts. Refused, in one line, if they were made otherwise."""
+    path = os.path.join(out, "runs.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        earlier = json.load(f)
+    differs = [key for key in index if earlier.get(key) != index[key]]
+    if differs:
+        raise SystemExit(f"parity: {out} holds runs made with other {', '.join(differs)} "
+                         f"({', '.join(f'{k}={earlier.get(k)!r}' for k in differs)}); choose another --out")
+    return earlier["runs"]
+
+
+# --- the table ---------------------------------------------------------------------------------
+def summarise(directory):
+    """``(runs.json, {configuration: {"values": [final metric per seed], "twin": name, "tokens_per_sec": [...],
+    "command": the first seed's}})``, in the order the runs were made."""
+    with open(os.path.join(directory, "runs.json")) as f:
+        index = json.load(f)
+    metric = WORKLOADS[index["workload"]].metric
+    found = {}
+    for run in index["runs"]:
+        with open(os.path.join(directory, run["run"], "metrics.json")) as f:
+            final = json.load(f)["final"]
+        entry = found.setdefault(run["variant"], {"values": [], "twin": run["twin"], "speed": [],
+                                                  "command": run["command"]})
+        entry["values"].append(final[metric])
+        entry["speed"].append(final.get("tokens_per_sec") or final.get("samples_per_sec"))
+    return index, found
+
+
+def judge(workload, name, values, found):
+    """The goals a configuration's values answer, each "met" or "**missed**" with its figure."""
+    mean = statistics.fmean(values)
+    goals = []
+    if workload.floor is not None:
+        worst = max(values) if workload.lower_is_better else min(values)
+        good = worst <= workload.floor if workload.lower_is_better else worst >= workload.floor
+        goals.append(f"{'≤' if workload.lower_is_better else '≥'} {workload.floor:g} " + ("met" if good else "**missed**"))
+    comparisons = []
+    if name != workload.baseline and workload.baseline in found:
+        comparisons.append((workload.baseline, workload.relative, workload.absolute))
+    if found.get(name, {}).get("twin") in found and workload.twin_relative is not None:
+        comparisons.append((found[name]["twin"], workload.twin_relative, None))
+    for other, relative, absolute in comparisons:
+        reference = statistics.fmean(found[other]["values"])
+        worse = (mean - reference) if workload.lower_is_better else (reference - mean)
+        if relative is not None:
+            goals.append(f"within {100 * relative:g} % of {other} " + ("met" if worse <= relative * abs(reference)
+                                                                        else "**missed**"))
+        if absolute is not None:
+            goals.append(f"within {100 * absolute:g} pp of {other} " + ("met" if worse <= absolute else "**missed**"))
+    return goals
+
+
+def render(directory):
+    """The Markdown table of the runs in ``directory``: one row per configuration, the median over seeds
+    with (min–max), the mean against the baseline's, and the goals judged on the means."""
+    index, found = summarise(directory)
+    workload = WORKLOADS[index["workload"]]
+    baseline = found.get(workload.baseline)
+    base_mean = statistics.fmean(baseline["values"]) if baseline else None
+    rows = []
+    for name, entry in found.items():
+        values = entry["values"]
+        mean = statistics.fmean(values)
+        versus = "—"
+        if base_mean and name != workload.baseline:
+            versus = (f"{100 * (mean - base_mean) / base_mean:+.2f} %" if workload.relative is not None
+                      else f"{100 * (mean - base_mean):+.2f} pp")
+        speed = statistics.median(s for s in entry["speed"] if s) if any(entry["speed"]) else None
+        rows.append([f"`{name}`", f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
+                     f"{mean:.4f}", versus, "—" if speed is None else f"{speed:,.0f}",
+                     "; ".join(judge(workload, name, values, found)) or "—"])
+    unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
+    what = "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
+    header = ["configuration", f"{what}, median", "min–max", "mean", f"mean vs {workload.baseline}", unit, "goals"]
+    seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
+    lines = [f"{index['np']} ranks, {seeds}, train.py's defaults otherwise"
+             + (f", with `{index['flags']}`" if index.get("flags") else "")
+             + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
+             "", table(header, rows, "lrrrrrl")]
+    if index.get("failures"):
+        lines += ["", "Failed runs: " + "; ".join(index["failures"])]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
