@@ -3,7 +3,7 @@
     python -m benchmarks parity --workload language_model --out docs/results/parity-language-model-np2
     python -m benchmarks parity --workload language_model --np 4 --configurations sync,diloco_tau10 --out DIR
     python -m benchmarks parity --workload fashion_mnist --out docs/results/parity-fashion-mnist-np2
-    python -m benchmarks parity --render DIR       # the table of a finished run, goals judged
+    python -m benchmarks parity --render DIR       # rewrite DIR/parity.md from DIR's runs (no launch)
 
 Each configuration is a set of ``train.py`` flags on the workload's data at
 train.py's defaults otherwise (the model, optimizer, schedule, epochs and
@@ -11,8 +11,10 @@ collectives a user gets), run for seeds 0..N-1 under ``horovodrun -np N``
 (``accuracy.run_over_seeds``: one launch at a time, each bounded). Every run
 trains the same epochs, so the same tokens or images. The run's own
 config.yaml and metrics.json are kept in ``OUT/<configuration>-seed<S>/`` and
-``OUT/runs.json`` names every command; the table is rendered from them
-(``render``), never typed.
+``OUT/runs.json`` names every command; the table, ``OUT/parity.md``, is
+rendered from them (``render``), never typed, and the workload's docs page
+includes it. Invoked again with the same ``--out`` (and more ``--seeds``), it
+continues: the runs already kept are not made again.
 
 The goals each workload is judged by (``Workload``), on the mean over seeds:
 
@@ -33,6 +35,9 @@ from typing import NamedTuple
 
 from .accuracy import Variant, run_over_seeds
 from .runner import table
+
+
+TABLE = "parity.md"  # the rendered table, in the results folder beside runs.json
 
 
 class Workload(NamedTuple):
@@ -98,7 +103,7 @@ def parse_args(argv, prog):
     p.add_argument("--flags", default="", help="more train.py flags for every run (e.g. a smaller --epochs "
                                                "for a quick look; the results then answer no goal)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
-    p.add_argument("--render", metavar="DIR", help="print the table of a finished run and exit")
+    p.add_argument("--render", metavar="DIR", help="rewrite DIR/parity.md from DIR's runs, print it and exit")
     args = p.parse_args(argv)
     if args.render:
         return args
@@ -125,7 +130,7 @@ def parse_args(argv, prog):
 def main(argv=None, prog="python -m benchmarks parity"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     if args.render:
-        print(render(args.render), end="")
+        print(write_table(args.render), end="")
         return 0
     workload = WORKLOADS[args.workload]
     out = os.path.abspath(args.out)
@@ -138,8 +143,16 @@ def main(argv=None, prog="python -m benchmarks parity"):
     with open(os.path.join(out, "runs.json"), "w") as f:
         json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
                    "failures": failures}, f, indent=1)
-    print(render(out), end="", flush=True)
+    print(write_table(out), end="", flush=True)
     return 1 if failures else 0
+
+
+def write_table(directory):
+    """Renders ``directory``'s table into its parity.md; returns the table."""
+    text = render(directory)
+    with open(os.path.join(directory, TABLE), "w") as f:
+        f.write(text)
+    return text
 
 
 def _earlier_runs(out, index):

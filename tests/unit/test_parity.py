@@ -1,0 +1,94 @@
+"""benchmarks.parity: the configurations it launches, the goals it judges, and its table, rendered from
+a results folder (runs.json and each run's metrics.json) written here by hand."""
+import glob
+import json
+import os
+
+import pytest
+
+from benchmarks import parity
+from benchmarks.runner import REPO_ROOT
+
+pytestmark = pytest.mark.unit
+LM = parity.WORKLOADS["language_model"]
+FASHION = parity.WORKLOADS["fashion_mnist"]
+
+
+def test_a_configuration_brings_the_baseline_and_its_twin_and_the_workloads_data():
+    args = parity.parse_args(["--workload", "language_model", "--out", "/tmp/x", "--configurations",
+                              "diloco_tau10_int4"], "parity")
+    assert [v.name for v in args.variants] == ["sync", "diloco_tau10", "diloco_tau10_int4"]
+    assert args.variants[2].flags == ("--data", "python_docs", "--strategy", "diloco", "--tau", "10",
+                                      "--compression", "int4")
+    assert args.variants[2].twin == "diloco_tau10"
+
+
+def test_unknown_configurations_and_a_missing_workload_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--workload", "fashion_mnist", "--out", "/tmp/x", "--configurations", "nope"], "parity")
+    assert "--configurations must be chosen from" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--out", "/tmp/x"], "parity")
+    assert "--workload and --out are required" in capsys.readouterr().err
+
+
+def found(**values):
+    return {name: {"values": v, "twin": "diloco_tau10" if name.endswith("int8") else None} for name, v in values.items()}
+
+
+def test_a_loss_is_judged_relative_to_the_baseline_and_the_twin():
+    runs = found(sync=[2.00, 2.02], diloco_tau10=[2.03, 2.03], diloco_tau10_int8=[2.06, 2.06])
+    # 2.03 vs 2.01: +0.995 %, within 1.5 %; 2.06: +2.49 %, missed; vs its twin 2.03: +1.48 %, missed 1 %
+    assert parity.judge(LM, "diloco_tau10", [2.03, 2.03], runs) == ["within 1.5 % of sync met"]
+    assert parity.judge(LM, "diloco_tau10_int8", [2.06, 2.06], runs) == [
+        "within 1.5 % of sync **missed**", "within 1 % of diloco_tau10 **missed**"]
+    # a lower loss is never a miss
+    assert parity.judge(LM, "diloco_tau10", [1.5], runs) == ["within 1.5 % of sync met"]
+    assert parity.judge(LM, "sync", [2.00, 2.02], runs) == []
+
+
+def test_an_accuracy_is_judged_in_points_and_against_its_floor():
+    runs = found(sync=[0.910, 0.912], easgd_tau10=[0.906, 0.907])
+    # 0.9065 vs 0.911: -0.45 pp, within; every run above 0.90
+    assert parity.judge(FASHION, "easgd_tau10", [0.906, 0.907], runs) == ["≥ 0.9 met", "within 0.5 pp of sync met"]
+    assert parity.judge(FASHION, "easgd_tau10", [0.899, 0.907], runs) == ["≥ 0.9 **missed**",
+                                                                          "within 0.5 pp of sync **missed**"]
+    assert parity.judge(FASHION, "sync", [0.910, 0.912], runs) == ["≥ 0.9 met"]
+
+
+def write_run(directory, name, seed, loss, tokens_per_sec):
+    os.makedirs(directory / f"{name}-seed{seed}")
+    with open(directory / f"{name}-seed{seed}" / "metrics.json", "w") as f:
+        json.dump({"final": {"test_loss": loss, "tokens_per_sec": tokens_per_sec}}, f)
+    return {"run": f"{name}-seed{seed}", "variant": name, "twin": None, "seed": seed,
+            "command": f"horovodrun -np 2 python train.py --data python_docs --strategy {name} --seed {seed}"}
+
+
+def test_the_table_gives_the_median_the_range_and_the_mean_against_sync(tmp_path):
+    runs = [write_run(tmp_path, "sync", s, loss, 30_000) for s, loss in enumerate((2.0, 2.2, 2.1))]
+    runs += [write_run(tmp_path, "diloco_tau10", s, loss, 31_000 + s) for s, loss in enumerate((2.05, 2.4, 2.1))]
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "seeds": 3, "flags": "", "runs": runs, "failures": []}, f)
+    table = parity.write_table(str(tmp_path))
+    assert (tmp_path / parity.TABLE).read_text() == table
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in table.splitlines() if "`" in line
+            and line.startswith("| `")}
+    # diloco: median 2.1, range 2.05-2.4, mean 2.1833 = +3.97 % of sync's 2.1: missed; median tokens/s 31,001
+    assert rows["diloco_tau10"][1:6] == ["2.1000", "2.0500–2.4000", "2.1833", "+3.97 %", "31,001"]
+    assert "within 1.5 % of sync **missed**" in rows["diloco_tau10"][6]
+    assert rows["sync"][1:5] == ["2.1000", "2.0000–2.2000", "2.1000", "—"]
+    assert "2 ranks, seeds 0–2" in table
+
+
+def test_a_folder_of_other_runs_is_not_continued(tmp_path):
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 4, "flags": "", "runs": []}, f)
+    with pytest.raises(SystemExit, match="holds runs made with other np"):
+        parity._earlier_runs(str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""})
+    assert parity._earlier_runs(str(tmp_path / "none"), {"np": 2}) == []
+
+
+@pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "parity-*"))))
+def test_every_committed_table_is_its_results_rendered(directory):
+    with open(os.path.join(directory, parity.TABLE)) as f:
+        assert f.read() == parity.render(directory)
