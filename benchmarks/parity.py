@@ -38,6 +38,8 @@ from .runner import table
 
 
 TABLE = "parity.md"  # the rendered table, in the results folder beside runs.json
+# A goal is judged on the mean over at least this many seeds: one seed's difference is not evidence.
+SEEDS_TO_JUDGE = 3
 
 
 class Workload(NamedTuple):
@@ -230,7 +232,8 @@ def render(directory):
         speed = statistics.median(s for s in entry["speed"] if s) if any(entry["speed"]) else None
         rows.append([f"`{name}`", f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
                      f"{mean:.4f}", versus, "—" if speed is None else f"{speed:,.0f}",
-                     "; ".join(judge(workload, name, values, found)) or "—"])
+                     ("; ".join(judge(workload, name, values, found)) or "—") if len(values) >= SEEDS_TO_JUDGE
+                     else f"not judged ({len(values)} of {SEEDS_TO_JUDGE} seeds)"])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
     what = "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
     header = ["configuration", f"{what}, median", "min–max", "mean", f"mean vs {workload.baseline}", unit, "goals"]

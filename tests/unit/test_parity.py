@@ -80,6 +80,14 @@ def test_the_table_gives_the_median_the_range_and_the_mean_against_sync(tmp_path
     assert "2 ranks, seeds 0–2" in table
 
 
+def test_fewer_than_three_seeds_are_not_judged(tmp_path):
+    runs = [write_run(tmp_path, "sync", 0, 2.0, 30_000), write_run(tmp_path, "easgd_tau10", 0, 2.5, 30_000)]
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "seeds": 1, "flags": "", "runs": runs, "failures": []}, f)
+    table = parity.render(str(tmp_path))
+    assert "not judged (1 of 3 seeds)" in table and "missed" not in table and "seed 0," in table
+
+
 def test_a_folder_of_other_runs_is_not_continued(tmp_path):
     with open(tmp_path / "runs.json", "w") as f:
         json.dump({"workload": "language_model", "np": 4, "flags": "", "runs": []}, f)
