@@ -366,7 +366,7 @@ def text_file(path, context=DEFAULT_CONTEXT):
 
 def python_docs(context=DEFAULT_CONTEXT, directory=PYTHON_DOCS_DIR):
     """The Python 3.11 documentation's reStructuredText sources (Debian's python3.11-doc, which
-    make setup installs): 497 files, about 11.6 MB of English technical prose and code,
+    make setup installs): 497 files, 11.0 MB of English technical prose and code,
     concatenated in sorted path order into one byte stream."""
     if not os.path.isdir(directory):
         raise DataError(f"--data python_docs: no such directory {directory} (install Debian's python3.11-doc: "

@@ -149,9 +149,15 @@ def _resolve_warmup(config, steps):
     Saved with the run, so a resume keeps the same schedule."""
     if config.lr_schedule != "cosine" or config.lr_warmup_updates is not None:
         return config
-    updates = config.epochs * (steps // config.accumulate)
+    updates = _run_updates(config, steps // config.accumulate)
     return dataclasses.replace(config, lr_warmup_updates=min(int(DEFAULT_WARMUP_SHARE * updates),
                                                              MAX_DEFAULT_WARMUP_UPDATES))
+
+
+def _run_updates(config, updates_per_epoch):
+    """The optimizer updates of the whole run (its epochs resolved): what the cosine schedule
+    decays over and its default warm-up is a share of."""
+    return config.epochs * updates_per_epoch
 
 
 def _build_model(config, dataset):
@@ -283,7 +289,7 @@ def _learning_rate_record(config, size, updates_per_epoch, resume_from=None, str
     record = {"rate": rate, "factor": factor, "warmup_updates": warmup}
     if config.lr_schedule == "cosine":  # rate is the peak; the schedule's own warm-up replaces the ramp
         record.update(schedule="cosine", warmup_updates=config.lr_warmup_updates, floor=rate * config.lr_floor,
-                      updates=config.epochs * updates_per_epoch)
+                      updates=_run_updates(config, updates_per_epoch))
     return record
 
 
@@ -299,7 +305,7 @@ def _inner_optimizer(config, size, updates_per_epoch, strategy=None):
         # Built in, so model.keras stays loadable by plain Keras: linear from 0 to the
         # peak over the warm-up, then cosine to floor x peak at the run's last update.
         lr = keras.optimizers.schedules.CosineDecay(
-            0.0, decay_steps=max(config.epochs * updates_per_epoch - warmup, 1), alpha=config.lr_floor,
+            0.0, decay_steps=max(_run_updates(config, updates_per_epoch) - warmup, 1), alpha=config.lr_floor,
             warmup_target=peak, warmup_steps=warmup)
     elif config.scale_lr:
         target, _, warmup = _learning_rate(config, size, updates_per_epoch, strategy)

@@ -279,3 +279,16 @@ def test_python_docs_is_megabytes_of_text_with_5_percent_held_out():
     assert n >= 5_000_000 and d.name == "python_docs" and d.tokens_per_sample == 128
     # 5% held out, short of it by less than a window per held-out piece
     assert 0.05 - 10 * 129 / n - 10 / n < len(d.x_test) * 128 / n <= 0.05 + 10 / n
+
+
+@pytest.mark.skipif(not os.path.isdir(data.PYTHON_DOCS_DIR),
+                    reason=f"{data.PYTHON_DOCS_DIR} is missing: install Debian's python3.11-doc (make setup does)")
+def test_the_language_model_page_states_the_corpus_as_it_loads():
+    """docs/language-model.md's counts of the corpus are the loader's, not typed from memory."""
+    page = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "language-model.md")).read()
+    files = sum(name.endswith(".rst.txt") for _, _, names in os.walk(data.PYTHON_DOCS_DIR) for name in names)
+    d = data.load("python_docs", context=128)
+    size = len(d.x_train.tokens)
+    held = len(d.x_test)
+    assert f"{files} files, {size / 1e6:.1f} MB" in page
+    assert f"{held:,} windows, {round(held * 128 / 1e3)} k tokens" in page
