@@ -29,6 +29,9 @@ SUBCOMMANDS = {
     "parity": Subcommand("benchmarks.parity", "a real workload (the language model, Fashion-MNIST) under each "
                                               "strategy over seeds: final validation loss or accuracy against "
                                               "SyncAverage's, goals checked"),
+    "time-to-target": Subcommand("benchmarks.time_to_target", "the language model's time to a target validation "
+                                                              "loss per strategy across rated links of the "
+                                                              "virtual cluster, goals checked"),
     "traffic": Subcommand("benchmarks.traffic_table", "write (or --check) docs/results/traffic/traffic.json "
                                                       "from the strategies' expected_traffic hooks"),
     "project": Subcommand("benchmarks.projection", "the alpha-beta cost model: samples/s and scaling "

@@ -57,15 +57,29 @@ FLOOR = 0.95
 WITHIN_PP = 1.0
 
 
-def command(variant, np_, seed, run_dir, controller="mpi"):
-    """The launch of one run (with ``run_dir`` where train.py writes)."""
-    return (local_launch(np_, controller) + [sys.executable, os.path.join(REPO_ROOT, "train.py"),
-                                             "--run-dir", run_dir, "--seed", str(seed), *variant.flags])
+class LocalLaunch(NamedTuple):
+    """How a run of ``np`` ranks starts on this host: ``horovodrun`` over loopback (the default of
+    ``run_over_seeds``; ``time_to_target.ClusterLaunch`` starts one across the virtual cluster's hosts)."""
+    np: int
+    controller: str = "mpi"
+
+    def command(self, variant, seed, run_dir):
+        """The launch of one run (with ``run_dir`` where train.py writes)."""
+        return (local_launch(self.np, self.controller)
+                + [sys.executable, os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed),
+                   *variant.flags])
+
+    def shown(self, variant, seed):
+        """The command as the docs show it: what a user types."""
+        return shown_command(f"horovodrun -np {self.np}", variant, seed)
+
+    def run(self, cmd, log, timeout):
+        return run_local(cmd, log, timeout)
 
 
-def shown_command(variant, np_, seed):
-    """The command as the docs show it: what a user types."""
-    return " ".join([f"horovodrun -np {np_} python train.py", *variant.flags, "--seed", str(seed), "--run-dir DIR"])
+def shown_command(launcher, variant, seed):
+    """``launcher python train.py FLAGS --seed S --run-dir DIR``, as a user types it."""
+    return " ".join([f"{launcher} python train.py", *variant.flags, "--seed", str(seed), "--run-dir DIR"])
 
 
 def parse_args(argv, prog):
@@ -102,7 +116,7 @@ def main(argv=None, prog="python -m benchmarks accuracy"):
     return 1 if failures else 0
 
 
-def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=()):
+def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(), launch=None):
     """Launches every (variant, seed) once, seeds 0..``seeds``-1, one after the other, each bounded by
     ``timeout`` seconds, and keeps each run's config.yaml and metrics.json in ``out/<variant>-seed<S>/``
     (its log in ``out/logs/``).
@@ -114,12 +128,14 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=())
       shown: ``metrics.json -> str``, what a progress line says of a finished run (default: its final
         test accuracy).
       done: labels (``<variant>-seed<S>``) already kept in ``out`` by an earlier invocation: not run again.
+      launch: how a run starts (``command``, ``shown``, ``run``); default ``LocalLaunch(np_)``.
 
     Returns:
       ``(runs, failures)``: one entry per kept run (``run``, ``variant``, ``twin``, ``seed``, ``command``),
       and one line per failed launch.
     """
     shown = shown or (lambda metrics: f"final test accuracy {metrics['final']['test_accuracy']:.4f}")
+    launch = launch or LocalLaunch(np_)
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     runs, failures = [], []
     for variant in variants:
@@ -130,7 +146,7 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=())
             scratch = os.path.join(out, "logs", label)
             shutil.rmtree(scratch, ignore_errors=True)
             log = os.path.join(out, "logs", f"{label}.log")
-            outcome = run_local(command(variant, np_, seed, scratch), log, timeout)
+            outcome = launch.run(launch.command(variant, seed, scratch), log, timeout)
             if not outcome.ok:
                 failures.append(f"{label}: {outcome.why}")
                 print(f"[{tag}] {label}: {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
@@ -143,7 +159,7 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=())
             with open(os.path.join(kept, "metrics.json")) as f:
                 metrics = json.load(f)
             runs.append({"run": label, "variant": variant.name, "twin": variant.twin, "seed": seed,
-                         "command": shown_command(variant, np_, seed)})
+                         "command": launch.shown(variant, seed)})
             print(f"[{tag}] {label}: {shown(metrics)} ({outcome.seconds:.0f} s)", flush=True)
     return runs, failures
 

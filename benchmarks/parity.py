@@ -137,7 +137,7 @@ def main(argv=None, prog="python -m benchmarks parity"):
     workload = WORKLOADS[args.workload]
     out = os.path.abspath(args.out)
     index = {"workload": args.workload, "np": args.np, "flags": args.flags}
-    earlier = _earlier_runs(out, index)
+    earlier = earlier_runs(out, index)
     runs, failures = run_over_seeds(args.variants, args.np, args.seeds, out, args.timeout, "parity",
                                     shown=lambda m: f"final {workload.metric} {m['final'][workload.metric]:.4f}",
                                     done={run["run"] for run in earlier})
@@ -157,7 +157,7 @@ def write_table(directory):
     return text
 
 
-def _earlier_runs(out, index):
+def earlier_runs(out, index):
     """The runs an earlier invocation kept in ``out`` (its runs.json), which this one continues:
     a long benchmark can be run in parts. Refused, in one line, if they were made otherwise."""
     path = os.path.join(out, "runs.json")

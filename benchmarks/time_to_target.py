@@ -1,0 +1,311 @@
+"""How soon each strategy reaches a target validation loss across a slow link: ``python -m benchmarks time-to-target``.
+
+    python -m benchmarks time-to-target --out docs/results/time-to-target-language-model
+    python -m benchmarks time-to-target --out DIR --link-rates 100mbit --configurations sync,diloco_tau50 --seeds 1
+    python -m benchmarks time-to-target --render DIR     # rewrite DIR/time-to-target.md and its plot (no launch)
+
+The language model of ``parity`` (train.py's transformer, bytes of the Python docs), at a size where a
+SyncAverage step across 100 Mbit/s spends most of its time communicating (``MODEL_FLAGS``), on the virtual
+cluster (``tools/vcluster.py``): ``--hosts`` hosts of one rank each, their links shaped to each
+``--link-rates`` rate. Every (configuration, seed) is one ``horovodrun --mpi`` of train.py from node1
+(``ClusterLaunch``), at train.py's defaults otherwise, each bounded in time; its own config.yaml and
+metrics.json are kept in ``OUT/<rate>/<configuration>-seed<S>/`` (``accuracy.run_over_seeds``, the launch loop
+of every accuracy benchmark). The same configurations' SyncAverage also runs once with both ranks on this
+host over loopback (``OUT/loopback/``): its step is the compute c that a link adds its time to, so the share
+of a SyncAverage step spent communicating at a rate is 1 − c / step.
+
+The corpus is the first ``CORPUS_BYTES`` of the Python docs' byte stream (``--data python_docs``), written to
+``OUT/data/`` and read with ``--data text:PATH``: an epoch of it is short enough that train.py's evaluation at
+the end of every epoch times the target finely. A run reaches the target at the cumulative training seconds
+(the slowest rank's, no evaluation) of the first epoch whose validation loss is at or below it: up to an
+epoch late, never made up between epochs.
+
+The goals (the real-workloads issue): at the slowest rate the best configuration other than SyncAverage
+reaches the target in at most ``SLOW_LINK_RATIO`` of SyncAverage's time (medians over seeds); at every
+faster rate it is no slower than SyncAverage. Invoked again with the same ``--out``, it continues: the runs
+already kept are not made again. Needs root (network namespaces); the cluster is removed at the end, also
+on failure.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import NamedTuple
+
+from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse_rate
+
+from . import parity
+from .accuracy import LocalLaunch, Variant, run_over_seeds, shown_command
+from .rated_links import hosts_argument, run_on_cluster
+from .runner import REPO_ROOT, horovodrun, table
+
+REPORT = "time-to-target.md"
+PLOT = "loss_vs_time.png"
+LOOPBACK = "loopback"  # the folder of the compute reference: SyncAverage on this host
+CORPUS_BYTES = 500_000
+# A SyncAverage step of this model across 100 Mbit/s is mostly communication (the report states the share):
+# 4x the default width (16x the matrices' elements) and a small batch, so each step has little compute.
+MODEL_FLAGS = ("--width", "128", "--batch-size", "4", "--epochs", "8")
+CONFIGURATIONS = ("sync", "diloco_tau10", "diloco_tau50", "diloco_tau50_streaming")
+DEFAULT_TARGET_LOSS = 2.0
+SLOW_LINK_RATIO = 0.25
+# Each rank is alone on its host but the hosts share this machine's cores: one thread each, as the suite's.
+CLUSTER_FLAGS = ("--threads-per-rank", "1")
+
+
+class ClusterLaunch(NamedTuple):
+    """How a run starts across the virtual cluster: ``horovodrun --mpi`` from node1, one rank a host."""
+    cluster: VirtualCluster
+    hosts: int
+
+    def command(self, variant, seed, run_dir):
+        return [horovodrun(), "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi", sys.executable,
+                os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed), *variant.flags,
+                *CLUSTER_FLAGS]
+
+    def shown(self, variant, seed):
+        return shown_command(f"horovodrun -np {self.hosts} -H {hosts_argument(self.hosts, 1)} --mpi",
+                             Variant(variant.name, variant.flags + CLUSTER_FLAGS), seed)
+
+    def run(self, cmd, log, timeout):
+        return run_on_cluster(self.cluster, cmd, log, timeout)
+
+
+def parse_args(argv, prog):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--out", metavar="DIR", help="the results folder (required unless --render)")
+    p.add_argument("--link-rates", default="100mbit,1gbit", help="comma-separated tc rates, the slowest judged "
+                                                                 "against SLOW_LINK_RATIO (default 100mbit,1gbit)")
+    p.add_argument("--hosts", type=int, default=2, help="virtual hosts, one rank each (default 2)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
+    p.add_argument("--configurations", default=",".join(CONFIGURATIONS),
+                   help=f"comma-separated names of parity's language model (default {','.join(CONFIGURATIONS)})")
+    p.add_argument("--target-loss", type=float, default=DEFAULT_TARGET_LOSS,
+                   help=f"validation loss to reach, nats/token (default {DEFAULT_TARGET_LOSS})")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
+    p.add_argument("--cluster-name", default="hvdtta", help="the virtual cluster's name (default hvdtta)")
+    p.add_argument("--render", metavar="DIR", help=f"rewrite DIR/{REPORT} and its plot from DIR's runs and exit")
+    args = p.parse_args(argv)
+    if args.render:
+        return args
+    if not args.out:
+        p.error("--out is required (or --render DIR)")
+    if args.hosts < 2 or args.seeds < 1 or args.target_loss <= 0:
+        p.error(f"--hosts must be >= 2, --seeds >= 1 and --target-loss > 0. Received: --hosts={args.hosts} "
+                f"--seeds={args.seeds} --target-loss={args.target_loss}")
+    args.rates = args.link_rates.split(",")
+    try:
+        for rate in args.rates:
+            parse_rate(rate)
+    except ValueError as err:
+        p.error(f"--link-rates: {err}")
+    by_name = {c.name: c for c in parity.WORKLOADS["language_model"].configurations}
+    names = args.configurations.split(",")
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        p.error(f"--configurations must be chosen from {','.join(by_name)}. Received: {','.join(unknown)}")
+    args.names = ["sync"] + [n for n in names if n != "sync"]
+    return args
+
+
+def write_corpus(path, size=CORPUS_BYTES):
+    """The first ``size`` bytes of ``--data python_docs``'s stream, written by train.py's own loader (in a
+    child process: this one never imports TensorFlow)."""
+    if os.path.isfile(path) and os.path.getsize(path) == size:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    code = ("import sys; from hvd_easgd.app import data; "
+            "data.python_docs().x_train.tokens[:int(sys.argv[2])].tofile(sys.argv[1])")
+    subprocess.run([sys.executable, "-c", code, path + ".tmp", str(size)], check=True, cwd=REPO_ROOT, timeout=300)
+    os.replace(path + ".tmp", path)
+
+
+def variants(names, corpus):
+    """Parity's configurations of ``names`` on the corpus at ``MODEL_FLAGS``."""
+    by_name = {c.name: c for c in parity.WORKLOADS["language_model"].configurations}
+    data = ("--data", f"text:{corpus}")
+    return [Variant(n, data + by_name[n].flags + MODEL_FLAGS) for n in names]
+
+
+def _run_folder(folder, chosen, np_, seeds, timeout, launch, extra):
+    """Runs what ``folder`` does not hold yet (its runs.json continued); returns its failures."""
+    index = {"workload": "language_model", "np": np_, "flags": " ".join(MODEL_FLAGS), **extra}
+    earlier = parity.earlier_runs(folder, index)
+    runs, failures = run_over_seeds(chosen, np_, seeds, folder, timeout, "time-to-target",
+                                    shown=lambda m: f"final test_loss {m['final']['test_loss']:.4f}",
+                                    done={run["run"] for run in earlier}, launch=launch)
+    runs = earlier + runs
+    with open(os.path.join(folder, "runs.json"), "w") as f:
+        json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
+                   "failures": failures}, f, indent=1)
+    return failures
+
+
+def main(argv=None, prog="python -m benchmarks time-to-target"):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if args.render:
+        print(write_report(args.render), end="")
+        return 0
+    check_privileges()
+    out = os.path.abspath(args.out)
+    corpus = os.path.join(out, "data", f"python_docs_{CORPUS_BYTES // 1000}k.txt")
+    write_corpus(corpus)
+    chosen = variants(args.names, corpus)
+    settings = {"target_loss": args.target_loss, "hosts": args.hosts, "link_rates": args.rates}
+    with open(os.path.join(out, "settings.json"), "w") as f:
+        json.dump(settings, f, indent=1)
+    failures = _run_folder(os.path.join(out, LOOPBACK), chosen[:1], args.hosts, 1, args.timeout,
+                           LocalLaunch(args.hosts), {})
+    cluster = VirtualCluster(args.cluster_name)
+    try:
+        for rate in args.rates:
+            state = cluster.up(args.hosts, 1, rate)
+            print(f"[time-to-target] {rate}: {args.hosts} hosts, {state['link']['qdisc']}", flush=True)
+            failures += _run_folder(os.path.join(out, rate), chosen, args.hosts, args.seeds, args.timeout,
+                                    ClusterLaunch(cluster, args.hosts), {"link_rate": rate})
+    except ClusterError as err:
+        failures.append(f"virtual cluster: {err}")
+    finally:
+        cluster.down()
+    print(write_report(out), end="", flush=True)
+    return 1 if failures else 0
+
+
+# --- the report ----------------------------------------------------------------------------------------
+def curve(metrics):
+    """``[(cumulative training seconds, validation loss)]``, one point per epoch."""
+    points, seconds = [], 0.0
+    for row in metrics["epochs"]:
+        seconds += row["seconds"]
+        points.append((seconds, row["test_loss"]))
+    return points
+
+
+def seconds_to_target(points, target):
+    """The seconds of the first point at or below ``target``, or None if the run never reached it."""
+    return next((seconds for seconds, loss in points if loss <= target), None)
+
+
+def _load(folder):
+    """``{configuration: [metrics.json per seed]}`` of a rate's folder, in the order the runs were made."""
+    with open(os.path.join(folder, "runs.json")) as f:
+        index = json.load(f)
+    found = {}
+    for run in index["runs"]:
+        with open(os.path.join(folder, run["run"], "metrics.json")) as f:
+            found.setdefault(run["variant"], []).append(json.load(f))
+    return index, found
+
+
+def summarise(out):
+    """Per rate: per configuration its seeds' seconds to target (None: not reached), median, ratio to
+    SyncAverage's median, final losses and tokens/s; and the communication share of a SyncAverage step."""
+    with open(os.path.join(out, "settings.json")) as f:
+        settings = json.load(f)
+    target = settings["target_loss"]
+    loopback = _load(os.path.join(out, LOOPBACK))[1].get("sync", [])
+    compute_speed = statistics.median(m["final"]["tokens_per_sec"] for m in loopback) if loopback else None
+    rates = []
+    for rate in settings["link_rates"]:
+        if not os.path.isfile(os.path.join(out, rate, "runs.json")):
+            continue
+        index, found = _load(os.path.join(out, rate))
+        rows = {}
+        for name, runs in found.items():
+            times = [seconds_to_target(curve(m), target) for m in runs]
+            reached = [t for t in times if t is not None]
+            rows[name] = {"times": times, "median": statistics.median(reached) if len(reached) == len(times) else None,
+                          "final": [m["final"]["test_loss"] for m in runs],
+                          "speed": statistics.median(m["final"]["tokens_per_sec"] for m in runs),
+                          "curves": [curve(m) for m in runs], "command": index["runs"][0]["command"]}
+        sync = rows.get("sync", {}).get("median")
+        for row in rows.values():
+            row["ratio"] = row["median"] / sync if sync and row["median"] is not None else None
+        share = (1 - rows["sync"]["speed"] / compute_speed if compute_speed and "sync" in rows else None)
+        rates.append({"rate": rate, "rows": rows, "sync_comm_share": share, "seeds": index["seeds"]})
+    return settings, rates
+
+
+def judge(settings, entry):
+    """The goal of a rate, "met"/"**missed**" with its figure, or None before every seed is in."""
+    others = {n: r for n, r in entry["rows"].items() if n != "sync" and r["ratio"] is not None}
+    if "sync" not in entry["rows"] or entry["rows"]["sync"]["median"] is None or entry["seeds"] < parity.SEEDS_TO_JUDGE:
+        return None
+    slowest = min(settings["link_rates"], key=parse_rate)
+    limit = SLOW_LINK_RATIO if entry["rate"] == slowest else 1.0
+    if not others:
+        return f"≤ {limit:g} × sync **missed** (no other configuration reached the target on every seed)"
+    best = min(others, key=lambda n: others[n]["ratio"])
+    ratio = others[best]["ratio"]
+    return f"`{best}` at {ratio:.2f} × sync: ≤ {limit:g} × " + ("met" if ratio <= limit else "**missed**")
+
+
+def _fmt(seconds):
+    return "not reached" if seconds is None else f"{seconds:,.0f}"
+
+
+def render(out):
+    settings, rates = summarise(out)
+    lines = [f"Target: validation loss ≤ {settings['target_loss']:g} nats/token; {settings['hosts']} hosts × 1 rank "
+             "on the virtual cluster. Seconds are cumulative training wall time (the slowest rank's) at the end "
+             "of the first epoch at or below the target, the median over seeds with (min–max)."]
+    for entry in rates:
+        goal = judge(settings, entry)
+        share = entry["sync_comm_share"]
+        lines += ["", f"**{entry['rate']}**: "
+                  + (f"a SyncAverage step spends {100 * share:.0f} % of its time communicating "
+                     "(1 − its tokens/s ÷ the same run's over loopback). " if share is not None else "")
+                  + (f"Goal: {goal}." if goal else f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds)."),
+                  ""]
+        rows = []
+        for name, row in entry["rows"].items():
+            reached = [t for t in row["times"] if t is not None]
+            spread = f"{min(reached):,.0f}–{max(reached):,.0f}" if reached else "—"
+            rows.append([f"`{name}`", _fmt(row["median"]), spread,
+                         "—" if row["ratio"] is None else f"{row['ratio']:.2f}",
+                         f"{statistics.fmean(row['final']):.4f}", f"{row['speed']:,.0f}"])
+        lines.append(table(["configuration", "seconds to target, median", "min–max", "× sync",
+                            "final loss, mean", "tokens/s"], rows, "lrrrrr"))
+    if rates:
+        lines += ["", f"Each row's runs are commands like `{next(iter(rates[0]['rows'].values()))['command']}`.",
+                  "", f"![validation loss against training wall time]({PLOT})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(out):
+    """``PLOT``: validation loss against training wall time, a panel per rate, every seed a line."""
+    from . import plots
+
+    settings, rates = summarise(out)
+    if not rates:
+        return None
+    fig, axes = plots.plt.subplots(1, len(rates), figsize=(7 * len(rates), 4.5), squeeze=False)
+    for ax, entry in zip(axes[0], rates):
+        for name, row in entry["rows"].items():
+            color = None
+            for i, points in enumerate(row["curves"]):
+                line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2, color=color,
+                                label=name if i == 0 else None)
+                color = line.get_color()
+        ax.axhline(settings["target_loss"], color="grey", linestyle="--", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel("training wall time, s (log scale)")
+        ax.set_ylabel("validation loss, nats/token")
+        ax.set_title(f"language model, {entry['rate']}, {settings['hosts']} hosts × 1 rank", fontsize=9)
+    plots._save_panels(fig, axes[0], os.path.join(out, PLOT))
+    return PLOT
+
+
+def write_report(out):
+    """Renders ``out``'s report into REPORT and its plot; returns the report."""
+    text = render(out)
+    plot(out)
+    with open(os.path.join(out, REPORT), "w") as f:
+        f.write(text)
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""benchmarks.time_to_target: the launches it makes across the virtual cluster, when a run reached the
+target, and the report's ratios and goals, from a results folder written here by hand."""
+import json
+import os
+
+import pytest
+
+from benchmarks import time_to_target as ttt
+from benchmarks.accuracy import Variant
+from tools.vcluster import VirtualCluster
+
+pytestmark = pytest.mark.unit
+
+
+def test_sync_comes_first_and_every_run_trains_the_corpus_at_the_model_flags():
+    args = ttt.parse_args(["--out", "/tmp/x", "--configurations", "diloco_tau50,sync"], "ttt")
+    assert args.names == ["sync", "diloco_tau50"] and args.rates == ["100mbit", "1gbit"]
+    chosen = ttt.variants(args.names, "/data/c.txt")
+    assert chosen[1].flags == ("--data", "text:/data/c.txt", "--strategy", "diloco", "--tau", "50",
+                               *ttt.MODEL_FLAGS)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--out", "/tmp/x", "--configurations", "nope"], "--configurations must be chosen from"),
+    (["--out", "/tmp/x", "--hosts", "1"], "--hosts must be >= 2"),
+    (["--out", "/tmp/x", "--link-rates", "fast"], "--link-rates:"),
+    ([], "--out is required"),
+])
+def test_bad_arguments_get_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        ttt.parse_args(argv, "ttt")
+    assert message in capsys.readouterr().err
+
+
+def test_a_cluster_launch_is_horovodrun_mpi_from_node1_one_rank_a_host():
+    launch = ttt.ClusterLaunch(VirtualCluster("hvdtest"), 2)
+    variant = Variant("sync", ("--strategy", "sync"))
+    cmd = launch.command(variant, 1, "/runs/r")
+    assert cmd[1:6] == ["-np", "2", "-H", "node1:1,node2:1", "--mpi"]
+    assert cmd[-6:] == ["--seed", "1", "--strategy", "sync", "--threads-per-rank", "1"]
+    assert launch.shown(variant, 1) == ("horovodrun -np 2 -H node1:1,node2:1 --mpi python train.py --strategy sync "
+                                        "--threads-per-rank 1 --seed 1 --run-dir DIR")
+
+
+def test_the_target_is_reached_at_the_first_epoch_at_or_below_it():
+    points = ttt.curve({"epochs": [{"seconds": 10.0, "test_loss": 2.5}, {"seconds": 12.0, "test_loss": 2.0},
+                                   {"seconds": 11.0, "test_loss": 1.9}]})
+    assert points == [(10.0, 2.5), (22.0, 2.0), (33.0, 1.9)]
+    assert ttt.seconds_to_target(points, 2.0) == 22.0
+    assert ttt.seconds_to_target(points, 1.0) is None
+
+
+def write_folder(folder, losses_by_name, seconds_by_name, speed_by_name, seeds=3, rate=None):
+    runs = []
+    for name, losses in losses_by_name.items():
+        for seed in range(seeds):
+            label = f"{name}-seed{seed}"
+            os.makedirs(folder / label)
+            epochs = [{"seconds": seconds_by_name[name] * (1 + 0.1 * seed), "test_loss": loss} for loss in losses]
+            with open(folder / label / "metrics.json", "w") as f:
+                json.dump({"epochs": epochs, "final": {"test_loss": losses[-1],
+                                                       "tokens_per_sec": speed_by_name[name]}}, f)
+            runs.append({"run": label, "variant": name, "twin": None, "seed": seed,
+                         "command": f"horovodrun ... --strategy {name} --seed {seed}"})
+    with open(folder / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "flags": "", "seeds": seeds, "runs": runs,
+                   **({"link_rate": rate} if rate else {})}, f)
+
+
+def test_the_report_gives_each_rates_ratio_to_sync_its_goal_and_syncs_communication_share(tmp_path):
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit", "1gbit"]}, f)
+    os.makedirs(tmp_path / "loopback")
+    write_folder(tmp_path / "loopback", {"sync": [2.1, 1.9]}, {"sync": 5.0}, {"sync": 10_000}, seeds=1)
+    for rate, sync_epoch, diloco_epoch in (("100mbit", 100.0, 12.0), ("1gbit", 20.0, 30.0)):
+        os.makedirs(tmp_path / rate)
+        # sync reaches 2.0 at its 2nd epoch, diloco at its 3rd
+        write_folder(tmp_path / rate, {"sync": [2.5, 1.99, 1.9], "diloco_tau50": [2.6, 2.1, 1.95]},
+                     {"sync": sync_epoch, "diloco_tau50": diloco_epoch}, {"sync": 2_500, "diloco_tau50": 9_000},
+                     rate=rate)
+    settings, rates = ttt.summarise(str(tmp_path))
+    slow, fast = rates
+    # medians over seeds (x1.0, x1.1, x1.2 of the epoch time): sync 2 x 110 = 220, diloco 3 x 13.2 = 39.6
+    assert slow["rows"]["sync"]["median"] == pytest.approx(220.0)
+    assert slow["rows"]["diloco_tau50"]["ratio"] == pytest.approx(39.6 / 220.0)
+    assert slow["sync_comm_share"] == pytest.approx(0.75)  # 1 - 2,500 / 10,000
+    assert ttt.judge(settings, slow) == "`diloco_tau50` at 0.18 × sync: ≤ 0.25 × met"
+    # at 1gbit diloco takes 3 x 33 = 99 s against sync's 2 x 22 = 44: slower than sync
+    assert ttt.judge(settings, fast) == "`diloco_tau50` at 2.25 × sync: ≤ 1 × **missed**"
+    text = ttt.write_report(str(tmp_path))
+    assert "spends 75 % of its time communicating" in text and (tmp_path / ttt.PLOT).exists()
+    assert (tmp_path / ttt.REPORT).read_text() == text
+
+
+def test_a_configuration_that_misses_the_target_on_a_seed_has_no_time_and_fewer_seeds_are_not_judged(tmp_path):
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit"]}, f)
+    os.makedirs(tmp_path / "loopback")
+    write_folder(tmp_path / "loopback", {"sync": [1.9]}, {"sync": 5.0}, {"sync": 10_000}, seeds=1)
+    os.makedirs(tmp_path / "100mbit")
+    write_folder(tmp_path / "100mbit", {"sync": [1.9], "diloco_tau50": [2.1]}, {"sync": 9.0, "diloco_tau50": 3.0},
+                 {"sync": 1, "diloco_tau50": 1}, seeds=2)
+    settings, (entry,) = ttt.summarise(str(tmp_path))
+    assert entry["rows"]["diloco_tau50"]["median"] is None and entry["rows"]["diloco_tau50"]["ratio"] is None
+    assert ttt.judge(settings, entry) is None
+    assert "Not judged (2 of 3 seeds)" in ttt.render(str(tmp_path))
