@@ -174,19 +174,22 @@ def earlier_runs(out, index):
 
 # --- the table ---------------------------------------------------------------------------------
 def summarise(directory):
-    """``(runs.json, {configuration: {"values": [final metric per seed], "twin": name, "tokens_per_sec": [...],
-    "command": the first seed's}})``, in the order the runs were made."""
+    """``(runs.json, {configuration: {"values": [final metric per seed], "twin": name, "speed": [tokens or
+    samples/s], "training": [the last epoch's training loss, the mean over its steps of the ranks' local
+    weights], "command": the first seed's}})``, in the order the runs were made."""
     with open(os.path.join(directory, "runs.json")) as f:
         index = json.load(f)
     metric = WORKLOADS[index["workload"]].metric
     found = {}
     for run in index["runs"]:
         with open(os.path.join(directory, run["run"], "metrics.json")) as f:
-            final = json.load(f)["final"]
-        entry = found.setdefault(run["variant"], {"values": [], "twin": run["twin"], "speed": [],
+            metrics = json.load(f)
+        final = metrics["final"]
+        entry = found.setdefault(run["variant"], {"values": [], "twin": run["twin"], "speed": [], "training": [],
                                                   "command": run["command"]})
         entry["values"].append(final[metric])
         entry["speed"].append(final.get("tokens_per_sec") or final.get("samples_per_sec"))
+        entry["training"].append(metrics["epochs"][-1]["loss"] if metrics.get("epochs") else None)
     return index, found
 
 
@@ -230,18 +233,21 @@ def render(directory):
             versus = (f"{100 * (mean - base_mean) / base_mean:+.2f} %" if workload.relative is not None
                       else f"{100 * (mean - base_mean):+.2f} pp")
         speed = statistics.median(s for s in entry["speed"] if s) if any(entry["speed"]) else None
+        training = [t for t in entry["training"] if t is not None]
         rows.append([f"`{name}`", f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
-                     f"{mean:.4f}", versus, "—" if speed is None else f"{speed:,.0f}",
+                     f"{mean:.4f}", versus, f"{statistics.fmean(training):.4f}" if training else "—",
+                     "—" if speed is None else f"{speed:,.0f}",
                      ("; ".join(judge(workload, name, values, found)) or "—") if len(values) >= SEEDS_TO_JUDGE
                      else f"not judged ({len(values)} of {SEEDS_TO_JUDGE} seeds)"])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
     what = "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
-    header = ["configuration", f"{what}, median", "min–max", "mean", f"mean vs {workload.baseline}", unit, "goals"]
+    header = ["configuration", f"{what}, median", "min–max", "mean", f"mean vs {workload.baseline}",
+              "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
     lines = [f"{index['np']} ranks, {seeds}, train.py's defaults otherwise"
              + (f", with `{index['flags']}`" if index.get("flags") else "")
              + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
-             "", table(header, rows, "lrrrrrl")]
+             "", table(header, rows, "lrrrrrrl")]
     if index.get("failures"):
         lines += ["", "Failed runs: " + "; ".join(index["failures"])]
     return "\n".join(lines) + "\n"
