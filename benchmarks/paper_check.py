@@ -16,7 +16,9 @@ inside a server first, as NCCL's hierarchical allreduce does).
 """
 import math
 
-from . import cost_model
+from hvd_easgd import cost_model
+
+from . import calibration
 
 SOURCES = {
     "paper": "https://arxiv.org/abs/1802.05799",
@@ -63,7 +65,7 @@ def _efficiency(entry, reference, params, images, alpha, bandwidth, overlapped=0
 
 def results(table=None):
     """The comparison as data: inputs with their sources, predictions at the central inputs and the range."""
-    table = table or cost_model.load_table()
+    table = table or calibration.load_table()
     flat, two_level = table["configurations"]["sync"], table["configurations"]["sync_two_level"]
     reference = table["reference"]
     line = LINK_BITS / 8

@@ -7,7 +7,7 @@
 
 Imports no TensorFlow and answers in well under a second (``--report``
 draws its plots with matplotlib, a few seconds). The formulas are
-``cost_model.py``'s; the models ``workloads.py``'s; the paper's inputs
+``hvd_easgd/cost_model.py``'s (the table ``calibration.py``'s); the models ``workloads.py``'s; the paper's inputs
 ``paper_check.py``'s; the generated page ``projection_report.py``'s.
 """
 import argparse
@@ -15,7 +15,9 @@ import json
 import pathlib
 import sys
 
-from . import cost_model, format_compute, paper_check, projection_report, workloads
+from hvd_easgd import cost_model
+
+from . import calibration, format_compute, paper_check, projection_report, workloads
 
 PAPERS = {"horovod": paper_check}
 
@@ -31,12 +33,12 @@ def _positive(text, name, kind=float):
 
 
 def _bandwidth(text):
-    if text.lower() in cost_model.LINKS:
-        return cost_model.LINKS[text.lower()]
+    if text.lower() in calibration.LINKS:
+        return calibration.LINKS[text.lower()]
     try:
         return _positive(text, "link") / 8  # bits/s
     except ValueError:
-        raise ValueError(f"`link` must be one of {', '.join(cost_model.LINKS)} or bits/s. "
+        raise ValueError(f"`link` must be one of {', '.join(calibration.LINKS)} or bits/s. "
                          f"Received: link={text}") from None
 
 
@@ -73,7 +75,7 @@ def main(argv=None, prog="python -m benchmarks project"):
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", default="8,64,512,1024")
     parser.add_argument("--ranks-per-host", default="8")
-    parser.add_argument("--link", default="100gbit", help=f"{', '.join(cost_model.LINKS)} or bits/s")
+    parser.add_argument("--link", default="100gbit", help=f"{', '.join(calibration.LINKS)} or bits/s")
     parser.add_argument("--model", default=None, help="one of the listed models (default: all; workloads.py)")
     parser.add_argument("--params", default=None, help="trainable parameters (your own model)")
     parser.add_argument("--step-time", default=None, help="compute seconds per step (your own model)")
@@ -99,7 +101,7 @@ def main(argv=None, prog="python -m benchmarks project"):
         if args.calibration:
             alpha, bandwidth = _calibration(args.calibration)
         models = _models(args, workloads.models())
-        table = cost_model.load_table()
+        table = calibration.load_table()
         if args.configuration and args.configuration not in table["configurations"]:
             raise ValueError(f"`configuration` must be one of {', '.join(table['configurations'])}. "
                              f"Received: configuration={args.configuration}")

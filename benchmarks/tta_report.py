@@ -29,7 +29,9 @@ import os
 import statistics
 import sys
 
-from . import cost_model, curves, rated_links, workloads
+from hvd_easgd import cost_model
+
+from . import curves, rated_links, workloads
 from .names import BASELINES, BY_NAME
 from .runner import REPO_ROOT, table
 

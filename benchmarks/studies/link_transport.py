@@ -5,7 +5,7 @@
 The rated-link launches' link probe (one 32 MB allreduce, ``link_probe.py``)
 measured 48 to 94 Mbit/s through a 100 Mbit/s tbf from launch to launch, and
 the cost model takes each launch's probe as the rate of its long transfers
-(``cost_model.TokenBucketLink``). This asks where the shortfall comes from,
+(``calibration.TokenBucketLink``). This asks where the shortfall comes from,
 on 2 hosts × 1 rank, both hosts sending at once as an allreduce's do:
 
 * ``tcp_two_sockets``: plain TCP, one connection each way (Python sockets,

@@ -112,7 +112,7 @@ class Traffic:
     them (``Traffic.of``): ``((kind, bytes, calls, wire_bytes), ...)`` sorted
     by kind, a kind being a key of ``WIRE_FACTORS`` (allreduce, allgather,
     alltoall, reducescatter, broadcast). A cost model charges each kind by its
-    own algorithm (``benchmarks/cost_model.py``): a quantised allreduce is an
+    own algorithm (``hvd_easgd/cost_model.py``): a quantised allreduce is an
     alltoall and an allgather, not an allreduce. Equality compares the totals.
     """
 
@@ -157,7 +157,7 @@ class ExpectedTraffic:
     every group), each over one rank per group. ``overlapped`` is the share w
     of the steps' compute during which that communication runs (0: none; a
     δ-step overlap of F syncs per τ steps: F·δ/τ), so a cost model charges a
-    step c + max(0, comm − w·c) (``benchmarks/cost_model.py``).
+    step c + max(0, comm − w·c) (``hvd_easgd/cost_model.py``).
     """
 
     within_group: Traffic = NO_TRAFFIC

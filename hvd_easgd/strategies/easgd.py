@@ -37,6 +37,17 @@ So the gap shrinks iff |1 − (p+1)α| < 1, that is 0 < α < 2/(p+1):
 The default α = β/p with β = 0.9 (the paper's choice) gives pα = 0.9: no
 warning. TF1 defaulted to 0.9/(τ·p).
 
+The drag. The elastic step conserves x̃ + Σ_i x_i (it moves Σ d_i from the
+workers to the center), so only the local steps move that sum: p·δ a period
+when every worker moves δ. Where the workers agree (a common direction of
+descent), the p + 1 copies settle to one velocity v, (p + 1)·v = p·δ: the
+center and the workers advance p/(p+1) of a worker's own pace, for any
+stable α (2/3 at p = 2, 8/9 at p = 8), where SyncAverage and PeriodicAverage
+advance all of it. That is a smaller effective learning rate, which
+``lr_scale_factor`` makes up for under SGD (×2 at p = 2); the language
+model's parity table (docs/language-model.md: Adam, no rule) shows what is
+left without it, the workers' own training loss behind SyncAverage's.
+
 Compressed (``compression``): the elastic differences d_i travel encoded
 (fp16, bf16, int8, int4), and each rank subtracts what the center received
 from it, d̂_i = d_i − e_i (e_i its quantisation error), not d_i: then

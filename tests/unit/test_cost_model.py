@@ -1,4 +1,4 @@
-"""benchmarks/cost_model.py: each formula against hand-derived values, the CLI, and no TensorFlow."""
+"""hvd_easgd/cost_model.py (the formulas) and benchmarks/calibration.py (the table, the links): each formula against hand-derived values, the CLI, and no TensorFlow."""
 import math
 import subprocess
 import sys
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from benchmarks import cost_model
+from benchmarks import calibration
+from hvd_easgd import cost_model
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +41,7 @@ def test_quantised_allreduce_is_charged_as_alltoall_plus_allgather():
     # sync_int8 at 8 hosts × 8 ranks (p = 64), N = 1e6: the table (at 4 × 2, q_ref = 8) holds per step one
     # alltoall of 32 + 1.015625·N bytes (int8 + an fp32 scale per 256-block, all 8 chunks, flag included)
     # and one allgather of a rank's part, 4 + 0.126953125·N = 126,957 B at q_ref = 8, so 126,957·8/64 at 64.
-    table = cost_model.load_table()
+    table = calibration.load_table()
     entry = table["configurations"]["sync_int8"]
     assert entry["across_groups"]["collectives"] == {
         "alltoall": {"bytes_a": 32.0, "bytes_b": 1.015625, "calls": 1.0},
@@ -58,7 +59,7 @@ def test_hierarchical_levels_from_the_table():
     # sync_two_level at 4 hosts × 4 ranks, N = 1e6. Table (n_ref = 2): within, a reduce-scatter of
     # 8 + 4N B and an allgather of the 2N B shard (a rank's part at 2 ranks: N/4·4 B = N B at 4 ranks);
     # across, an allreduce of the shard, 2N B at n_ref = 2, so N B at n = 4, each of 4 sets at B/4.
-    table = cost_model.load_table()
+    table = calibration.load_table()
     entry = table["configurations"]["sync_two_level"]
     intra = (1e-6, 1e10)
     n_mb = 1_000_000
@@ -92,7 +93,7 @@ def test_overlap_hides_communication_up_to_compute():
 def test_flat_sync_is_the_faster_of_nearest_first_halving_doubling_and_the_ring():
     # 8 hosts × 8 ranks, N = 1e6, S = 4N: within the host a reduce-scatter and an allgather (intra), then
     # the 8 ranks of a host each allreduce their S/8 shard over the 8 hosts at B/8, by halving/doubling.
-    table = cost_model.load_table()
+    table = calibration.load_table()
     entry = table["configurations"]["sync"]
     params, hosts, n = 1_000_000, 8, 8
     size = 4 * params
@@ -138,7 +139,7 @@ def test_cli_one_row_per_host_count_and_fast():
     from benchmarks import workloads
     resnet50 = workloads.models()["resnet50"]
     params, compute = resnet50.params, resnet50.compute
-    table = cost_model.load_table()
+    table = calibration.load_table()
     comm = cost_model.comm_time(table["configurations"]["sync"], table["reference"], params, 1024, 8,
                                 (cost_model.INTER_ALPHA, 100e9 / 8))
     assert float(last[5]) == pytest.approx(compute / (compute + comm), abs=1e-3)
@@ -153,10 +154,10 @@ def test_cli_bad_input_is_one_line_and_exit_2(args):
 
 
 def test_imports_no_tensorflow():
-    code = ("import sys, benchmarks.cost_model, benchmarks.projection; "
+    code = ("import sys, hvd_easgd.cost_model, benchmarks.projection; "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules and 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
-    assert math.isfinite(cost_model.LINKS["100gbit"])
+    assert math.isfinite(calibration.LINKS["100gbit"])
 
 
 def test_overlapped_configuration_hides_its_communication_behind_compute():
@@ -164,7 +165,7 @@ def test_overlapped_configuration_hides_its_communication_behind_compute():
     # easgd_tau10_overlap (δ = 1, τ = 10) runs its sync behind δ/τ = 0.1 of the steps' compute. Per τ steps
     # τ·c + max(0, T − δ·c), i.e. per step c + max(0, comm − 0.1·c) with comm = T/τ.
     import copy
-    table = cost_model.load_table()
+    table = calibration.load_table()
     assert table["configurations"]["easgd_tau10_overlap"]["overlapped"] == pytest.approx(0.1)
     assert table["configurations"]["easgd_tau10"]["overlapped"] == 0.0
     assert table["configurations"]["diloco_tau10_int8"]["overlapped"] == 0.0

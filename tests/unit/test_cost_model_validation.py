@@ -1,17 +1,18 @@
-"""benchmarks/cluster_check.py and the token-bucket link of cost_model.py: hand-derived rows, the committed page."""
+"""benchmarks/cluster_check.py and the token-bucket link of calibration.py: hand-derived rows, the committed page."""
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks import cluster_check, cost_model, link_probe
+from benchmarks import calibration, cluster_check, link_probe
+from hvd_easgd import cost_model
 
 pytestmark = pytest.mark.unit
 
 
 def test_token_bucket_link_by_hand():
     # tbf at 1e7 B/s with a 125 KB bucket; the probe measured 8e6 B/s; the line runs at 1e9 B/s.
-    link = cost_model.TokenBucketLink(1e7, 125_000, 8e6, 1e9)
+    link = calibration.TokenBucketLink(1e7, 125_000, 8e6, 1e9)
     assert link.bandwidth(1e6) == 1e7 and link.bandwidth(1e6 + 1) == 8e6  # a long burst: the probe's rate
     # A burst of 1e5 B after 2 ms idle finds 2e4 B of tokens, which leave at 1e9 B/s instead of 1e7.
     assert link.credit(1e5, 1, 0.002) == pytest.approx(2e4 * (1e-7 - 1e-9))
@@ -19,11 +20,11 @@ def test_token_bucket_link_by_hand():
     assert 1e5 / 1e7 - link.credit(1e5, 1, 1.0) == pytest.approx(1e5 / 1e9)
     # A burst of 2e6 B every 10 steps: the bucket's 125 KB, spread over 10 steps, instead of the probe's rate.
     assert link.credit(2e6, 10, 1.0) == pytest.approx(125_000 * (1 / 8e6 - 1e-9) / 10)
-    assert cost_model.TokenBucketLink(1e7, 0, 8e6).credit(1e5, 1, 1.0) == 0  # no bucket, no credit
+    assert calibration.TokenBucketLink(1e7, 0, 8e6).credit(1e5, 1, 1.0) == 0  # no bucket, no credit
 
 
 def test_burst_period_of_each_kind_of_configuration():
-    table = cost_model.load_table()["configurations"]
+    table = calibration.load_table()["configurations"]
     periods = {name: cost_model.burst_period(table[name]) for name in
                ("sync", "sync_powersgd4", "accum4_sync", "easgd_tau10", "diloco_tau10_int8", "no_comm")}
     assert periods == pytest.approx({"sync": 1, "sync_powersgd4": 1, "accum4_sync": 4, "easgd_tau10": 10,
@@ -210,8 +211,8 @@ def test_a_two_level_row_is_charged_its_levels_own_probes():
     assert two_level["comm_ms_predicted"] == pytest.approx(comm * 1e3)
     # The flat SyncAverage keeps the flat probe's 1e7 B/s and the within-host steps all but free.
     assert flat["plain_predicted_ms"] == pytest.approx(
-        (0.004 + cost_model.comm_time(cost_model.load_table()["configurations"]["sync"],
-                                      cost_model.load_table()["reference"], n_params, 2, 2, (50e-6, 1e7))) * 1e3)
+        (0.004 + cost_model.comm_time(calibration.load_table()["configurations"]["sync"],
+                                      calibration.load_table()["reference"], n_params, 2, 2, (50e-6, 1e7))) * 1e3)
 
 
 def test_the_level_calibration_by_hand():
@@ -241,7 +242,7 @@ def test_rows_without_a_sweep_or_a_no_comm_twin_are_not_predicted():
 
 
 def test_the_set_runs_every_strategy_and_the_two_formats_at_the_default_collectives():
-    table = cost_model.load_table()["configurations"]
+    table = calibration.load_table()["configurations"]
     for run in cluster_check.RUNS:
         assert "no_comm" in run.configs and set(run.configs) <= set(table)
         argv = run.argv("out")

@@ -123,12 +123,13 @@ def test_powersgd_computes_c_times_one_plus_its_encoding_share_by_hand(data):
     # wide_mlp: the committed measurement's share s (format_compute.json) at 100 Gbit/s and 8 hosts:
     # c·(1 + s) + comm, efficiency against the plain c. resnet50: no measurement, so the FLOPs estimate,
     # 6·r·N / (b·f) = 6·4·25,583,592 / (64 · 3·2·3.8e9).
-    from benchmarks import cost_model, format_compute
+    from benchmarks import calibration, format_compute
+    from hvd_easgd import cost_model
 
     measured = format_compute.load()
     s = measured[("wide_mlp", "sync_powersgd4")]
     w = workloads.models()["wide_mlp"]
-    entry = cost_model.load_table()
+    entry = calibration.load_table()
     comm = cost_model.comm_time(entry["configurations"]["sync_powersgd4"], entry["reference"], w.params, 8, 8,
                                 (5e-6, 12.5e9))
     row = data["projection"]["wide_mlp"]["100gbit α 5 µs"]["sync_powersgd4"]

@@ -122,6 +122,39 @@ def test_easgd_gap_between_mean_and_center_scales_by_one_minus_p_plus_one_alpha(
     assert np.all(gaps[0] != 0)
 
 
+def test_easgd_conserves_center_plus_workers_so_a_common_drift_moves_everyone_at_p_over_p_plus_one():
+    # Identical gradients on p = 2 ranks, tau = 2, SGD(1), default alpha = 0.9/p: the elastic step conserves
+    # x̃ + Σ x_i, so each period adds exactly p·δ to it (δ = 2 local steps of +1), and once the gap has
+    # settled (|1 - (p+1)α| = 0.35 a period) the center and the workers all move p/(p+1)·δ = 4/3 a period:
+    # two thirds of what SyncAverage moves (the module docstring's "drag", the language model's EASGD row).
+    p, tau = 2, 2
+    cluster = SimulatedCluster(p)
+    models, opts = ranks_with(cluster, lambda: EASGD(period=tau), [0.0])
+
+    def center():
+        return float(opts[0].strategy.center[0].numpy().ravel()[0])
+
+    def total():
+        return center() + float(kernels(models).sum())
+
+    totals, centers, workers = [total()], [center()], [kernels(models)[0, 0]]
+    for _ in range(40):
+        for _ in range(tau):
+            apply_per_rank(cluster, models, opts, [[-1.0]] * p)
+        totals.append(total())
+        centers.append(center())
+        workers.append(kernels(models)[0, 0])
+    np.testing.assert_allclose(np.diff(totals), p * tau, rtol=1e-6)
+    np.testing.assert_allclose(np.diff(centers)[-5:], p / (p + 1) * tau, rtol=1e-5)
+    np.testing.assert_allclose(np.diff(workers)[-5:], p / (p + 1) * tau, rtol=1e-5)
+    # Where: S = x̃ + p·m and the settled gap e = m − x̃ = cδ/(1 − c), c = 1 − (p+1)α (the center overshoots the
+    # workers' mean at pα = 0.9 > p/(p+1)), so x̃ = (S − p·e)/(p+1): 53.68 where SyncAverage would be at 80.
+    c = 1 - (p + 1) * 0.9 / p
+    gap = c * tau / (1 - c)
+    assert centers[-1] == pytest.approx((totals[-1] - p * gap) / (p + 1), abs=1e-3)
+    assert centers[-1] == pytest.approx(53.68, abs=0.01)
+
+
 def test_easgd_center_update_at_p4_with_a_different_x_per_rank():
     # x̃' = (1 - p alpha) x̃ + p alpha mean(x_i) and x_i' = x_i - alpha (x_i - x̃), exactly
     p, alpha = 4, 0.125
