@@ -1,0 +1,180 @@
+"""``--strategy auto``: the job chooses its strategy, τ and format from the cost model and its own measurements.
+
+Given what a job measured of itself at start-up (``Measurements``: c, its compute per step with no
+communication, and each level's link α and B) and what each candidate configuration would send for
+its model (the strategy's own ``expected_traffic``), the cost model (``cost_model.py``) predicts each
+candidate's step, and ``choose`` applies one rule:
+
+    the most synchronous candidate whose predicted compute utilisation, c ÷ step, is at least the
+    target (``--auto-utilisation``, 0.9 by default); among equally synchronous ones that reach it,
+    the most precise format (fewer bits only where they are what reaches the target). If none
+    reaches the target, the one with the highest utilisation.
+
+*Most synchronous* orders the candidates by how many steps pass between two synchronisations across
+hosts (``Candidate.period``: 1 for SyncAverage and the two-level allreduce, τ for a local-update
+strategy), and at equal period puts one whose ranks within a host stay identical (Hierarchical) first.
+A more synchronous configuration, and at equal period a more precise format, is preferred because it
+is the more faithful computation: a compressed format's evidence is "within 1 % of its fp32 twin", not
+equal to it, so fewer bits are taken where they buy the utilisation, not where the link does not need them.
+
+Only what that evidence allows is a candidate (``CANDIDATE_FAMILIES``): a configuration whose parity
+table shows it losing more than the goal is never chosen, and a τ beyond the largest measured is not
+offered. This module imports no TensorFlow: the strategies' traffic reaches it as plain figures
+(``traffic_entry``), so the rule is tested on hand-written measurements.
+"""
+from typing import NamedTuple
+
+from . import cost_model
+
+DEFAULT_UTILISATION = 0.9
+# The local-update periods offered, up to the largest that the parity tables measured.
+PERIODS = (10, 25, 50)
+# (strategy, compression) pairs the parity evidence allows; a family not listed is never a candidate.
+CANDIDATE_FAMILIES = (("sync", "none"), ("sync", "fp16"), ("sync", "bf16"),
+                      ("diloco", "none"), ("diloco", "int8"), ("diloco", "int4"))
+
+
+class Candidate(NamedTuple):
+    """One configuration ``--strategy auto`` may choose: a strategy at a period and a wire format,
+    possibly two-level (``hierarchical``: SyncAverage within each host, this one across hosts)."""
+    strategy: str
+    compression: str = "none"
+    period: int = 1
+    hierarchical: bool = False
+
+    @property
+    def label(self):
+        """How the one line names it, e.g. ``diloco τ=50 int8`` or ``hierarchical sync``."""
+        parts = (["hierarchical"] if self.hierarchical else []) + [self.strategy]
+        if self.period > 1:
+            parts.append(f"τ={self.period}")
+        if self.compression != "none":
+            parts.append(self.compression)
+        return " ".join(parts)
+
+    def flags(self):
+        """The train.py flags that train it."""
+        if self.hierarchical:
+            flags = ["--strategy", "hierarchical", "--inter", self.strategy]
+        else:
+            flags = ["--strategy", self.strategy]
+        if self.period > 1:
+            flags += ["--tau", str(self.period)]
+        if self.compression != "none":
+            flags += ["--compression", self.compression]
+        return tuple(flags)
+
+    def order(self):
+        """Most synchronous first: the period across hosts, then a host's ranks kept identical (at equal
+        order, ``choose`` puts the more bytes, the more precise format, first)."""
+        return (self.period, 0 if self.hierarchical else 1)
+
+
+def candidates(ranks_per_host, families=CANDIDATE_FAMILIES, periods=PERIODS):
+    """Every candidate at ``ranks_per_host`` ranks a host: each allowed family, the local-update ones
+    at every period, and with several ranks a host each also two-level (Hierarchical)."""
+    found = []
+    for strategy, compression in families:
+        for period in ((1,) if strategy == "sync" else periods):
+            for hierarchical in ((False, True) if ranks_per_host > 1 else (False,)):
+                found.append(Candidate(strategy, compression, period, hierarchical))
+    return found
+
+
+class Link(NamedTuple):
+    """A level's link: α, seconds a message, and B, bytes a second (``link_probe``)."""
+    alpha: float
+    bandwidth: float
+
+
+class Measurements(NamedTuple):
+    """What the job measured of itself at start-up."""
+    compute: float  # c: seconds a step with no communication (the slowest rank's)
+    hosts: int
+    ranks_per_host: int
+    across: Link  # between hosts
+    within: Link = Link(cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH)
+
+
+class Prediction(NamedTuple):
+    candidate: Candidate
+    step: float  # predicted seconds a step
+    wire_bytes: float  # what a rank sends a step, on the wire
+    utilisation: float  # c ÷ step
+
+
+def traffic_entry(expected):
+    """A strategy's ``ExpectedTraffic`` for this very model as the cost model's traffic entry (the
+    committed table's form at N = 0: every byte in ``bytes_a``)."""
+    def level(traffic):
+        return {"collectives": {kind: {"bytes_a": sent, "bytes_b": 0.0, "calls": calls}
+                                for kind, sent, calls, _ in traffic.by_collective}}
+
+    return {"ranks_per_group": expected.ranks_per_group, "within_group": level(expected.within_group),
+            "across_groups": level(expected.across_groups), "overlapped": expected.overlapped}
+
+
+def predict(candidate, expected, measured):
+    """The candidate's predicted step over the measured links, from its ``ExpectedTraffic``."""
+    reference = {"hosts": measured.hosts, "ranks_per_host": measured.ranks_per_host}
+    entry = traffic_entry(expected)
+    comm = cost_model.comm_time(entry, reference, 0, measured.hosts, measured.ranks_per_host,
+                                tuple(measured.across), tuple(measured.within))
+    step = cost_model.step_time(measured.compute, comm, expected.overlapped)
+    return Prediction(candidate, step, expected.total.wire_bytes, measured.compute / step)
+
+
+class Choice(NamedTuple):
+    prediction: Prediction
+    reason: str  # the one line rank 0 prints
+
+
+def choose(predictions, measured, target=DEFAULT_UTILISATION):
+    """The rule of the module docstring over ``predictions``; returns a ``Choice``."""
+    if not predictions:
+        raise ValueError("`predictions` must hold at least one candidate's. Received: predictions=[]")
+    if not 0 < target <= 1:
+        raise ValueError(f"`target` must satisfy 0 < target <= 1 (a share of the step). Received: target={target}")
+    ranked = sorted(predictions, key=lambda p: (p.candidate.order(), -p.wire_bytes))
+    reaching = [p for p in ranked if p.utilisation >= target]
+    # none reaching: the highest utilisation, and of equal ones the first in the order (max keeps the first)
+    chosen = reaching[0] if reaching else max(ranked, key=lambda p: p.utilisation)
+    return Choice(chosen, reason(chosen, ranked, measured, target, bool(reaching)))
+
+
+def reason(chosen, ranked, measured, target, reached):
+    """``auto: diloco τ=50 int8, predicted utilisation 0.93 (sync 0.08, diloco τ=25 0.84) on a 94 Mbit/s
+    link, c = 41 ms``: the choice, SyncAverage's figure, and the best of the more synchronous ones."""
+    others = []
+    sync = next((p for p in ranked if p.candidate == Candidate("sync")), None)
+    if sync is not None and sync is not chosen:
+        others.append(sync)
+    before = [p for p in ranked if p.candidate.order() < chosen.candidate.order() and p is not sync]
+    if before:
+        others.append(max(before, key=lambda p: p.utilisation))
+    detail = f" ({', '.join(f'{p.candidate.label} {p.utilisation:.2f}' for p in others)})" if others else ""
+    link = (f"a {measured.across.bandwidth * 8 / 1e6:,.0f} Mbit/s link" if measured.hosts > 1
+            else "one host")
+    short = "" if reached else f", below the target {target:g}: the highest predicted"
+    return (f"auto: {chosen.candidate.label}, predicted utilisation {chosen.utilisation:.2f}{detail}{short} "
+            f"on {link}, c = {_milliseconds(measured.compute)}")
+
+
+def _milliseconds(seconds):
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
+
+
+def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDIDATE_FAMILIES, periods=PERIODS):
+    """``choose`` over every candidate at the measured layout; ``expected_of(candidate)`` is that
+    candidate's ``ExpectedTraffic`` for the model (its strategy's hook), or None where it cannot run."""
+    predictions = []
+    for candidate in candidates(measured.ranks_per_host, families, periods):
+        expected = expected_of(candidate)
+        if expected is not None:
+            predictions.append(predict(candidate, expected, measured))
+    return choose(predictions, measured, target)
+
+
+def single_host(compute, ranks):
+    """The measurements of a job on one host (no link between hosts to pay for)."""
+    return Measurements(compute, 1, ranks, Link(cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH))
