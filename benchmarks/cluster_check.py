@@ -43,9 +43,9 @@ import statistics
 import sys
 from typing import NamedTuple
 
-from hvd_easgd import cost_model
+from hvd_easgd import cost_model, link_probe
 
-from . import calibration, format_compute, link_probe, workloads
+from . import calibration, format_compute, workloads
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "validation"
@@ -421,7 +421,7 @@ def render(validation=None):
         "with s the encoding's share of c measured in one process (`benchmarks/format_compute.py`, "
         + _format_note() + ");",
         "- α, from the launch's sweep of allreduces of 8 B to 64 KB timed inside a tf.function, and B, from its "
-        "link probe (one 32 MB allreduce; 4 MB at 10 Mbit/s): `benchmarks/link_probe.py`; a two-level "
+        "link probe (one 32 MB allreduce; 4 MB at 10 Mbit/s): `hvd_easgd/link_probe.py`; a two-level "
         "configuration at several ranks a host, each of its levels' B (and α within a host) from a probe of that "
         "level's own collectives (below, *Calibration*);",
         "- the configuration's bytes and collectives from the traffic table, and the model's parameters; for a "

@@ -35,7 +35,9 @@ import time
 
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from . import curves, link_probe, plots, report, runner
+from hvd_easgd import link_probe
+
+from . import curves, plots, report, runner
 from .names import BASELINES, TOPOLOGY_SUITE
 from .runner import REPO_ROOT, report_failed_launch, spread, table
 

@@ -29,7 +29,9 @@ from hvd_easgd.app.lr_scaling import DEFAULT_LR
 from hvd_easgd.strategies import registry
 from hvd_easgd.strategies.base import NoScaleRule
 
-from . import allreduce, configurations, curves, fit_variants, host_traffic, link_probe, machine
+from hvd_easgd import link_probe
+
+from . import allreduce, configurations, curves, fit_variants, host_traffic, machine
 from .names import ALL_CUSTOM_LOOP, BY_NAME, CUSTOM_LOOP, FIT, STRATEGIES
 from .order import default_repeats, design_length, interleaved_repeats, is_whole_design
 from .runner import summary

@@ -48,6 +48,7 @@ _LAZY = {
     "local_size": ".runtime",
     "rank": ".runtime",
     "size": ".runtime",
+    "auto": ".auto_strategy",
     "callbacks": ".callbacks",
     "data": ".app.data",
     "models": ".app.models",

@@ -13,7 +13,7 @@ import sys
 
 import yaml
 
-from .. import _compat, checkpoint
+from .. import _compat, auto_strategy, checkpoint
 from . import data
 from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, \
     TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
@@ -26,6 +26,7 @@ from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEX
 from .models import MODELS
 from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from ..runtime import COLLECTIVES, check_collectives
+from ..auto_strategy import AUTO
 from ..strategies import GradientAccumulation, registry
 from .trainer import train
 
@@ -69,8 +70,12 @@ def build_parser():
                         help="import MODULE (found on PYTHONPATH) first, on every rank; importing it registers its "
                              "strategies (hvd_easgd.registry.register). Repeatable or comma-separated; saved in the "
                              "run's config, so --resume imports it again")
-    parser.add_argument("--strategy", choices=sorted(strategies),
-                        help="; ".join(f"{n}: {d}" for n, d in sorted(strategies.items())))
+    parser.add_argument("--strategy", choices=sorted(strategies) + [AUTO],
+                        help="; ".join(f"{n}: {d}" for n, d in sorted(strategies.items()))
+                        + f"; {AUTO}: chosen at start-up from this job's own compute and links (docs/auto.md)")
+    parser.add_argument("--auto-utilisation", type=float, metavar="U",
+                        help="--strategy auto: the compute utilisation (compute / step) to reach; the most "
+                             "synchronous configuration predicted to reach it is chosen")
     group = parser.add_argument_group(
         "strategy options", "each applies to the strategies named in brackets; --strategy hierarchical also "
         "takes the options of its --inter strategy")
@@ -343,7 +348,9 @@ def parse_args(argv=None):
     defaults = {}
     if first.resume:
         saved = {k: v for k, v in _saved_config(first.resume).items() if k not in ("resume", "config", "run_dir")}
-        defaults.update(_config_to_defaults(saved, parser, f"--resume {first.resume}"))
+        # --strategy auto's choice is no flag: it comes back as it was made, so the resume keeps it.
+        choice = {"auto_choice": saved.pop("auto_choice")} if "auto_choice" in saved else {}
+        defaults.update(_config_to_defaults(saved, parser, f"--resume {first.resume}"), **choice)
     if first.config:
         defaults.update(_load_yaml(first.config, parser))
     parser.set_defaults(**defaults)
@@ -420,6 +427,9 @@ def _validate(args, options):
     except (ValueError, AssertionError):
         raise UsageError(f"--image-shape must be H,W,C of positive integers. Received: {args.image_shape!r}") from None
     args.image_shape = ",".join(map(str, shape))
+    if args.strategy == AUTO:
+        _validate_auto(args, options)
+        return
     # A strategy option given to a strategy that does not take it.
     accepted = _accepted_flags(args.strategy, options)
     delegate = _delegate(registry.get(args.strategy), options)
@@ -472,6 +482,21 @@ def _resolve_lr(args):
         args.lr = DEFAULT_ADAM_LR if args.optimizer == "adam" else DEFAULT_LR
 
 
+def _validate_auto(args, options):
+    """``--strategy auto`` chooses the strategy, its options and the format itself: none of them is given."""
+    given = [f"--{key.replace('_', '-')}" for key in options] + (
+        [f"--compression {args.compression}"] if args.compression != "none" else [])
+    if given:
+        raise UsageError(f"--strategy auto chooses the strategy's options and format itself; give a strategy "
+                         f"instead to set them. Received: {' '.join(given)}")
+    if args.accumulate != 1 or args.elastic:
+        raise UsageError("--strategy auto does not choose under --accumulate or --elastic; give the strategy. "
+                         f"Received: --accumulate {args.accumulate}" + (" --elastic" if args.elastic else ""))
+    if not 0 < args.auto_utilisation <= 1:
+        raise UsageError(f"--auto-utilisation must satisfy 0 < U <= 1. Received: --auto-utilisation="
+                         f"{args.auto_utilisation}")
+
+
 def _resolve_scale_lr(config, lr_given):
     """``config`` with ``--scale-lr auto`` resolved to True or False
     (``lr_scaling.auto_scales``), so config.yaml and a resume see the choice
@@ -480,6 +505,13 @@ def _resolve_scale_lr(config, lr_given):
     without a measured rule is refused under ``--scale-lr`` here, before
     Horovod starts."""
     scale_lr = config.scale_lr
+    if config.strategy == AUTO and config.auto_choice is None:
+        # The rule is the chosen strategy's: "auto" stays until the choice (trainer), and means that
+        # --lr was not given (with --lr, the rule keeps it as given).
+        if scale_lr is True:
+            raise UsageError("--scale-lr with --strategy auto: the rule is the chosen strategy's; leave "
+                             "--scale-lr auto (the default) or give the strategy")
+        return dataclasses.replace(config, scale_lr=False if lr_given else scale_lr)
     if scale_lr is not False:
         strategy = make_strategy(config)
         if scale_lr == "auto":
@@ -505,7 +537,10 @@ def strategy_kwargs(config, name=None):
 
 
 def make_strategy(config):
-    """The sync strategy ``config`` (a ``TrainConfig``) describes, not yet bound to the ranks."""
+    """The sync strategy ``config`` (a ``TrainConfig``) describes, not yet bound to the ranks; for
+    ``--strategy auto``, the one chosen (``config.auto_choice``), None before the choice."""
+    if config.strategy == AUTO:
+        return None if config.auto_choice is None else auto_strategy.strategy_of(config.auto_choice)
     try:
         kwargs = strategy_kwargs(config)
         delegate = _delegate(registry.get(config.strategy), config.strategy_options)

@@ -12,12 +12,14 @@ by ``cli``, ``--epochs`` by ``trainer`` once the number of ranks is known,
 Values resolved after the config is built come back as a new config
 (``dataclasses.replace``); nothing mutates one.
 """
+import copy
 import dataclasses
 import inspect
 import types
 from typing import Mapping, Optional, Union
 
 from .. import preemption, runtime
+from ..auto_strategy import DEFAULT_UTILISATION
 from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
 from ..comm.compression import POWERSGD_DEFAULT_RANK
 from .data import DEFAULT_CONTEXT, SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
@@ -118,10 +120,15 @@ class TrainConfig:
     verbose: Optional[int] = None
     # --step-timeline: write timeline.json: background collectives and train steps (comm/timeline.py).
     step_timeline: bool = False
+    # --strategy auto: the compute utilisation to reach, and the choice made at start-up
+    # (auto_strategy.auto's record), saved with the run so that a resume keeps it; None before it.
+    auto_utilisation: float = DEFAULT_UTILISATION
+    auto_choice: Optional[dict] = None
 
     def __post_init__(self):
         # Frozen all the way down: a copy the caller cannot change under us.
         object.__setattr__(self, "strategy_options", types.MappingProxyType(dict(self.strategy_options)))
+        object.__setattr__(self, "auto_choice", copy.deepcopy(self.auto_choice))
 
     def as_dict(self):
         """The effective config: every option as it takes effect, strategy options
@@ -131,7 +138,8 @@ class TrainConfig:
         Returns:
           A new plain ``dict``.
         """
-        plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "strategy_options"}
+        plain = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+                 if f.name != "strategy_options"}
         plain["plugin"] = list(self.plugin)  # YAML (safe_dump) writes lists, not tuples
         return {**plain, **self.strategy_options}
 

@@ -23,7 +23,9 @@ RESUMABLE_KEYS = frozenset({
 ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
                # the language model's (a run saved before them trained images at a constant rate)
                "context": 128, "layers": 2, "width": 64, "heads": 4, "lr_schedule": "constant",
-               "lr_warmup_updates": None, "lr_floor": 0.1}
+               "lr_warmup_updates": None, "lr_floor": 0.1,
+               # --strategy auto's (a run saved before it chose nothing)
+               "auto_utilisation": 0.9, "auto_choice": None}
 
 
 def config_differences(saved, current):

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 import yaml
 
-from .. import _compat, atomic, callbacks, checkpoint, elastic, preemption, runtime
+from .. import _compat, atomic, auto_strategy, callbacks, checkpoint, elastic, preemption, runtime
 from . import models
 from .config import DEFAULT_WARMUP_SHARE, MAX_DEFAULT_WARMUP_UPDATES, TEXT_MODEL
 from .config_compare import resume_mismatches
@@ -27,7 +27,7 @@ from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epo
 from .errors import UsageError
 from ..callbacks.run_recorder import perplexity
 from ..kept_model import save_kept_model
-from .lr_scaling import default_epochs
+from .lr_scaling import auto_scales, default_epochs
 from ..optimizer import DistributedOptimizer
 from ..strategies import registry
 
@@ -49,6 +49,8 @@ def train(config, dataset, strategy):
     steps = _steps_per_epoch(config, dataset, comm)
     config = _resolve_epochs(config, steps, text=dataset.tokens_per_sample is not None)
     config = _resolve_warmup(config, steps)
+    if strategy is None:  # --strategy auto, not chosen yet
+        config, strategy = _choose_strategy(config, dataset, comm, steps)
     if config.elastic:
         # Every collective of the start runs inside the elastic loop, after the state is
         # synchronised: a replacement starts here while the live ranks are in that sync.
@@ -96,8 +98,9 @@ def _finish(config, model, comm, recorder, test_ds, exact_evaluation, wall, star
 def _start_ranks(config, strategy):
     """Starts Horovod (or, with ``--collectives mpi-direct``, MPI alone), seeds every
     random source, and binds the strategy to the ranks."""
-    # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets.
-    splits = strategy.needs_process_groups()
+    # A strategy that splits the ranks into groups (Hierarchical) needs Horovod's dynamic process sets;
+    # --strategy auto (strategy None) may choose one.
+    splits = strategy is None or strategy.needs_process_groups()
     if config.elastic:
         _check_elastic(config, strategy)
     comm = runtime.init(threads_per_rank=config.threads_per_rank, process_sets="dynamic" if splits else None,
@@ -106,11 +109,38 @@ def _start_ranks(config, strategy):
     # precondition of exact resume.
     keras.utils.set_random_seed(config.seed)
     tf.config.experimental.enable_op_determinism()
+    if strategy is not None:
+        _bind(strategy, comm)
+    return comm
+
+
+def _bind(strategy, comm):
     try:
         strategy.bind(comm)  # validates what depends on the number of ranks (EASGD's alpha)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    return comm
+
+
+def _choose_strategy(config, dataset, comm, steps):
+    """``--strategy auto`` (``hvd_easgd.auto``): measures this job on a throwaway copy of its model and
+    its own first batches, chooses, and rank 0 prints the one line. Returns the config holding the choice
+    (config.yaml keeps it, so a resume builds the same strategy) and the strategy, bound; with ``--scale-lr
+    auto`` and no ``--lr``, the chosen strategy's rate rule, as if it had been given."""
+    model = _build_model(config, dataset)
+    batches, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, 0, 1, steps)
+    inner = _inner_optimizer(dataclasses.replace(config, scale_lr=False), comm.size, steps // config.accumulate)
+    _, record = auto_strategy.auto(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), inner,
+                                   batches.take(auto_strategy.WARM_STEPS + auto_strategy.TIMED_STEPS), comm,
+                                   config.auto_utilisation)
+    keras.utils.set_random_seed(config.seed)  # the model trained starts where a run given the choice would
+    if comm.rank == 0:
+        print(f"train.py: {record['reason']}", flush=True)
+    config = dataclasses.replace(config, auto_choice=record)
+    strategy = auto_strategy.strategy_of(record)
+    if config.scale_lr == "auto":
+        config = dataclasses.replace(config, scale_lr=auto_scales(strategy, config.optimizer, lr_given=False))
+    _bind(strategy, comm)
+    return config, strategy
 
 
 def _check_elastic(config, strategy):

@@ -245,3 +245,31 @@ def test_a_contained_strategy_takes_its_own_flags(fake_strategies):
         cli.parse_args(["--strategy", "fake-two-level", "--inter", "fake-periodic", "--moving-rate", "0.1"])
     with pytest.raises(errors.UsageError, match="--clip-norm is an option of --strategy sync"):
         cli.parse_args(["--strategy", "fake-two-level", "--clip-norm", "1"])
+
+
+# --- --strategy auto --------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--tau", "10"], "--strategy auto chooses the strategy's options and format itself; give a strategy instead "
+                      "to set them. Received: --tau"),
+    (["--compression", "int8"], "Received: --compression int8"),
+    (["--accumulate", "2"], "--strategy auto does not choose under --accumulate or --elastic"),
+    (["--auto-utilisation", "1.5"], "--auto-utilisation must satisfy 0 < U <= 1. Received: --auto-utilisation=1.5"),
+    (["--scale-lr"], "--scale-lr with --strategy auto: the rule is the chosen strategy's"),
+])
+def test_auto_refuses_what_it_chooses_itself(argv, message, capsys):
+    code, err = exit_and_stderr(["--strategy", "auto", *argv], capsys)
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_auto_leaves_the_strategy_and_its_rate_rule_to_the_choice_and_a_resume_keeps_the_choice(tmp_path):
+    config = cli.parse_args(["--strategy", "auto", "--epochs", "3"])
+    assert cli.make_strategy(config) is None and config.scale_lr == "auto" and config.auto_utilisation == 0.9
+    assert cli.parse_args(["--strategy", "auto", "--lr", "0.1"]).scale_lr is False  # a given --lr is kept
+    record = {"candidate": {"strategy": "diloco", "compression": "int8", "period": 50, "hierarchical": False},
+              "reason": "auto: diloco τ=50 int8, ..."}
+    saved = dict(cli.effective_config(config), auto_choice=record, scale_lr=False, run_dir=str(tmp_path / "run"))
+    run_dir = saved_run(tmp_path / "run", checkpoint.FORMAT_VERSION, saved)
+    resumed = cli.parse_args(["--resume", run_dir, "--epochs", "4"])
+    assert resumed.auto_choice == record and resumed.strategy == "auto"
+    strategy = cli.make_strategy(resumed)
+    assert (type(strategy).__name__, strategy.period, strategy.compression.name) == ("DiLoCo", 50, "int8")

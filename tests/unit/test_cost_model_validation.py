@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from benchmarks import calibration, cluster_check, link_probe
-from hvd_easgd import cost_model
+from benchmarks import calibration, cluster_check
+from hvd_easgd import cost_model, link_probe
 
 pytestmark = pytest.mark.unit
 

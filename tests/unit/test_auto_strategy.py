@@ -1,11 +1,11 @@
-"""hvd_easgd.auto: the rule that chooses a configuration, on hand-written measurements and traffic.
+"""hvd_easgd.auto_strategy: the rule that chooses a configuration, on hand-written measurements and traffic.
 
 A model of 4 MB of fp32 gradients; each candidate's traffic is what its strategy sends (one allreduce
 of the payload every τ steps, the quantised formats a quarter or an eighth of it), written here by
 hand so that every predicted step is a figure one can check with a pencil."""
 import pytest
 
-from hvd_easgd import auto
+from hvd_easgd import auto_strategy as auto
 
 pytestmark = pytest.mark.unit
 MODEL_BYTES = 4e6
@@ -101,3 +101,36 @@ def test_the_rule_refuses_nothing_to_choose_from_and_a_target_outside_0_1():
         auto.choose([], measured(1e9))
     with pytest.raises(ValueError, match="0 < target <= 1"):
         auto.choose_for(measured(1e9), hand_traffic, target=1.5)
+
+
+def test_a_record_builds_its_strategy_and_every_candidate_builds():
+    from hvd_easgd.strategies import DiLoCo, Hierarchical, SyncAverage
+
+    for candidate in auto.candidates(2):
+        strategy = candidate.build()
+        flat = strategy.inter if candidate.hierarchical else strategy
+        assert isinstance(strategy, Hierarchical) == candidate.hierarchical
+        assert isinstance(flat, SyncAverage if candidate.strategy == "sync" else DiLoCo)
+        assert flat.compression.name == candidate.compression
+    record = {"candidate": auto.Candidate("diloco", "int4", 25)._asdict()}
+    assert auto.strategy_of(record).period == 25
+
+
+def test_auto_at_one_rank_measures_a_copy_and_keeps_sync_on_one_host():
+    import keras
+    import numpy as np
+
+    from hvd_easgd.comm import LocalCommunicator
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    before = [w.copy() for w in model.get_weights()]
+    batches = [(np.ones((8, 4), np.float32), np.zeros(8, np.int64))] * 2
+    strategy, record = auto.auto(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                 keras.optimizers.Adam(1e-3), batches, comm=LocalCommunicator())
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # a copy was stepped
+    assert type(strategy).__name__ == "SyncAverage" and record["candidate"]["strategy"] == "sync"
+    assert record["hosts"] == 1 and record["compute"] > 0 and record["utilisation"] == 1.0
+    assert record["reason"].startswith("auto: sync, predicted utilisation 1.00") and " on one host, c = " in \
+        record["reason"]
+    assert len(record["predictions"]) == len(auto.candidates(1))

@@ -22,10 +22,14 @@ table shows it losing more than the goal is never chosen, and a τ beyond the la
 offered. This module imports no TensorFlow: the strategies' traffic reaches it as plain figures
 (``traffic_entry``), so the rule is tested on hand-written measurements.
 """
+import itertools
+import statistics
+import time
 from typing import NamedTuple
 
 from . import cost_model
 
+AUTO = "auto"  # train.py's --strategy auto
 DEFAULT_UTILISATION = 0.9
 # The local-update periods offered, up to the largest that the parity tables measured.
 PERIODS = (10, 25, 50)
@@ -63,6 +67,18 @@ class Candidate(NamedTuple):
         if self.compression != "none":
             flags += ["--compression", self.compression]
         return tuple(flags)
+
+    def build(self):
+        """The strategy, not yet bound (SyncAverage within each host for a two-level one)."""
+        from .strategies import DiLoCo, Hierarchical, SyncAverage
+
+        if self.strategy == "sync":
+            flat = SyncAverage(compression=self.compression)
+        elif self.strategy == "diloco":
+            flat = DiLoCo(period=self.period, compression=self.compression)
+        else:
+            raise ValueError(f"`strategy` must be sync or diloco. Received: strategy={self.strategy!r}")
+        return Hierarchical(inter=flat) if self.hierarchical else flat
 
     def order(self):
         """Most synchronous first: the period across hosts, then a host's ranks kept identical (at equal
@@ -127,6 +143,7 @@ def predict(candidate, expected, measured):
 class Choice(NamedTuple):
     prediction: Prediction
     reason: str  # the one line rank 0 prints
+    ranked: tuple  # every candidate's Prediction, most synchronous first
 
 
 def choose(predictions, measured, target=DEFAULT_UTILISATION):
@@ -139,7 +156,7 @@ def choose(predictions, measured, target=DEFAULT_UTILISATION):
     reaching = [p for p in ranked if p.utilisation >= target]
     # none reaching: the highest utilisation, and of equal ones the first in the order (max keeps the first)
     chosen = reaching[0] if reaching else max(ranked, key=lambda p: p.utilisation)
-    return Choice(chosen, reason(chosen, ranked, measured, target, bool(reaching)))
+    return Choice(chosen, reason(chosen, ranked, measured, target, bool(reaching)), tuple(ranked))
 
 
 def reason(chosen, ranked, measured, target, reached):
@@ -178,3 +195,119 @@ def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDI
 def single_host(compute, ranks):
     """The measurements of a job on one host (no link between hosts to pay for)."""
     return Measurements(compute, 1, ranks, Link(cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH))
+
+
+# --- what the job measures of itself --------------------------------------------------------------------
+# The link probe's allreduce is the model's own payload, at most this: its rate is the one that payload gets,
+# and at 10 Mbit/s 8 MB costs 2 x 6.4 s of a budget of a few percent of a run.
+PROBE_MAX_BYTES = 8e6
+WARM_STEPS, TIMED_STEPS = 2, 5
+# The α sweep's sizes: the small messages where latency, not bandwidth, takes the time.
+SWEEP_BYTES = (8, 512, 8192, 65536)
+
+
+def measure_compute(model, loss, optimizer, batches, comm, warm=WARM_STEPS, timed=TIMED_STEPS):
+    """c: seconds of one training step with no communication, the median over ``timed`` steps after
+    ``warm`` (which trace), the slowest rank's. On a copy of ``model`` and a fresh ``optimizer`` of the
+    same configuration: the model's weights and the optimizer's state are untouched."""
+    import keras
+    import tensorflow as tf
+
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    inner = optimizer.__class__.from_config(optimizer.get_config())
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, clone(x, training=True))
+        inner.apply(tape.gradient(value, clone.trainable_variables), clone.trainable_variables)
+        return value
+
+    seconds = []
+    for i, (x, y) in enumerate(itertools.islice(itertools.cycle(batches), warm + timed)):
+        start = time.perf_counter()
+        step(x, y).numpy()
+        if i >= warm:
+            seconds.append(time.perf_counter() - start)
+    return max(comm.allgather_json(statistics.median(seconds)))
+
+
+def measure_links(comm, payload_bytes):
+    """``(hosts, ranks_per_host, across, within)``: the job's layout and each level's ``Link``, from the
+    link probe (``link_probe``) with the model's payload; the cost model's within-host figures on one host."""
+    from . import link_probe
+
+    groups = comm.host_groups()
+    hosts, n = len(groups), len(groups[0])
+    within = Link(cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH)
+    if hosts == 1:
+        return hosts, n, within, within
+    megabytes = min(payload_bytes, PROBE_MAX_BYTES) / 1e6
+    levels = link_probe.levels(comm, megabytes) if n > 1 else None
+    if levels:
+        sweep = levels["within_host"]["alpha_sweep"]
+        within = Link(sweep["alpha"], levels["within_host"]["bits_per_second"] / 8)
+        bandwidth = levels["across_hosts"]["bits_per_second"] / 8
+    else:
+        bandwidth = link_probe.measure(comm, megabytes, hosts=hosts)["bits_per_second"] / 8
+    alpha = link_probe.alpha_sweep(comm, bandwidth, sizes=SWEEP_BYTES, hosts=hosts)["alpha"]
+    return hosts, n, Link(alpha, bandwidth), within
+
+
+def auto(model, loss, optimizer, batches, comm=None, target=DEFAULT_UTILISATION):
+    """Chooses the strategy for ``model`` on this job's ranks and links: measures c (a few steps of
+    ``batches`` with no communication) and the links, predicts every candidate, applies the rule (module
+    docstring). Rank 0 decides and every rank takes its decision.
+
+    Args:
+      model: the Keras model, built; its weights are not changed.
+      loss: its loss (a callable ``loss(y_true, y_pred)``).
+      optimizer: the inner optimizer it will train with (a copy is stepped).
+      batches: an iterable of ``(x, y)`` of this rank's own batches (a few are read).
+      comm: the communicator (default ``hvd_easgd.communicator()``).
+      target: the compute utilisation to reach, 0 < target <= 1.
+
+    Returns:
+      ``(strategy, record)``: the chosen strategy, not yet bound, and what was measured and why it was
+      chosen (JSON-ready; ``record["reason"]`` is the line rank 0 prints).
+
+    Example::
+
+        strategy, record = hvd_easgd.auto(model, loss, keras.optimizers.Adam(1e-3), dataset.take(8))
+        opt = hvd_easgd.DistributedOptimizer(keras.optimizers.Adam(1e-3), strategy=strategy)
+    """
+    from .runtime import communicator
+
+    comm = comm or communicator()
+    started = time.perf_counter()
+    compute = measure_compute(model, loss, optimizer, batches, comm)
+    payload = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
+    hosts, n, across, within = measure_links(comm, payload)
+    measured = Measurements(compute, hosts, n, across, within)
+
+    def expected_of(candidate):
+        return candidate.build().expected_traffic(model.trainable_variables, model.non_trainable_variables,
+                                                  hosts, n)
+
+    choice = choose_for(measured, expected_of, target)
+    record = comm.allgather_json(_record(choice, measured, target) if comm.rank == 0 else None)[0]
+    record["measure_seconds"] = max(comm.allgather_json(time.perf_counter() - started))
+    return strategy_of(record), record
+
+
+def strategy_of(record):
+    """The strategy a record of ``auto`` chose (a resume builds it again from config.yaml's), not yet bound."""
+    return Candidate(**record["candidate"]).build()
+
+
+def _record(choice, measured, target):
+    """What config.yaml keeps of the choice: the measurements, the candidate, the reason."""
+    chosen = choice.prediction
+    return {"candidate": dict(chosen.candidate._asdict()), "flags": list(chosen.candidate.flags()),
+            "reason": choice.reason, "target": target, "predicted_step": chosen.step,
+            "utilisation": chosen.utilisation, "compute": measured.compute, "hosts": measured.hosts,
+            "ranks_per_host": measured.ranks_per_host, "across": dict(measured.across._asdict()),
+            "within": dict(measured.within._asdict()),
+            "predictions": [{"candidate": p.candidate.label, "step": p.step, "utilisation": p.utilisation,
+                             "wire_bytes": p.wire_bytes} for p in choice.ranked]}
