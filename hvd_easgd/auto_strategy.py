@@ -86,13 +86,14 @@ class Candidate(NamedTuple):
         return (self.period, 0 if self.hierarchical else 1)
 
 
-def candidates(ranks_per_host, families=CANDIDATE_FAMILIES, periods=PERIODS):
-    """Every candidate at ``ranks_per_host`` ranks a host: each allowed family, the local-update ones
-    at every period, and with several ranks a host each also two-level (Hierarchical)."""
+def candidates(hosts, ranks_per_host, families=CANDIDATE_FAMILIES, periods=PERIODS):
+    """Every candidate at ``hosts`` × ``ranks_per_host``: each allowed family, the local-update ones at
+    every period, and with several hosts of several ranks each also two-level (Hierarchical)."""
+    two_level = hosts > 1 and ranks_per_host > 1
     found = []
     for strategy, compression in families:
         for period in ((1,) if strategy == "sync" else periods):
-            for hierarchical in ((False, True) if ranks_per_host > 1 else (False,)):
+            for hierarchical in ((False, True) if two_level else (False,)):
                 found.append(Candidate(strategy, compression, period, hierarchical))
     return found
 
@@ -185,7 +186,7 @@ def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDI
     """``choose`` over every candidate at the measured layout; ``expected_of(candidate)`` is that
     candidate's ``ExpectedTraffic`` for the model (its strategy's hook), or None where it cannot run."""
     predictions = []
-    for candidate in candidates(measured.ranks_per_host, families, periods):
+    for candidate in candidates(measured.hosts, measured.ranks_per_host, families, periods):
         expected = expected_of(candidate)
         if expected is not None:
             predictions.append(predict(candidate, expected, measured))

@@ -80,9 +80,9 @@ def test_the_one_line_names_the_choice_sync_and_the_best_more_synchronous_candid
                              "0.84) on a 100 Mbit/s link, c = 41 ms")
 
 
-def test_hierarchical_is_a_candidate_only_with_several_ranks_a_host_and_comes_first_at_equal_period():
-    assert not any(c.hierarchical for c in auto.candidates(1))
-    both = auto.candidates(2)
+def test_hierarchical_is_a_candidate_only_with_several_hosts_of_several_ranks_and_comes_first_at_equal_period():
+    assert not any(c.hierarchical for c in auto.candidates(2, 1) + auto.candidates(1, 4))
+    both = auto.candidates(2, 2)
     assert auto.Candidate("sync", hierarchical=True) in both and auto.Candidate("diloco", "int8", 10, True) in both
     assert auto.Candidate("sync", hierarchical=True).order() < auto.Candidate("sync").order() \
         < auto.Candidate("diloco", period=10, hierarchical=True).order()
@@ -91,9 +91,9 @@ def test_hierarchical_is_a_candidate_only_with_several_ranks_a_host_and_comes_fi
 
 
 def test_only_the_families_the_evidence_allows_are_candidates():
-    names = {(c.strategy, c.compression) for c in auto.candidates(2)}
+    names = {(c.strategy, c.compression) for c in auto.candidates(2, 2)}
     assert names == set(auto.CANDIDATE_FAMILIES)
-    assert max(c.period for c in auto.candidates(1)) == max(auto.PERIODS)
+    assert max(c.period for c in auto.candidates(2, 1)) == max(auto.PERIODS)
 
 
 def test_the_rule_refuses_nothing_to_choose_from_and_a_target_outside_0_1():
@@ -106,7 +106,7 @@ def test_the_rule_refuses_nothing_to_choose_from_and_a_target_outside_0_1():
 def test_a_record_builds_its_strategy_and_every_candidate_builds():
     from hvd_easgd.strategies import DiLoCo, Hierarchical, SyncAverage
 
-    for candidate in auto.candidates(2):
+    for candidate in auto.candidates(2, 2):
         strategy = candidate.build()
         flat = strategy.inter if candidate.hierarchical else strategy
         assert isinstance(strategy, Hierarchical) == candidate.hierarchical
@@ -133,4 +133,4 @@ def test_auto_at_one_rank_measures_a_copy_and_keeps_sync_on_one_host():
     assert record["hosts"] == 1 and record["compute"] > 0 and record["utilisation"] == 1.0
     assert record["reason"].startswith("auto: sync, predicted utilisation 1.00") and " on one host, c = " in \
         record["reason"]
-    assert len(record["predictions"]) == len(auto.candidates(1))
+    assert len(record["predictions"]) == len(auto.candidates(1, 1))
