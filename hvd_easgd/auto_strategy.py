@@ -217,6 +217,7 @@ def measure_compute(model, loss, optimizer, batches, comm, warm=WARM_STEPS, time
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
     inner = optimizer.__class__.from_config(optimizer.get_config())
+    inner.build(clone.trainable_variables)  # its slots exist before the step is traced
 
     @tf.function
     def step(x, y):
