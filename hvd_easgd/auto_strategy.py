@@ -19,8 +19,9 @@ equal to it, so fewer bits are taken where they buy the utilisation, not where t
 
 Only what that evidence allows is a candidate (``CANDIDATE_FAMILIES``): a configuration whose parity
 table shows it losing more than the goal is never chosen, and a τ beyond the largest measured is not
-offered. Importing this module imports no TensorFlow (the measuring does, when it runs): the strategies' traffic reaches the rule as plain figures
-(``traffic_entry``), so the rule is tested on hand-written measurements.
+offered. Importing this module imports no TensorFlow (measuring does, when it runs): the strategies'
+traffic reaches the rule as plain figures (``traffic_entry``), so the rule is tested on hand-written
+measurements.
 """
 import itertools
 import statistics
