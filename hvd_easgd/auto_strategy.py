@@ -194,11 +194,6 @@ def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDI
     return choose(predictions, measured, target)
 
 
-def single_host(compute, ranks):
-    """The measurements of a job on one host (no link between hosts to pay for)."""
-    return Measurements(compute, 1, ranks, Link(cost_model.INTRA_ALPHA, cost_model.INTRA_BANDWIDTH))
-
-
 # --- what the job measures of itself --------------------------------------------------------------------
 # The link probe's allreduce is the model's own payload, at most this: its rate is the one that payload gets,
 # and at 10 Mbit/s 8 MB costs 2 x 6.4 s of a budget of a few percent of a run.

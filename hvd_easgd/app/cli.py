@@ -430,6 +430,8 @@ def _validate(args, options):
     if args.strategy == AUTO:
         _validate_auto(args, options)
         return
+    if args.auto_utilisation != auto_strategy.DEFAULT_UTILISATION:
+        raise UsageError(f"--auto-utilisation is an option of --strategy auto, not --strategy {args.strategy}")
     # A strategy option given to a strategy that does not take it.
     accepted = _accepted_flags(args.strategy, options)
     delegate = _delegate(registry.get(args.strategy), options)

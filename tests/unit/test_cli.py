@@ -261,6 +261,11 @@ def test_auto_refuses_what_it_chooses_itself(argv, message, capsys):
     assert code == 2 and message in err and err.count("\n") == 1
 
 
+def test_auto_utilisation_belongs_to_auto(capsys):
+    code, err = exit_and_stderr(["--strategy", "easgd", "--auto-utilisation", "0.8"], capsys)
+    assert code == 2 and "--auto-utilisation is an option of --strategy auto, not --strategy easgd" in err
+
+
 def test_auto_leaves_the_strategy_and_its_rate_rule_to_the_choice_and_a_resume_keeps_the_choice(tmp_path):
     config = cli.parse_args(["--strategy", "auto", "--epochs", "3"])
     assert cli.make_strategy(config) is None and config.scale_lr == "auto" and config.auto_utilisation == 0.9
