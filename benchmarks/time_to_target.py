@@ -61,7 +61,9 @@ class ClusterLaunch(NamedTuple):
     hosts: int
 
     def command(self, variant, seed, run_dir):
-        return [horovodrun(), "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi", sys.executable,
+        # --disable-cache: horovodrun checks ssh every time and writes nothing under ~/.horovod.
+        return [horovodrun(), "--disable-cache", "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi",
+                sys.executable,
                 os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed), *variant.flags,
                 *CLUSTER_FLAGS]
 
