@@ -63,9 +63,8 @@ class ClusterLaunch(NamedTuple):
     def command(self, variant, seed, run_dir):
         # --disable-cache: horovodrun checks ssh every time and writes nothing under ~/.horovod.
         return [horovodrun(), "--disable-cache", "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi",
-                sys.executable,
-                os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed), *variant.flags,
-                *CLUSTER_FLAGS]
+                sys.executable, os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed),
+                *variant.flags, *CLUSTER_FLAGS]
 
     def shown(self, variant, seed):
         return shown_command(f"horovodrun -np {self.hosts} -H {hosts_argument(self.hosts, 1)} --mpi",
