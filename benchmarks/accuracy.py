@@ -164,6 +164,46 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(),
     return runs, failures
 
 
+def continue_runs(out, index, variants, np_, seeds, timeout, tag, shown=None, launch=None):
+    """``run_over_seeds`` into ``out``, continuing the runs an earlier invocation kept there (its
+    runs.json, made with the same ``index``: a long benchmark can be run in parts), then ``out/runs.json``:
+    ``index``, the seeds, every kept run and the failures. Returns the failures."""
+    earlier = earlier_runs(out, index)
+    runs, failures = run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=shown,
+                                    done={run["run"] for run in earlier}, launch=launch)
+    runs = earlier + runs
+    with open(os.path.join(out, "runs.json"), "w") as f:
+        json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
+                   "failures": failures}, f, indent=1)
+    return failures
+
+
+def earlier_runs(out, index):
+    """The runs an earlier invocation kept in ``out`` (its runs.json), which this one continues.
+    Refused, in one line, if they were made otherwise (another ``index``)."""
+    path = os.path.join(out, "runs.json")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        earlier = json.load(f)
+    differs = [key for key in index if earlier.get(key) != index[key]]
+    if differs:
+        raise SystemExit(f"{out} holds runs made with other {', '.join(differs)} "
+                         f"({', '.join(f'{k}={earlier.get(k)!r}' for k in differs)}); choose another --out")
+    return earlier["runs"]
+
+
+def kept_runs(directory):
+    """``(runs.json, [(its run entry, that run's metrics.json)])`` of a results folder, in run order."""
+    with open(os.path.join(directory, "runs.json")) as f:
+        index = json.load(f)
+    found = []
+    for run in index["runs"]:
+        with open(os.path.join(directory, run["run"], "metrics.json")) as f:
+            found.append((run, json.load(f)))
+    return index, found
+
+
 # --- the report (also rendered into the docs) ---------------------------------------------------------
 def _run_mean(metrics, key, skip_epochs=0):
     epochs = metrics["epochs"][skip_epochs:] or metrics["epochs"]
@@ -173,12 +213,9 @@ def _run_mean(metrics, key, skip_epochs=0):
 
 def summarise(directory):
     """Per variant: its runs' final accuracies, mean payload and wire bytes per step, and its twin."""
-    with open(os.path.join(directory, "runs.json")) as f:
-        index = json.load(f)
+    index, runs = kept_runs(directory)
     found = {}
-    for run in index["runs"]:
-        with open(os.path.join(directory, run["run"], "metrics.json")) as f:
-            metrics = json.load(f)
+    for run, metrics in runs:
         # PowerSGD's bytes goal is after its warm-up: the first epoch holds the uncompressed steps.
         skip = 1 if "powersgd" in run["variant"] else 0
         entry = found.setdefault(run["variant"], {"twin": run["twin"], "accuracy": [], "wire": [], "payload": [],

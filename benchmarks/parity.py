@@ -27,13 +27,12 @@ The goals each workload is judged by (``Workload``), on the mean over seeds:
 This process never imports TensorFlow: it launches, waits and copies.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
 from typing import NamedTuple
 
-from .accuracy import Variant, run_over_seeds
+from .accuracy import Variant, continue_runs, kept_runs
 from .runner import table
 
 
@@ -136,15 +135,9 @@ def main(argv=None, prog="python -m benchmarks parity"):
         return 0
     workload = WORKLOADS[args.workload]
     out = os.path.abspath(args.out)
-    index = {"workload": args.workload, "np": args.np, "flags": args.flags}
-    earlier = earlier_runs(out, index)
-    runs, failures = run_over_seeds(args.variants, args.np, args.seeds, out, args.timeout, "parity",
-                                    shown=lambda m: f"final {workload.metric} {m['final'][workload.metric]:.4f}",
-                                    done={run["run"] for run in earlier})
-    runs = earlier + runs
-    with open(os.path.join(out, "runs.json"), "w") as f:
-        json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
-                   "failures": failures}, f, indent=1)
+    failures = continue_runs(out, {"workload": args.workload, "np": args.np, "flags": args.flags}, args.variants,
+                             args.np, args.seeds, args.timeout, "parity",
+                             shown=lambda m: f"final {workload.metric} {m['final'][workload.metric]:.4f}")
     print(write_table(out), end="", flush=True)
     return 1 if failures else 0
 
@@ -157,33 +150,15 @@ def write_table(directory):
     return text
 
 
-def earlier_runs(out, index):
-    """The runs an earlier invocation kept in ``out`` (its runs.json), which this one continues:
-    a long benchmark can be run in parts. Refused, in one line, if they were made otherwise."""
-    path = os.path.join(out, "runs.json")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        earlier = json.load(f)
-    differs = [key for key in index if earlier.get(key) != index[key]]
-    if differs:
-        raise SystemExit(f"parity: {out} holds runs made with other {', '.join(differs)} "
-                         f"({', '.join(f'{k}={earlier.get(k)!r}' for k in differs)}); choose another --out")
-    return earlier["runs"]
-
-
 # --- the table ---------------------------------------------------------------------------------
 def summarise(directory):
     """``(runs.json, {configuration: {"values": [final metric per seed], "twin": name, "speed": [tokens or
     samples/s], "training": [the last epoch's training loss, the mean over its steps of the ranks' local
     weights], "command": the first seed's}})``, in the order the runs were made."""
-    with open(os.path.join(directory, "runs.json")) as f:
-        index = json.load(f)
+    index, runs = kept_runs(directory)
     metric = WORKLOADS[index["workload"]].metric
     found = {}
-    for run in index["runs"]:
-        with open(os.path.join(directory, run["run"], "metrics.json")) as f:
-            metrics = json.load(f)
+    for run, metrics in runs:
         final = metrics["final"]
         entry = found.setdefault(run["variant"], {"values": [], "twin": run["twin"], "speed": [], "training": [],
                                                   "command": run["command"]})

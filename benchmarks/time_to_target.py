@@ -37,7 +37,7 @@ from typing import NamedTuple
 from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse_rate
 
 from . import parity
-from .accuracy import LocalLaunch, Variant, run_over_seeds, shown_command
+from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
 from .rated_links import hosts_argument, run_on_cluster
 from .runner import REPO_ROOT, horovodrun, table
 
@@ -61,9 +61,10 @@ class ClusterLaunch(NamedTuple):
     hosts: int
 
     def command(self, variant, seed, run_dir):
-        return [horovodrun(), "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi", sys.executable,
-                os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed), *variant.flags,
-                *CLUSTER_FLAGS]
+        # --disable-cache: horovodrun checks ssh every time and writes nothing under ~/.horovod.
+        return [horovodrun(), "--disable-cache", "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi",
+                sys.executable, os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed),
+                *variant.flags, *CLUSTER_FLAGS]
 
     def shown(self, variant, seed):
         return shown_command(f"horovodrun -np {self.hosts} -H {hosts_argument(self.hosts, 1)} --mpi",
@@ -130,17 +131,10 @@ def variants(names, corpus):
 
 
 def _run_folder(folder, chosen, np_, seeds, timeout, launch, extra):
-    """Runs what ``folder`` does not hold yet (its runs.json continued); returns its failures."""
-    index = {"workload": "language_model", "np": np_, "flags": " ".join(MODEL_FLAGS), **extra}
-    earlier = parity.earlier_runs(folder, index)
-    runs, failures = run_over_seeds(chosen, np_, seeds, folder, timeout, "time-to-target",
-                                    shown=lambda m: f"final test_loss {m['final']['test_loss']:.4f}",
-                                    done={run["run"] for run in earlier}, launch=launch)
-    runs = earlier + runs
-    with open(os.path.join(folder, "runs.json"), "w") as f:
-        json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
-                   "failures": failures}, f, indent=1)
-    return failures
+    """Runs what ``folder`` does not hold yet (``accuracy.continue_runs``); returns its failures."""
+    return continue_runs(folder, {"workload": "language_model", "np": np_, "flags": " ".join(MODEL_FLAGS), **extra},
+                         chosen, np_, seeds, timeout, "time-to-target",
+                         shown=lambda m: f"final test_loss {m['final']['test_loss']:.4f}", launch=launch)
 
 
 def main(argv=None, prog="python -m benchmarks time-to-target"):
@@ -189,13 +183,11 @@ def seconds_to_target(points, target):
 
 
 def _load(folder):
-    """``{configuration: [metrics.json per seed]}`` of a rate's folder, in the order the runs were made."""
-    with open(os.path.join(folder, "runs.json")) as f:
-        index = json.load(f)
+    """``(runs.json, {configuration: [metrics.json per seed]})`` of a rate's folder, in run order."""
+    index, runs = kept_runs(folder)
     found = {}
-    for run in index["runs"]:
-        with open(os.path.join(folder, run["run"], "metrics.json")) as f:
-            found.setdefault(run["variant"], []).append(json.load(f))
+    for run, metrics in runs:
+        found.setdefault(run["variant"], []).append(metrics)
     return index, found
 
 

@@ -520,7 +520,7 @@ def render(results_dirs=None, figures=None, overlap_dir=None):
         lines += [f"The overlap goals are read from [the overlap run](overlap-results.md) "
                   f"(`{os.path.relpath(overlap_dir, REPO_ROOT)}`: each overlapped configuration beside its twin, "
                   f"{overlap['time_to_accuracy_by_rate'][0]['seeds']} seeds).", ""]
-    lines += ["## Goals (issue 25)", "",
+    lines += ["## What was measured, against its target", "",
               table(["goal", "rate", "measured", ""], goal_rows(results, targets, overlap), "llll"), ""]
     for tta in ttas:
         link = tta["link"]
@@ -590,7 +590,7 @@ def render_overlap(results_dir=OVERLAP_RESULTS, figures=None):
              "Computed by `benchmarks/tta_report.py` from the per-epoch curves in "
              f"`{source}/results.json`, as on the time-to-accuracy page (first epoch at or above a target, "
              "nothing interpolated).", "",
-             "## Goals (issue 25, overlap)", ""]
+             "## Overlap: what was measured, against its target", ""]
     for tta in results["time_to_accuracy_by_rate"]:
         lines += [table(["goal", "measured", ""], _overlap_rows(tta), "lll"), "",
                   f"## {tta['link']['nominal']} ({tta['link']['measured_mbit']:,.0f} Mbit/s measured)", "",

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from benchmarks import parity
+from benchmarks import accuracy, parity
 from benchmarks.runner import REPO_ROOT
 
 pytestmark = pytest.mark.unit
@@ -94,8 +94,8 @@ def test_a_folder_of_other_runs_is_not_continued(tmp_path):
     with open(tmp_path / "runs.json", "w") as f:
         json.dump({"workload": "language_model", "np": 4, "flags": "", "runs": []}, f)
     with pytest.raises(SystemExit, match="holds runs made with other np"):
-        parity.earlier_runs(str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""})
-    assert parity.earlier_runs(str(tmp_path / "none"), {"np": 2}) == []
+        accuracy.earlier_runs(str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""})
+    assert accuracy.earlier_runs(str(tmp_path / "none"), {"np": 2}) == []
 
 
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "parity-*"))))

@@ -36,7 +36,7 @@ def test_a_cluster_launch_is_horovodrun_mpi_from_node1_one_rank_a_host():
     launch = ttt.ClusterLaunch(VirtualCluster("hvdtest"), 2)
     variant = Variant("sync", ("--strategy", "sync"))
     cmd = launch.command(variant, 1, "/runs/r")
-    assert cmd[1:6] == ["-np", "2", "-H", "node1:1,node2:1", "--mpi"]
+    assert cmd[1:7] == ["--disable-cache", "-np", "2", "-H", "node1:1,node2:1", "--mpi"]
     assert cmd[-6:] == ["--seed", "1", "--strategy", "sync", "--threads-per-rank", "1"]
     assert launch.shown(variant, 1) == ("horovodrun -np 2 -H node1:1,node2:1 --mpi python train.py --strategy sync "
                                         "--threads-per-rank 1 --seed 1 --run-dir DIR")
