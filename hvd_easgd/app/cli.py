@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import errno
 import inspect
+import json
 import os
 import sys
 
@@ -76,6 +77,9 @@ def build_parser():
     parser.add_argument("--auto-utilisation", type=float, metavar="U",
                         help="--strategy auto: the compute utilisation (compute / step) to reach; the most "
                              "synchronous configuration predicted to reach it is chosen")
+    # The choice --strategy auto made, as config.yaml keeps it: a resume passes it back, so the run trains
+    # the same strategy without measuring again. Not for the command line.
+    parser.add_argument("--auto-choice", type=json.loads, help=argparse.SUPPRESS)
     group = parser.add_argument_group(
         "strategy options", "each applies to the strategies named in brackets; --strategy hierarchical also "
         "takes the options of its --inter strategy")
@@ -348,9 +352,7 @@ def parse_args(argv=None):
     defaults = {}
     if first.resume:
         saved = {k: v for k, v in _saved_config(first.resume).items() if k not in ("resume", "config", "run_dir")}
-        # --strategy auto's choice is no flag: it comes back as it was made, so the resume keeps it.
-        choice = {"auto_choice": saved.pop("auto_choice")} if "auto_choice" in saved else {}
-        defaults.update(_config_to_defaults(saved, parser, f"--resume {first.resume}"), **choice)
+        defaults.update(_config_to_defaults(saved, parser, f"--resume {first.resume}"))
     if first.config:
         defaults.update(_load_yaml(first.config, parser))
     parser.set_defaults(**defaults)
@@ -430,7 +432,7 @@ def _validate(args, options):
     if args.strategy == AUTO:
         _validate_auto(args, options)
         return
-    if args.auto_utilisation != auto_strategy.DEFAULT_UTILISATION:
+    if args.auto_utilisation != auto_strategy.DEFAULT_UTILISATION or args.auto_choice is not None:
         raise UsageError(f"--auto-utilisation is an option of --strategy auto, not --strategy {args.strategy}")
     # A strategy option given to a strategy that does not take it.
     accepted = _accepted_flags(args.strategy, options)

@@ -29,6 +29,7 @@ DEFAULTS_EFFECTIVE = {
     "keep_checkpoints": 3, "elastic": False, "elastic_commit_every": None,  # --elastic (issue 27)
     "eval_every": 1, "tensorboard": True, "verbose": None,
     "step_timeline": False,  # --step-timeline (issue 25: timeline.json)
+    "auto_utilisation": 0.9, "auto_choice": None,  # --strategy auto's target and its choice
 }
 
 
