@@ -26,6 +26,8 @@ class Expected:
         self.total = Level(*(self.across_groups.by_collective + self.within_group.by_collective))
 
 
+# The rule over several periods (the evidence offers τ = 10 alone today: auto.PERIODS).
+PERIODS = (10, 25, 50)
 SHARE = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int4": 0.125}
 
 
@@ -56,24 +58,25 @@ def test_a_slow_link_takes_the_most_synchronous_period_that_reaches_the_target_a
         auto.Candidate("diloco", "int4", 10)
     # without the quantised formats, fp32 at the period that reaches: tau 25 0.1/0.1128 = 0.89, tau 50 0.94
     families = (("sync", "none"), ("diloco", "none"))
-    assert auto.choose_for(measured(100e6), hand_traffic, families=families).prediction.candidate == \
-        auto.Candidate("diloco", "none", 50)
+    assert auto.choose_for(measured(100e6), hand_traffic, families=families, periods=PERIODS).prediction.candidate \
+        == auto.Candidate("diloco", "none", 50)
 
 
 def test_a_longer_period_is_taken_only_when_a_shorter_cannot_reach_the_target():
     # 10 Mbit/s, fp32 only: tau 10 0.1/(0.1 + 0.32) = 0.24, tau 25 0.44, tau 50 0.61: none reaches 0.9,
     # so the highest, tau 50, with the line saying it is below the target
     families = (("sync", "none"), ("diloco", "none"))
-    choice = auto.choose_for(measured(10e6), hand_traffic, families=families)
+    choice = auto.choose_for(measured(10e6), hand_traffic, families=families, periods=PERIODS)
     assert choice.prediction.candidate == auto.Candidate("diloco", "none", 50)
     assert "below the target 0.9: the highest predicted" in choice.reason
     # a target of 0.6 is reached first at tau 50 too; at 0.4, tau 25 (0.44) is the most synchronous that reaches
-    assert auto.choose_for(measured(10e6), hand_traffic, target=0.4, families=families).prediction.candidate.period == 25
+    assert auto.choose_for(measured(10e6), hand_traffic, target=0.4, families=families,
+                           periods=PERIODS).prediction.candidate.period == 25
 
 
 def test_the_one_line_names_the_choice_sync_and_the_best_more_synchronous_candidate():
     choice = auto.choose_for(measured(100e6, compute=0.041), hand_traffic,
-                             families=(("sync", "none"), ("diloco", "none"), ("diloco", "int8")))
+                             families=(("sync", "none"), ("diloco", "none"), ("diloco", "int8")), periods=PERIODS)
     # c = 41 ms: sync 0.041/0.361 = 0.11; tau 10 fp32 0.56, int8 0.84; tau 25 int8 0.93 is the choice
     assert choice.prediction.candidate == auto.Candidate("diloco", "int8", 25)
     assert choice.reason == ("auto: diloco τ=25 int8, predicted utilisation 0.93 (sync 0.11, diloco τ=10 int8 "
