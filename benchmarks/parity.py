@@ -199,7 +199,7 @@ def render(directory):
     workload = WORKLOADS[index["workload"]]
     baseline = found.get(workload.baseline)
     base_mean = statistics.fmean(baseline["values"]) if baseline else None
-    rows = []
+    rows, verdicts, versus_of = [], {}, {}
     for name, entry in found.items():
         values = entry["values"]
         mean = statistics.fmean(values)
@@ -207,25 +207,49 @@ def render(directory):
         if base_mean and name != workload.baseline:
             versus = (f"{100 * (mean - base_mean) / base_mean:+.2f} %" if workload.relative is not None
                       else f"{100 * (mean - base_mean):+.2f} pp")
+        versus_of[name] = versus
+        if len(values) >= SEEDS_TO_JUDGE:
+            verdicts[name] = judge(workload, name, values, found)
         speed = statistics.median(s for s in entry["speed"] if s) if any(entry["speed"]) else None
         training = [t for t in entry["training"] if t is not None]
         rows.append([f"`{name}`", f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
                      f"{mean:.4f}", versus, f"{statistics.fmean(training):.4f}" if training else "—",
                      "—" if speed is None else f"{speed:,.0f}",
-                     ("; ".join(judge(workload, name, values, found)) or "—") if len(values) >= SEEDS_TO_JUDGE
+                     ("; ".join(verdicts[name]) or "—") if name in verdicts
                      else f"not judged ({len(values)} of {SEEDS_TO_JUDGE} seeds)"])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
     what = "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
     header = ["configuration", f"{what}, median", "min–max", "mean", f"mean vs {workload.baseline}",
               "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
-    lines = [f"{index['np']} ranks, {seeds}, train.py's defaults otherwise"
+    lines = [summary(workload, found, verdicts, versus_of), "",
+             f"{index['np']} ranks, {seeds}, train.py's defaults otherwise"
              + (f", with `{index['flags']}`" if index.get("flags") else "")
              + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
              "", table(header, rows, "lrrrrrrl")]
     if index.get("failures"):
         lines += ["", "Failed runs: " + "; ".join(index["failures"])]
     return "\n".join(lines) + "\n"
+
+
+def summary(workload, found, verdicts, versus_of):
+    """The table's answer in a sentence, from the same verdicts: which configurations meet every goal
+    and which miss one (with their mean against the baseline), and which are not judged yet."""
+    def names(chosen, with_versus=False):
+        return ", ".join(f"`{n}`" + (f" ({versus_of[n]} vs {workload.baseline})" if with_versus else "")
+                         for n in chosen)
+
+    met = [n for n, goals in verdicts.items() if goals and all(g.endswith(" met") for g in goals)]
+    missed = [n for n, goals in verdicts.items() if any(g.endswith("**missed**") for g in goals)]
+    waiting = [n for n in found if n not in verdicts]
+    parts = []
+    if met:
+        parts.append(f"**Within every goal** (means over {SEEDS_TO_JUDGE} seeds): {names(met)}.")
+    if missed:
+        parts.append(f"**Missing a goal:** {names(missed, with_versus=True)}.")
+    if waiting:
+        parts.append(f"Not judged yet (fewer than {SEEDS_TO_JUDGE} seeds): {names(waiting)}.")
+    return " ".join(parts)
 
 
 if __name__ == "__main__":

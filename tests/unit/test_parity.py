@@ -80,6 +80,8 @@ def test_the_table_gives_the_median_the_range_and_the_mean_against_sync(tmp_path
     assert "within 1.5 % of sync **missed**" in rows["diloco_tau10"][7]
     assert rows["sync"][1:5] == ["2.1000", "2.0000–2.2000", "2.1000", "—"]
     assert "2 ranks, seeds 0–2" in table
+    # the answer first, from the same verdicts
+    assert table.splitlines()[0] == "**Missing a goal:** `diloco_tau10` (+3.97 % vs sync)."
 
 
 def test_fewer_than_three_seeds_are_not_judged(tmp_path):
@@ -102,3 +104,12 @@ def test_a_folder_of_other_runs_is_not_continued(tmp_path):
 def test_every_committed_table_is_its_results_rendered(directory):
     with open(os.path.join(directory, parity.TABLE)) as f:
         assert f.read() == parity.render(directory)
+
+
+def test_the_summary_names_what_meets_every_goal_what_misses_and_what_is_not_judged_yet():
+    runs = found(sync=[0.910, 0.912, 0.911], easgd_tau10=[0.906, 0.907, 0.909], periodic_tau10=[0.90, 0.91])
+    verdicts = {n: parity.judge(FASHION, n, runs[n]["values"], runs) for n in ("sync", "easgd_tau10")}
+    text = parity.summary(FASHION, runs, verdicts, {"easgd_tau10": "-0.37 pp"})
+    # sync meets its floor, easgd its floor and 0.5 pp; periodic has 2 seeds
+    assert text == ("**Within every goal** (means over 3 seeds): `sync`, `easgd_tau10`. Not judged yet (fewer "
+                    "than 3 seeds): `periodic_tau10`.")
