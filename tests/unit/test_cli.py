@@ -114,7 +114,7 @@ def test_help_lists_strategies_from_the_registry(capsys):
         cli.parse_args(["--help"])
     out = capsys.readouterr().out
     assert exc.value.code == 0
-    for text in ("--strategy {diloco,easgd,hierarchical,periodic,sync}", "--outer-lr", "--outer-momentum", "--tau", "--moving-rate", "--overlap", "--clip-norm",
+    for text in ("--strategy {diloco,easgd,hierarchical,periodic,sync,auto}", "--auto-utilisation", "--outer-lr", "--outer-momentum", "--tau", "--moving-rate", "--overlap", "--clip-norm",
                  "--fp16-allreduce", "--reduce-op", "--accumulate", "--resume", "--checkpoint-every",
                  "factor m up to 4, then 4*sqrt(m/4)", "factor ranks*sqrt(K)"):  # --scale-lr's rule
         assert text in " ".join(out.split())
