@@ -2,8 +2,8 @@
 from hvd_easgd import _compat
 
 # Here, not in hvd_easgd.app: users' own scripts reach the app's modules too (hvd_easgd.data,
-# hvd_easgd.models) and keep Keras's matplotlib galleries; only train.py's ranks go without.
-_compat.import_keras_without_plotting()
+# hvd_easgd.models) and keep Keras's galleries and scikit-learn wrappers; only train.py's ranks go without.
+_compat.import_keras_for_ranks()
 
 from hvd_easgd.app.cli import main  # noqa: E402
 

@@ -15,25 +15,35 @@ def quiet_tensorflow():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def import_keras_without_plotting():
-    """Imports TensorFlow and Keras with matplotlib hidden from them, then lets it be imported again.
+# What Keras imports as it loads, whenever installed, for features a training rank never uses: its
+# ``keras.visualization`` galleries (matplotlib.pyplot) and its scikit-learn wrappers (sklearn).
+_RANK_UNUSED = ("matplotlib", "sklearn")
 
-    Keras 3 imports matplotlib.pyplot as it loads, whenever matplotlib is installed, for its
-    ``keras.visualization`` galleries: about 1 s of each rank's 9 s start on a 2-core machine, for
-    plots train.py never draws (8 ranks on one host pay it 8 times). Hidden, Keras takes matplotlib as
-    absent, so those galleries are unavailable in this process; ``import matplotlib`` works as
-    before. Nothing is hidden once anything has imported matplotlib, TensorFlow or Keras. train.py
-    calls it first; nothing in the library does.
+
+def import_keras_for_ranks():
+    """Imports TensorFlow and Keras with matplotlib and scikit-learn hidden from them, then lets
+    both be imported again.
+
+    Keras 3 imports matplotlib.pyplot and scikit-learn as it loads: about 2 s of each rank's 6-9 s
+    start on a 2-core machine (8 ranks on one host pay it 8 times), for plots and wrappers a rank
+    never uses. Hidden, Keras takes them as absent, so its galleries and its scikit-learn wrappers
+    are unavailable in this process; ``import matplotlib`` and ``import sklearn`` work as before (the
+    digits loader imports sklearn.datasets, paying for scikit-learn only where its data is used).
+    Nothing is hidden once TensorFlow or Keras is loaded, nor a package already imported. train.py
+    and the tests' rank scripts call it first; nothing in the library does.
     """
-    if {"matplotlib", "tensorflow", "keras"} & set(sys.modules):
+    if {"tensorflow", "keras"} & set(sys.modules):
         return
-    sys.modules["matplotlib"] = None  # `import matplotlib` now raises ImportError
+    hidden = [name for name in _RANK_UNUSED if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # `import NAME` now raises ImportError
     try:
         import keras  # noqa: F401
         import tensorflow  # noqa: F401
     finally:
-        if sys.modules.get("matplotlib", ...) is None:
-            del sys.modules["matplotlib"]
+        for name in hidden:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
 
 
 @functools.lru_cache(maxsize=None)

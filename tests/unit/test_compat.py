@@ -31,14 +31,17 @@ def test_the_installed_tensorflow_is_read_without_importing_it():
     assert version == tf.__version__
 
 
-def test_train_pys_ranks_load_keras_without_matplotlib_and_can_still_import_it():
+def test_train_pys_ranks_load_keras_without_matplotlib_or_sklearn_and_can_still_import_them():
     import subprocess
     import sys
 
     code = ("import sys; import train; "
             "assert 'keras' in sys.modules and 'matplotlib' not in sys.modules, 'matplotlib was imported'; "
+            "assert 'sklearn' not in sys.modules, 'sklearn was imported'; "
             "import keras.src.visualization.plot_image_gallery as gallery; assert gallery.plt is None; "
-            "import matplotlib.pyplot; assert sys.modules['matplotlib'] is not None")
+            "import keras.src.wrappers.sklearn_wrapper as wrapper; assert wrapper.sklearn is None; "
+            "import matplotlib.pyplot; assert sys.modules['matplotlib'] is not None; "
+            "from sklearn.datasets import load_digits; assert load_digits().data.shape == (1797, 64)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -60,6 +63,6 @@ def test_nothing_is_hidden_once_tensorflow_is_loaded():
 
     import tensorflow  # noqa: F401
 
-    before = sys.modules.get("matplotlib", "absent")
-    _compat.import_keras_without_plotting()
-    assert sys.modules.get("matplotlib", "absent") is before
+    before = {name: sys.modules.get(name, "absent") for name in ("matplotlib", "sklearn")}
+    _compat.import_keras_for_ranks()
+    assert {name: sys.modules.get(name, "absent") for name in before} == before

@@ -9,15 +9,19 @@ result with the NumPy reference (tests/reference.py) itself.
 """
 import sys
 
-import keras
-import numpy as np
-import tensorflow as tf
+from hvd_easgd import _compat
 
-import hvd_easgd
-from hvd_easgd import DiLoCo
-from hvd_easgd.comm import Compression
-from tests import reference as ref
-from tests.multiproc.scripts.rank_checks import gathered_max_diff, write_rank_results
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvd_easgd  # noqa: E402
+from hvd_easgd import DiLoCo  # noqa: E402
+from hvd_easgd.comm import Compression  # noqa: E402
+from tests import reference as ref  # noqa: E402
+from tests.multiproc.scripts.rank_checks import gathered_max_diff, write_rank_results  # noqa: E402
 
 OUT = sys.argv[1]
 COLLECTIVES = sys.argv[2] if len(sys.argv) > 2 else "horovod"

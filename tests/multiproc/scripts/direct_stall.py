@@ -12,9 +12,13 @@ Usage: direct_stall.py STALL_SECONDS.
 import sys
 import time
 
-import tensorflow as tf
+from hvd_easgd import _compat
 
-from hvd_easgd.comm.mpi_direct import DirectMPICommunicator
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import tensorflow as tf  # noqa: E402
+
+from hvd_easgd.comm.mpi_direct import DirectMPICommunicator  # noqa: E402
 
 LATE_SECONDS = 1.0
 

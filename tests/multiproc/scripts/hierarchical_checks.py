@@ -9,13 +9,17 @@ and one reduce-scatter over all the ranks to OUT/rank<r>.json.
 """
 import sys
 
-import keras
-import numpy as np
-import tensorflow as tf
+from hvd_easgd import _compat
 
-import hvd_easgd
-from hvd_easgd import EASGD, DiLoCo, Hierarchical, PeriodicAverage, SyncAverage
-from tests.multiproc.scripts.rank_checks import write_rank_results
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvd_easgd  # noqa: E402
+from hvd_easgd import EASGD, DiLoCo, Hierarchical, PeriodicAverage, SyncAverage  # noqa: E402
+from tests.multiproc.scripts.rank_checks import write_rank_results  # noqa: E402
 
 WIDTH, STEPS, LR = 3, 4, 0.5
 X0 = np.array([1.0, -2.0, 0.5], np.float32)

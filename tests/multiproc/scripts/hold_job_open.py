@@ -4,8 +4,12 @@ import os
 import sys
 import time
 
-import horovod.tensorflow as hvd
-import tensorflow as tf
+from hvd_easgd import _compat
+
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import horovod.tensorflow as hvd  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 ready_file, release_file = sys.argv[1:3]
 hvd.init()

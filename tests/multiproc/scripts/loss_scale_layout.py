@@ -15,12 +15,16 @@ a mismatched one.
 """
 import sys
 
-import keras
-import numpy as np
+from hvd_easgd import _compat
 
-import hvd_easgd
-import hvd_easgd.runtime
-from tests.multiproc.scripts.rank_checks import write_rank_results
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import hvd_easgd  # noqa: E402
+import hvd_easgd.runtime  # noqa: E402
+from tests.multiproc.scripts.rank_checks import write_rank_results  # noqa: E402
 
 OUT, COLLECTIVES = sys.argv[1], sys.argv[2]
 STEPS, BATCH, OVERFLOW_STEP = 6, 4, 2

@@ -13,12 +13,16 @@ import json
 import os
 import sys
 
-import keras
-import numpy as np
-import tensorflow as tf
+from hvd_easgd import _compat
 
-import hvd_easgd
-from tests import reference as ref
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import hvd_easgd  # noqa: E402
+from tests import reference as ref  # noqa: E402
 
 OUT = sys.argv[1]
 comm = hvd_easgd.init(threads_per_rank=1)

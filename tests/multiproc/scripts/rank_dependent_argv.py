@@ -3,7 +3,10 @@ node with another config file, or a stale copy of the job script, looks."""
 import sys
 
 from hvd_easgd import _compat
-from hvd_easgd.app import cli
+
+_compat.import_keras_for_ranks()  # as train.py's ranks
+
+from hvd_easgd.app import cli  # noqa: E402
 
 rank = _compat.launcher_rank()
 cli.main(sys.argv[1:] + ["--lr", f"0.0{rank + 1}"])

@@ -3,7 +3,10 @@ import os
 import sys
 
 from hvd_easgd import _compat
-from hvd_easgd.app import cli
+
+_compat.import_keras_for_ranks()  # as train.py's ranks
+
+from hvd_easgd.app import cli  # noqa: E402
 
 pid_dir = sys.argv[1]
 with open(os.path.join(pid_dir, f"pid{_compat.launcher_rank()}"), "w") as f:

@@ -8,11 +8,15 @@ import json
 import os
 import sys
 
-import keras
+from hvd_easgd import _compat
 
-import hvd_easgd
-from hvd_easgd.app import data
-from hvd_easgd.callbacks import GlobalEvaluationMetrics, MetricAverage
+_compat.import_keras_for_ranks()  # as train.py's ranks: no galleries, no sklearn wrappers
+
+import keras  # noqa: E402
+
+import hvd_easgd  # noqa: E402
+from hvd_easgd.app import data  # noqa: E402
+from hvd_easgd.callbacks import GlobalEvaluationMetrics, MetricAverage  # noqa: E402
 
 OUT = sys.argv[1]
 BATCH = 60
