@@ -1,36 +1,36 @@
-"""Installs the hvd_easgd package.
+"""Installs the hvd_easgd package, and its command ``hvd-easgd``.
 
-``pip install .`` declares what hvd_easgd runs on, as ranges, so it installs
-into a user's own supported TensorFlow; ``requirements.txt`` keeps the exact
-pins the project tests together (``make setup``), and ``tools/tf_versions.txt``
-lists the TensorFlow versions tried.
+``pip install`` (the wheel or sdist from ``make dist``, or a clone) declares
+what hvd_easgd runs on, as ranges, so it installs into a user's own venv that
+already has a supported TensorFlow. TensorFlow itself is an extra, because its
+distribution's name varies (``tensorflow``, ``tensorflow-cpu``, ...) and a
+requirement on one would install it beside another: ``hvd_easgd[cpu]`` brings
+``tensorflow-cpu``, ``hvd_easgd[cuda]`` ``tensorflow[and-cuda]``.
+``requirements.txt`` keeps the exact pins the project tests together
+(``make setup``), and ``hvd_easgd/install/tf_versions.txt`` lists the
+TensorFlow versions tried.
 
-Horovod is built from source by ``tools/setup_env.sh`` (``make setup``)
-because it must be compiled against the exact TensorFlow in the environment;
-it is therefore not an install requirement here (its runtime needs are).
+Horovod and the direct MPI ops are compiled against the exact TensorFlow and
+MPI in the environment, so they are not install requirements here (Horovod's
+runtime needs are): ``hvd-easgd setup`` builds them after ``pip install``
+(``make setup`` runs it too). Its patch and version list ship as package data.
 """
 import os
-import shutil
 
 from setuptools import find_packages, setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The supported TensorFlow: 2.18.1 up to the 2.21 series (tools/tf_versions.txt).
+# The supported TensorFlow: 2.18.1 up to the 2.21 series (hvd_easgd/install/tf_versions.txt).
 TENSORFLOW_RANGE = ">=2.18.1,<2.22"
+# The TensorFlow distribution for each variant, as `hvd-easgd setup` names the variants
+# (tools/setup_env.sh installs the same one into the repository's venv).
+TENSORFLOW_EXTRAS = {"cpu": ["tensorflow-cpu" + TENSORFLOW_RANGE], "cuda": ["tensorflow[and-cuda]" + TENSORFLOW_RANGE]}
 
 
-def _cuda_present():
-    return shutil.which("nvidia-smi") is not None and not os.environ.get("HVD_EASGD_FORCE_CPU")
-
-
-def requirements(cuda=None):
-    """The install requirements; the TF distribution is chosen as tools/setup_env.sh
-    chooses it (``tensorflow[and-cuda]`` where CUDA is present)."""
-    cuda = _cuda_present() if cuda is None else cuda
-    tensorflow = "tensorflow[and-cuda]" if cuda else "tensorflow-cpu"
+def requirements():
+    """The install requirements: everything hvd_easgd imports but TensorFlow (``TENSORFLOW_EXTRAS``)."""
     return [
-        tensorflow + TENSORFLOW_RANGE,
         "keras>=3.10,<4",
         # TF >= 2.21 no longer brings it; tf.summary (train.py's logs) needs it.
         "tensorboard>=2.18",
@@ -38,7 +38,7 @@ def requirements(cuda=None):
         "mpi4py>=4.0",
         "scikit-learn>=1.3",
         "pyyaml>=6.0",
-        # Horovod's runtime needs (tools/setup_env.sh installs its wheel with --no-deps).
+        # Horovod's runtime needs (`hvd-easgd setup` installs its wheel with --no-deps).
         "cloudpickle>=2.0",
         "psutil>=5.9",
         "packaging>=23",
@@ -60,8 +60,11 @@ if __name__ == "__main__":
         description="Pluggable sync strategies (SyncAverage, EASGD, gradient accumulation, local SGD, DiLoCo, "
         "Hierarchical) for TensorFlow 2 / Keras 3 over ring-allreduce",
         packages=find_packages(include=["hvd_easgd", "hvd_easgd.*"]),
-        # The mpi-direct ops are compiled on each machine (make setup) from their source.
-        package_data={"hvd_easgd.comm._mpi_ops": ["*.cc"]},
+        # Compiled or applied on each machine by `hvd-easgd setup`: the mpi-direct ops' source,
+        # hvd_easgd's patch to Horovod, and the TensorFlow versions it supports.
+        package_data={"hvd_easgd.comm._mpi_ops": ["*.cc"], "hvd_easgd.install": ["*.patch", "tf_versions.txt"]},
+        entry_points={"console_scripts": ["hvd-easgd = hvd_easgd.install.cli:main"]},
         python_requires=">=3.11,<3.12",
         install_requires=requirements(),
+        extras_require=TENSORFLOW_EXTRAS,
     )

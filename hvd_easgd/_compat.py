@@ -71,8 +71,8 @@ def versions():
     return found
 
 
-# tools/setup_env.sh writes this beside horovod/tensorflow/ when it installs
-# its build: "<TF version the wheel was built against> patch-<hash>".
+# `hvd-easgd setup` (hvd_easgd/install/) writes this beside horovod/tensorflow/ when
+# it installs its build: "<TF version the wheel was built against> patch-<hash>".
 HOROVOD_BUILD_RECORD = "hvd_easgd_build.txt"
 
 
@@ -80,13 +80,20 @@ class StackMismatchError(RuntimeError):
     """A native library was built against another TensorFlow than the one running."""
 
 
-def horovod_built_against(horovod_dir):
-    """The TF version recorded for the Horovod installed at ``horovod_dir`` (None if unrecorded)."""
+def horovod_build_record(horovod_dir):
+    """The build record of the Horovod installed at ``horovod_dir``, e.g. ``"2.21.0 patch-d26ad9e1"``
+    (None if unrecorded)."""
     try:
         with open(os.path.join(horovod_dir, "tensorflow", HOROVOD_BUILD_RECORD)) as f:
-            return f.read().split()[0]
-    except (OSError, IndexError):
+            return f.read().strip() or None
+    except OSError:
         return None
+
+
+def horovod_built_against(horovod_dir):
+    """The TF version recorded for the Horovod installed at ``horovod_dir`` (None if unrecorded)."""
+    record = horovod_build_record(horovod_dir)
+    return record.split()[0] if record else None
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,20 +105,20 @@ def horovod_problem():
 
     spec = importlib.util.find_spec("horovod")
     if spec is None:
-        return "Horovod is not installed (make setup builds it)"
+        return "Horovod is not installed (`hvd-easgd setup` builds it; `make setup` in a clone)"
     import tensorflow as tf
 
     running = tf.__version__
     built = horovod_built_against(os.path.dirname(spec.origin))
     if built is not None and built != running:
         return (f"Horovod was built against TensorFlow {built} but TensorFlow {running} is running; "
-                "rebuild it with `make setup` (or `make setup TF=<version>` for another venv)")
+                "rebuild it with `hvd-easgd setup` in this environment (`make setup` in a clone)")
     try:
         import horovod.tensorflow  # noqa: F401
     except Exception as err:  # a symbol error from a library built for another TF, or a missing extension
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         return (f"Horovod's TensorFlow extension does not load under TensorFlow {running} ({first}); "
-                "it was most likely built against another TensorFlow: rebuild it with `make setup`")
+                "it was most likely built against another TensorFlow: rebuild it with `hvd-easgd setup`")
     return None
 
 
@@ -147,10 +154,13 @@ def tf_keras_requirement(tensorflow_version):
     return f"tf_keras=={_TF_KERAS[series]}"
 
 
-def under_launcher():
+LAUNCHER_MARKERS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def under_launcher(environ=None):
     """True when started by horovodrun/mpirun/srun with more than one rank possible."""
-    markers = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
-    return any(m in os.environ for m in markers)
+    environ = os.environ if environ is None else environ
+    return any(m in environ for m in LAUNCHER_MARKERS)
 
 
 def launcher_rank():
@@ -167,7 +177,7 @@ def launcher_rank():
 
 def cache_dir(environ=None):
     """Where builds made for this machine's stack are kept, outside any clone
-    (tools/setup_env.sh keeps the Horovod wheel there too)."""
+    (``hvd-easgd setup`` keeps the Horovod wheel there too)."""
     environ = os.environ if environ is None else environ
     return environ.get("HVD_EASGD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hvd_easgd")
 

@@ -179,7 +179,8 @@ def _direct_ops_problem():
     except ImportError as err:  # no mpi4py: no MPI to reach directly
         return f"the direct path is unavailable ({err})"
     if not os.path.exists(path):
-        return f"the direct ops are not built for this TensorFlow, MPI and Python ({path}; make setup builds them)"
+        return (f"the direct ops are not built for this TensorFlow, MPI and Python ({path}; "
+                "`hvd-easgd setup` builds them)")
     return None
 
 
@@ -295,19 +296,32 @@ def _collectives_from_use_horovod(use_horovod, collectives):
     return implied
 
 
-def _resolve_collectives(collectives):
-    """``(path, why)``: the collectives ``init(collectives=...)`` takes, ``"auto"`` decided."""
-    chosen = collectives == "auto"
-    path, why = choose_collectives() if chosen else (collectives, "chosen by the caller")
+def resolve_collectives(collectives=DEFAULT_COLLECTIVES, environ=None, gpu=None, direct_ops=None):
+    """``(path, why)``: the collectives ``init(collectives=...)`` takes in ``environ``, ``"auto"``
+    decided by ``choose_collectives`` (``gpu`` and ``direct_ops`` as there).
+
+    Where Horovod's path cannot be served (``_compat.horovod_problem``), one process without a
+    launcher falls back to ``"local"``, and a launched rank raises ``StackMismatchError``: each rank
+    would otherwise train on its own. ``hvd-easgd doctor`` asks this for the launches it names.
+    """
+    environ = os.environ if environ is None else environ
+    if collectives == "auto":
+        path, why = choose_collectives(environ, gpu=gpu, direct_ops=direct_ops)
+    else:
+        path, why = collectives, "chosen by the caller"
     if path == "horovod":
         problem = _compat.horovod_problem()
         if problem is not None:
-            # Alone, a process without Horovod trains as one rank; under a launcher
-            # that would silently train each rank on its own.
-            if _compat.under_launcher():
+            if _compat.under_launcher(environ):
                 raise _compat.StackMismatchError(problem)
             path, why = LOCAL, f"one process without a launcher, and Horovod cannot serve it ({problem})"
-    if chosen and _compat.launcher_rank() == 0:
+    return path, why
+
+
+def _resolve_collectives(collectives):
+    """``resolve_collectives`` for this process; rank 0 says what ``"auto"`` chose."""
+    path, why = resolve_collectives(collectives)
+    if collectives == "auto" and _compat.launcher_rank() == 0:
         print(f"hvd_easgd: collectives {path}, because {why} (train.py --collectives or "
               "hvd_easgd.init(collectives=...) forces one)", flush=True)
     return path, why

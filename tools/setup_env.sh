@@ -5,13 +5,14 @@
 #      tests), with one `apt-get update`;
 #   2. a virtual environment with the pinned stack from requirements.txt, for
 #      the default TensorFlow (.venv) or for another supported one
-#      (TF=2.19.1 -> .venv-tf2.19.1; the list is tools/tf_versions.txt);
-#   3. Horovod 0.28.1 built from its sdist with hvd_easgd's patch
-#      (tools/horovod/) against that TensorFlow, with MPI and Gloo (and NCCL
-#      where CUDA is present). The built wheel is cached outside the clone,
-#      keyed by the Horovod, TF, Python, GPU variant and patch, so a clean
-#      clone (CI) reuses it instead of rebuilding;
-#   4. a check that the build really has TensorFlow, MPI and Gloo.
+#      (TF=2.19.1 -> .venv-tf2.19.1; the list is hvd_easgd/install/tf_versions.txt),
+#      and hvd_easgd itself, editable, with its command `hvd-easgd`;
+#   3. `$VENV/bin/hvd-easgd setup`: Horovod 0.28.1 built with hvd_easgd's patch
+#      against that TensorFlow, with MPI and Gloo (and NCCL where CUDA is
+#      present), and the direct MPI ops, both cached under ~/.cache/hvd_easgd
+#      so a clean clone (CI) reuses them; then a check that Horovod loads with
+#      MPI and Gloo. A user who pip-installed hvd_easgd runs the same command
+#      (hvd_easgd/install/), so there is one set-up path.
 # Re-running it is cheap: every step checks first and skips what is done.
 #
 #   tools/setup_env.sh          install (what `make setup` runs)
@@ -20,10 +21,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3.11}
-CACHE=${HVD_EASGD_CACHE:-$HOME/.cache/hvd_easgd}
 REQS=$ROOT/requirements.txt
-VERSIONS=$ROOT/tools/tf_versions.txt
-PATCH=$ROOT/tools/horovod/horovod-0.28.1.patch
+VERSIONS=$ROOT/hvd_easgd/install/tf_versions.txt
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 PLAN_ONLY=
@@ -35,72 +34,58 @@ esac
 
 pin() { grep -E "^$1==" "$REQS" | head -n1 | cut -d= -f3; }
 DEFAULT_TF=$(pin tensorflow-cpu)
-HOROVOD_VERSION=$(pin horovod)
-[ -n "$DEFAULT_TF" ] && [ -n "$HOROVOD_VERSION" ] || die "requirements.txt must pin tensorflow-cpu and horovod with =="
+[ -n "$DEFAULT_TF" ] || die "requirements.txt must pin tensorflow-cpu with =="
 
 # --- which TensorFlow ---------------------------------------------------------
 # TF= picks another supported version; each lives in its own venv, so the
 # default one (.venv, what `make test` uses) is never replaced.
 TF_VERSION=${TF:-$DEFAULT_TF}
-supported=$(grep -vE '^[[:space:]]*(#|$)' "$VERSIONS" | awk '{print $1}' | tr '\n' ' ')
-case " $supported " in
-  *" $TF_VERSION "*) ;;
-  *) die "TensorFlow $TF_VERSION is not supported: hvd_easgd is tested on ${supported% } (tools/tf_versions.txt); a version outside that list has no Horovod build recipe here" ;;
-esac
 if [ "$TF_VERSION" = "$DEFAULT_TF" ]; then
   VENV=${VENV:-$ROOT/.venv}
 else
   VENV=${VENV:-$ROOT/.venv-tf$TF_VERSION}
 fi
-# Pins that differ for this TF (e.g. the tensorboard that an older TF requires itself).
-overrides=$(awk -v v="$TF_VERSION" '$1 == v { for (i = 2; i <= NF; i++) print $i }' "$VERSIONS")
-patch_hash=$(sha256sum "$PATCH" | cut -c1-8)
 
-# --- GPU detection: one place decides the variant --------------------------
-if [ -n "${HVD_EASGD_FORCE_CPU:-}" ]; then
-  VARIANT=cpu
-elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  VARIANT=cuda
-else
-  VARIANT=cpu
+# --- the plan: hvd-easgd's own, for this TF, made before the venv exists ------
+# `hvd-easgd setup --plan --tensorflow V` from the clone, with the system Python
+# (it loads no TensorFlow): it refuses an unsupported TF in one line, and
+# decides the variant (cuda where `nvidia-smi -L` answers), Horovod's build and
+# its cache key, exactly as the set-up in the venv will. Before the apt step
+# where a Python is already there (an unsupported TF is refused at once); else
+# after it, which installs one.
+PLAN=
+make_plan() {
+  PLAN=$(PYTHONPATH=$ROOT "$PYTHON" -m hvd_easgd.install setup --plan --tensorflow "$TF_VERSION") || exit $?
+  VARIANT=$(printf '%s\n' "$PLAN" | sed -n 's/^variant: //p')
+}
+if ! command -v "$PYTHON" >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1; then PYTHON=python3; fi
+if command -v "$PYTHON" >/dev/null 2>&1; then
+  make_plan
+elif [ -n "$PLAN_ONLY" ]; then
+  die "--plan needs Python 3.11 ($PYTHON); set PYTHON=/path/to/python3.11"
 fi
 
 # The requirements for this TF and variant: requirements.txt with the TF line
 # for the variant and this version's overrides; every other pin as written.
-resolved_reqs=$(mktemp)
-trap 'rm -f "$resolved_reqs"' EXIT
-override_names=$(for o in $overrides; do printf '%s|' "${o%%==*}"; done)
-grep -vE "^(horovod|tensorflow-cpu|${override_names}__none__)==" "$REQS" > "$resolved_reqs"
-for o in $overrides; do echo "$o" >> "$resolved_reqs"; done
-HOROVOD_BUILD_ENV=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
-                   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
-if [ "$VARIANT" = cuda ]; then
-  echo "tensorflow[and-cuda]==$TF_VERSION" >> "$resolved_reqs"
-  echo "nvidia-nccl-cu12" >> "$resolved_reqs"
-  # Horovod's GPU reductions over NCCL (NCCL's home is found once the venv exists).
-  HOROVOD_BUILD_ENV+=(HOROVOD_GPU_OPERATIONS=NCCL)
-else
-  echo "tensorflow-cpu==$TF_VERSION" >> "$resolved_reqs"
-fi
-WHEEL_KEY="horovod-$HOROVOD_VERSION-tf-$TF_VERSION-cp311-$VARIANT-patch-$patch_hash"
-if [ "$VARIANT" = cuda ]; then
-  # Horovod's GPU build compiles CUDA kernels: it needs the toolkit's nvcc,
-  # which no pip wheel provides in full.
-  NVCC=$(command -v nvcc || true)
-  [ -z "$NVCC" ] && [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] && NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
-fi
+resolve_requirements() {
+  local overrides override_names
+  overrides=$(awk -v v="$TF_VERSION" '$1 == v { for (i = 2; i <= NF; i++) print $i }' "$VERSIONS")
+  override_names=$(for o in $overrides; do printf '%s|' "${o%%==*}"; done)
+  grep -vE "^(tensorflow-cpu|${override_names}__none__)==" "$REQS"
+  for o in $overrides; do echo "$o"; done
+  if [ "$VARIANT" = cuda ]; then
+    echo "tensorflow[and-cuda]==$TF_VERSION"
+    echo "nvidia-nccl-cu12"
+  else
+    echo "tensorflow-cpu==$TF_VERSION"
+  fi
+}
 if [ -n "$PLAN_ONLY" ]; then
-  [ "$VARIANT" = cuda ] && echo "cuda toolkit: ${NVCC:-missing (install the CUDA 12 toolkit or set CUDA_HOME)}"
-  echo "tensorflow: $TF_VERSION"
-  echo "variant: $VARIANT"
+  echo "$PLAN"
   echo "venv: $VENV"
-  echo "requirements: $(grep -vE '^[[:space:]]*(#|$)' "$resolved_reqs" | tr '\n' ' ')"
-  echo "horovod build: ${HOROVOD_BUILD_ENV[*]}"
-  echo "horovod wheel cache: $CACHE/wheels/$WHEEL_KEY"
+  echo "requirements: $(resolve_requirements | grep -vE '^[[:space:]]*(#|$)' | tr '\n' ' ')"
   exit 0
 fi
-
-[ "$VARIANT" = cuda ] && [ -z "$NVCC" ] && die "nvidia-smi sees a GPU but there is no CUDA toolkit (nvcc) to build Horovod's NCCL ops: install the CUDA 12 toolkit or set CUDA_HOME; HVD_EASGD_FORCE_CPU=1 builds for CPU instead"
 
 # --- 1. Debian packages -----------------------------------------------------
 # MPI and the Horovod build; then what `make test` needs: a one-node SLURM
@@ -144,6 +129,10 @@ fi
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 "$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' \
   || die "hvd_easgd needs Python 3.11; set PYTHON=/path/to/python3.11"
+[ -n "$PLAN" ] || make_plan
+case "$PLAN" in *"cuda toolkit: missing"*)
+  die "nvidia-smi sees a GPU but there is no CUDA toolkit (nvcc) to build Horovod's NCCL ops: install the CUDA 12 toolkit or set CUDA_HOME; HVD_EASGD_FORCE_CPU=1 builds for CPU instead" ;;
+esac
 
 # --- 2. virtual environment with the pinned stack ---------------------------
 if [ ! -x "$VENV/bin/python" ]; then
@@ -152,6 +141,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 
+resolved_reqs=$(mktemp)
+trap 'rm -f "$resolved_reqs"' EXIT
+resolve_requirements > "$resolved_reqs"
 stamp="$VENV/.hvd_easgd-reqs-$VARIANT-$(sha256sum "$resolved_reqs" | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   say "installing the pinned stack ($VARIANT) into $VENV"
@@ -160,83 +152,11 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-# --- 3. Horovod, built once per (Horovod, TF, Python, variant, patch) --------
-WHEEL_DIR="$CACHE/wheels/$WHEEL_KEY"  # cp311: the only Python checked above
-# Where setup records which TF this Horovod was built against, for the job's
-# start-up check (hvd_easgd._compat.horovod_problem).
-BUILD_RECORD_NAME=hvd_easgd_build.txt
-BUILD_RECORD="$TF_VERSION patch-$patch_hash"
-# The installed Horovod is this build: its version, its TF extension loads, and
-# its record names this TF and this patch (a changed patch installs anew).
-have_horovod() {
-  "$VENV/bin/python" - "$HOROVOD_VERSION" "$BUILD_RECORD" "$BUILD_RECORD_NAME" <<'PY' 2>/dev/null
-import os, sys, horovod, horovod.tensorflow  # noqa: F401  (import proves the TF extension loads)
-record = os.path.join(os.path.dirname(horovod.tensorflow.__file__), sys.argv[3])
-built = open(record).read().strip() if os.path.exists(record) else ""
-sys.exit(0 if horovod.__version__ == sys.argv[1] and built == sys.argv[2] else 1)
-PY
-}
-if ! have_horovod; then
-  wheel=$(ls "$WHEEL_DIR"/horovod-*.whl 2>/dev/null | head -n1 || true)
-  if [ -z "$wheel" ]; then
-    say "building horovod==$HOROVOD_VERSION against TF $TF_VERSION ($VARIANT, patched: $(basename "$PATCH")); takes a few minutes"
-    mkdir -p "$WHEEL_DIR"
-    build_env=("${HOROVOD_BUILD_ENV[@]}" MAKEFLAGS="-j$(nproc)")
-    if [ "$VARIANT" = cuda ]; then
-      # NCCL from the nvidia-nccl-cu12 wheel unless the system provides one.
-      nccl_home=${HOROVOD_NCCL_HOME:-$("$VENV/bin/python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)}
-      if [ -n "$nccl_home" ]; then
-        # The wheel ships lib/libnccl.so.2 only; Horovod's CMake looks for libnccl.so.
-        [ -e "$nccl_home/lib/libnccl.so" ] || ln -s libnccl.so.2 "$nccl_home/lib/libnccl.so"
-        build_env+=(HOROVOD_NCCL_HOME="$nccl_home" HOROVOD_NCCL_LINK=SHARED)
-      fi
-      build_env+=(HOROVOD_CUDA_HOME="$(dirname "$(dirname "$NVCC")")")
-    fi
-    log="$WHEEL_DIR/build.log"
-    src=$(mktemp -d)
-    build_started=$(date +%s)
-    # The sdist, patched, then built from its folder. --no-cache-dir: pip's own
-    # wheel cache is keyed by the sdist alone and would hand back a build made
-    # against another TensorFlow, or without the patch.
-    if ! { $PIP download --no-deps --no-binary horovod --no-cache-dir "horovod==$HOROVOD_VERSION" -d "$src" \
-           && tar -xzf "$src"/horovod-"$HOROVOD_VERSION".tar.gz -C "$src" \
-           && patch -d "$src/horovod-$HOROVOD_VERSION" -p1 --forward < "$PATCH" \
-           && env "${build_env[@]}" "$VENV/bin/python" -m pip wheel --no-deps --no-build-isolation --no-cache-dir \
-                "$src/horovod-$HOROVOD_VERSION" -w "$WHEEL_DIR"; } >"$log" 2>&1; then
-      rm -rf "$src"
-      tail -n 30 "$log" >&2
-      die "the Horovod build against TF $TF_VERSION failed; full log: $log"
-    fi
-    rm -rf "$src"
-    # Kept beside the wheel: `make matrix` reports how long this TF's build
-    # took (docs/supported-versions.md) even once the wheel is reused.
-    echo $(( $(date +%s) - build_started )) > "$WHEEL_DIR/build-seconds"
-    wheel=$(ls "$WHEEL_DIR"/horovod-*.whl | head -n1)
-  else
-    say "reusing cached $wheel"
-  fi
-  $PIP install --no-deps --force-reinstall "$wheel"
-  "$VENV/bin/python" - "$BUILD_RECORD" "$BUILD_RECORD_NAME" <<'PY'
-import os, sys
-import importlib.util
-spec = importlib.util.find_spec("horovod")
-with open(os.path.join(os.path.dirname(spec.origin), "tensorflow", sys.argv[2]), "w") as f:
-    f.write(sys.argv[1] + "\n")
-PY
-fi
-
-# --- 4. verify the build ------------------------------------------------------
-check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
-for feature in TensorFlow MPI Gloo; do
-  echo "$check" | grep -qE "\[X\] $feature\b" \
-    || die "Horovod was built without $feature (horovodrun --check-build):\n$check"
-done
-if [ "$VARIANT" = cuda ]; then
-  echo "$check" | grep -qE '\[X\] NCCL' || die "CUDA found but Horovod was built without NCCL"
-fi
-
-# --- 5. the project itself ----------------------------------------------------
-if ! (cd / && "$VENV/bin/python" -c "import hvd_easgd, os, sys; sys.exit(os.path.dirname(os.path.dirname(hvd_easgd.__file__)) != sys.argv[1])" "$ROOT") >/dev/null 2>&1; then
+# The project itself, editable, with its command: installed again where the
+# venv's hvd_easgd is another clone's, or predates the command.
+if [ ! -x "$VENV/bin/hvd-easgd" ] || ! (cd / && "$VENV/bin/python" -c "import hvd_easgd, os, sys; sys.exit(os.path.dirname(os.path.dirname(hvd_easgd.__file__)) != sys.argv[1])" "$ROOT") >/dev/null 2>&1; then
   $PIP install --no-deps --no-build-isolation -e "$ROOT"
 fi
-say "ready: tensorflow $TF_VERSION, horovod $HOROVOD_VERSION ($VARIANT) in $VENV"
+
+# --- 3. Horovod and the direct MPI ops: the set-up a pip user runs ------------
+"$VENV/bin/hvd-easgd" setup

@@ -1,7 +1,7 @@
 """The TensorFlow support matrix: `make matrix` and docs/supported-versions.md.
 
     python3 -m tools.tf_matrix run [VERSION ...]   setup + smoke per version (all of
-                                                   tools/tf_versions.txt by default),
+                                                   hvd_easgd/install/tf_versions.txt by default),
                                                    then render
     python3 -m tools.tf_matrix render              docs/supported-versions.md from the
                                                    committed results, nothing run
@@ -10,12 +10,13 @@
 would only slow each other): `make setup TF=<v>` (which builds Horovod against
 <v> unless its wheel is cached) and `make smoke TF=<v>`. It writes
 docs/results/tf-versions/<v>.json: the stack found in the venv, how long the
-Horovod build took (tools/setup_env.sh records it beside the cached wheel), the
+Horovod build took (`hvd-easgd setup` records it beside the cached wheel), the
 smoke counts and what was observed about the version ("observed"). The
 hand-written "notes" (differences found by reading logs) and "conditions" (how
 the figures were measured) of an earlier results file are kept across re-runs.
 
-Standard library only: it runs with the system Python, outside every venv.
+Standard library only (hvd_easgd.install.stack is too): it runs with the system Python, outside
+every venv.
 """
 import argparse
 import datetime
@@ -27,8 +28,10 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
+from hvd_easgd.install import stack  # standard library only, as this module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERSIONS_FILE = os.path.join(ROOT, "tools", "tf_versions.txt")
+VERSIONS_FILE = stack.TF_VERSIONS  # the package's list (tools/tf_versions.txt links to it)
 RESULTS_DIR = os.path.join(ROOT, "docs", "results", "tf-versions")
 PAGE = os.path.join(ROOT, "docs", "supported-versions.md")
 LOG_DIR = os.path.join(ROOT, "runs", "tf-matrix")  # runs/ is not committed
@@ -36,14 +39,8 @@ RENDER_COMMAND = "python3 -m tools.tf_matrix render"
 
 
 def supported_versions(path=VERSIONS_FILE):
-    """tools/tf_versions.txt's versions, the default first, with their pin overrides."""
-    versions = []
-    with open(path) as f:
-        for line in f:
-            fields = line.split("#", 1)[0].split()
-            if fields:
-                versions.append((fields[0], fields[1:]))
-    return versions
+    """hvd_easgd/install/tf_versions.txt's versions, the default first, with their pin overrides."""
+    return stack.supported_tensorflow(path)
 
 
 def venv_for(version):
@@ -68,7 +65,7 @@ def _plan(version):
 
 def _build_seconds(version):
     """Seconds the cached Horovod wheel for ``version`` took to build; None where it
-    was built before tools/setup_env.sh recorded that."""
+    was built before its build time was recorded."""
     wheel_dir = _plan(version).get("horovod wheel cache")
     try:
         with open(os.path.join(wheel_dir, "build-seconds")) as f:
@@ -266,11 +263,11 @@ def render(results=None, versions=None):
         "",
         "Generated from `docs/results/tf-versions/<version>.json`; regenerate this page with",
         f"`{RENDER_COMMAND}`, and the results themselves with `make matrix` (setup and the smoke",
-        "subset, `make smoke TF=<version>`, for every version in `tools/tf_versions.txt`).",
+        "subset, `make smoke TF=<version>`, for every version in `hvd_easgd/install/tf_versions.txt`).",
         "",
         f"The default is TensorFlow {listed[0]} (`make setup`); another one is `make setup TF=<version>`",
         "in its own venv `.venv-tf<version>`. Horovod 0.28.1 is built from source against each one",
-        "(tools/setup_env.sh); its build time is the one-off cost of a version, the wheel is cached after.",
+        "(`hvd-easgd setup`); its build time is the one-off cost of a version, the wheel is cached after.",
         "\"Differences found\" lists the notes written for a version and what was observed of it",
         "wherever the versions differ.",
         "",
@@ -311,7 +308,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m tools.tf_matrix", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="setup + smoke per version, then render")
-    run_parser.add_argument("versions", nargs="*", help="default: every version in tools/tf_versions.txt")
+    run_parser.add_argument("versions", nargs="*", help="default: every version in hvd_easgd/install/tf_versions.txt")
     sub.add_parser("render", help="docs/supported-versions.md from the committed results")
     args = parser.parse_args(argv)
     if args.command == "render":
@@ -320,7 +317,7 @@ def main(argv=None):
     listed = [v for v, _ in supported_versions()]
     unknown = [v for v in args.versions if v not in listed]
     if unknown:
-        parser.error(f"not in tools/tf_versions.txt: {' '.join(unknown)}")
+        parser.error(f"not in hvd_easgd/install/tf_versions.txt: {' '.join(unknown)}")
     failed = []
     for version in args.versions or listed:
         result, log = run_version(version)

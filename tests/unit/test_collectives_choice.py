@@ -72,7 +72,7 @@ def test_auto_finds_missing_ops_by_their_cache_path(tmp_path, monkeypatch):
     # An empty cache: the ops are not built, so auto stays on Horovod's path and names the missing library.
     monkeypatch.setenv("HVD_EASGD_CACHE", str(tmp_path))
     path, why = runtime.choose_collectives(MPI, gpu=False)
-    assert path == "horovod" and str(tmp_path) in why and "make setup" in why, why
+    assert path == "horovod" and str(tmp_path) in why and "hvd-easgd setup" in why, why
 
 
 def test_the_choice_is_recorded_and_a_resume_may_change_it(monkeypatch):
@@ -84,8 +84,8 @@ def test_the_choice_is_recorded_and_a_resume_may_change_it(monkeypatch):
     assert config_differences(saved, now) == []  # how the bytes travel is not what is trained
 
 
-def test_the_mpi_direct_ops_are_cached_per_stack_and_source_and_missing_ones_say_run_make_setup(tmp_path,
-                                                                                              monkeypatch):
+def test_the_mpi_direct_ops_are_cached_per_stack_and_source_and_missing_ones_say_run_hvd_easgd_setup(
+        tmp_path, monkeypatch):
     import sys
 
     import tensorflow as tf
@@ -98,7 +98,7 @@ def test_the_mpi_direct_ops_are_cached_per_stack_and_source_and_missing_ones_say
     assert path.startswith(str(tmp_path / "ops" / f"mpi-direct-ops-{key}-")) and path.endswith(_mpi_ops.LIBRARY_NAME)
     assert _mpi_ops.library_path("MPICH Version: 4.0\x00", environ={"HVD_EASGD_CACHE": str(tmp_path)}) != path
     monkeypatch.setenv("HVD_EASGD_CACHE", str(tmp_path))
-    with pytest.raises(_mpi_ops.MissingOpsLibrary, match="run `make setup`"):
+    with pytest.raises(_mpi_ops.MissingOpsLibrary, match="run `hvd-easgd setup`"):
         _mpi_ops.load.__wrapped__(version)
 
 
@@ -126,7 +126,7 @@ def test_a_horovod_built_against_another_tensorflow_is_named_in_one_line(tmp_pat
     finally:
         _compat.horovod_problem.cache_clear()
     assert problem.startswith(f"Horovod was built against TensorFlow 2.18.1 but TensorFlow {tf.__version__} is "
-                              "running; rebuild it with `make setup`"), problem
+                              "running; rebuild it with `hvd-easgd setup`"), problem
     assert "\n" not in problem
     assert _compat.horovod_built_against(str(package)) == "2.18.1"
     assert _compat.horovod_built_against(str(tmp_path / "nowhere")) is None

@@ -1,4 +1,5 @@
-"""tools/setup_env.sh's choice of variant, read from its --plan (which installs nothing).
+"""tools/setup_env.sh's choice of variant, read from its --plan (which installs nothing; the choice is
+`hvd-easgd setup --plan`'s, which the script asks before the venv exists).
 
 No GPU machine runs this stack here, so the GPU branch is checked with a
 stand-in ``nvidia-smi`` (and ``nvcc``) on a PATH the test controls.
@@ -9,8 +10,9 @@ import sys
 
 import pytest
 
+from hvd_easgd.install import stack
 from tests.helpers import ROOT
-from setup import requirements
+from setup import TENSORFLOW_EXTRAS, requirements
 
 pytestmark = pytest.mark.unit
 SETUP = os.path.join(ROOT, "tools", "setup_env.sh")
@@ -74,7 +76,7 @@ def test_a_gpu_without_the_cuda_toolkit_is_named_in_the_plan(tmp_path):
 def test_the_patch_is_part_of_the_wheel_cache_key(tmp_path):
     import hashlib
 
-    with open(os.path.join(ROOT, "tools", "horovod", "horovod-0.28.1.patch"), "rb") as f:
+    with open(stack.PATCH, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:8]
     _, fields = plan(tmp_path)
     assert fields["horovod wheel cache"].endswith(f"-patch-{digest}")
@@ -93,8 +95,16 @@ def test_the_installed_horovod_answers_its_launch_checks_from_the_extensions_lib
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_pip_install_dot_asks_for_the_same_tensorflow_distribution_as_the_setup_script():
-    assert requirements(cuda=True)[0] == "tensorflow[and-cuda]>=2.18.1,<2.22"
-    assert requirements(cuda=False)[0] == "tensorflow-cpu>=2.18.1,<2.22"
-    names = {r.split(">")[0].split("[")[0] for r in requirements(cuda=False)}
-    assert {"keras", "tensorboard", "numpy", "mpi4py"} <= names and "horovod" not in names
+@pytest.mark.parametrize("gpu, distribution", [("working", "tensorflow[and-cuda]"), (None, "tensorflow-cpu")],
+                         ids=["cuda", "cpu"])
+def test_pip_installs_extra_asks_for_the_tensorflow_distribution_the_setup_script_installs(tmp_path, gpu,
+                                                                                           distribution):
+    # `pip install hvd_easgd[cpu|cuda]`, named after the variant the plan decides; plain `pip install
+    # hvd_easgd` asks for no TensorFlow distribution, so it installs into a venv with any supported one.
+    proc, fields = plan(tmp_path, gpu=gpu, nvcc=True)
+    assert proc.returncode == 0, proc.stderr
+    assert TENSORFLOW_EXTRAS[fields["variant"]] == [f"{distribution}>=2.18.1,<2.22"]
+    assert f"{distribution}==2.21.0" in fields["requirements"].split()
+    names = {r.split(">")[0].split("[")[0] for r in requirements()}
+    assert {"keras", "tensorboard", "numpy", "mpi4py"} <= names
+    assert not names & {"horovod", "tensorflow", "tensorflow-cpu"}

@@ -2,8 +2,8 @@
 built, and loading it.
 
 The library is compiled against the installed TensorFlow's headers and the
-system MPI, as Horovod's ops are, so it is built on each machine (``make
-setup`` runs ``python -m hvd_easgd.comm._mpi_ops.build``) and kept outside the
+system MPI, as Horovod's ops are, so it is built on each machine (``hvd-easgd
+setup``, which ``make setup`` runs, calls ``build.build``) and kept outside the
 clone, beside the Horovod wheel, in a directory named after the TF, MPI and
 Python versions and a hash of the source and compile flags: a clean clone
 reuses it, and a changed source or stack never loads a stale build.
@@ -88,5 +88,5 @@ def load(mpi_library_version):
     if not os.path.exists(path):
         raise MissingOpsLibrary(
             f"--collectives mpi-direct needs its TF ops built for this TensorFlow, MPI and Python, and {path} "
-            "does not exist: run `make setup` (or `python -m hvd_easgd.comm._mpi_ops.build`)")
+            "does not exist: run `hvd-easgd setup` (`make setup` in a clone runs it)")
     return tf.load_op_library(path)

@@ -3,6 +3,7 @@
     python -m hvd_easgd.comm._mpi_ops.build [--force]
 
 Prints the library's path; does nothing but that when it is already built.
+``hvd-easgd setup`` (hvd_easgd/install/) calls ``build`` after Horovod.
 """
 import argparse
 import os
@@ -21,6 +22,10 @@ from mpi4py import MPI  # noqa: E402
 from . import compile_command, library_path  # noqa: E402
 
 
+class OpsBuildError(RuntimeError):
+    """The compiler failed; the message holds its command line and the end of its errors."""
+
+
 def build(force=False):
     path = library_path(MPI.Get_library_version())
     if os.path.exists(path) and not force:
@@ -33,7 +38,7 @@ def build(force=False):
         cmd = compile_command(partial)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode:
-            raise SystemExit(f"building the mpi-direct ops failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
+            raise OpsBuildError(f"building the mpi-direct ops failed:\n{' '.join(cmd)}\n{proc.stderr[-4000:]}")
         os.replace(partial, path)
     finally:
         if os.path.exists(partial):
@@ -45,7 +50,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--force", action="store_true", help="rebuild even if the library exists")
     args = p.parse_args(argv)
-    print(build(args.force))
+    try:
+        print(build(args.force))
+    except OpsBuildError as err:
+        raise SystemExit(str(err)) from None
     return 0
 
 
