@@ -18,7 +18,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from importlib import metadata
@@ -68,7 +67,7 @@ def build_wheel(tensorflow, variant, say, environ=None):
     directory = stack.wheel_dir(tensorflow, variant, environ)
     os.makedirs(directory, exist_ok=True)
     build_env = dict(environ, **dict(s.split("=", 1) for s in stack.horovod_build_switches(variant)),
-                     MAKEFLAGS=f"-j{os.cpu_count() or 1}")
+                     MAKEFLAGS=f"-j{len(os.sched_getaffinity(0))}")
     if variant == "cuda":
         build_env.update(_cuda_build_env(environ))
     log_path = os.path.join(directory, "build.log")
@@ -90,10 +89,8 @@ def build_wheel(tensorflow, variant, say, environ=None):
         # build made against another TensorFlow, or without the patch.
         run("download of the sdist", _pip("download", "--no-deps", "--no-binary", "horovod", "--no-cache-dir",
                  f"horovod=={stack.HOROVOD_VERSION}", "-d", source_dir), environ)
-        with tarfile.open(os.path.join(source_dir, f"horovod-{stack.HOROVOD_VERSION}.tar.gz")) as sdist:
-            # The "data" filter where this Python has it (3.11.4 and later): nothing outside source_dir.
-            sdist.extractall(source_dir, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         source = os.path.join(source_dir, f"horovod-{stack.HOROVOD_VERSION}")
+        run("unpacking", ["tar", "-xzf", f"{source}.tar.gz", "-C", source_dir], environ)
         run("patch", ["patch", "-d", source, "-p1", "--forward", "-i", stack.PATCH], environ)
         run("compilation", _pip("wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", source,
                                 "-w", directory), build_env)
