@@ -36,7 +36,7 @@ SUBCOMMANDS = {
                                                       "from the strategies' expected_traffic hooks"),
     "project": Subcommand("benchmarks.projection", "the alpha-beta cost model: samples/s and scaling "
                                                    "efficiency at many hosts, from the traffic table; --paper "
-                                                   "horovod, --report (docs/projection.md)"),
+                                                   "horovod or streaming-diloco, --report (docs/projection.md)"),
     "validate": Subcommand("benchmarks.cluster_check", "the cost model's step times against the virtual cluster's: "
                                                     "run (--run) or re-render docs/cost-model-validation.md"),
     "tta-report": Subcommand("benchmarks.tta_report", "re-render a rated-link run's results.md, its plots and "

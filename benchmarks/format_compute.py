@@ -51,11 +51,12 @@ def powersgd_configurations():
             if config.flag("--compression") == "powersgd"}
 
 
-def quantised_configurations():
+def quantised_configurations(every_step=False):
     """{configuration name: (format, period)} of the local-update configurations whose format quantises
-    (the pseudo-gradients' int8 or int4: ``quantised_allreduce``), read from their train.py flags."""
-    return {config.name: (config.flag("--compression"), int(config.flag("--tau"))) for config in TABLE
-            if config.flag("--compression") in QUANTISED and config.flag("--tau") is not None}
+    (the pseudo-gradients' int8 or int4: ``quantised_allreduce``), read from their train.py flags; with
+    ``every_step``, also the synchronous ones (SyncAverage's int8 gradients), at period 1."""
+    return {config.name: (config.flag("--compression"), int(config.flag("--tau") or 1)) for config in TABLE
+            if config.flag("--compression") in QUANTISED and (every_step or config.flag("--tau") is not None)}
 
 
 # The formats that are not summable (``Compression.by_name(name).summable`` is False), so go through the
@@ -211,16 +212,29 @@ def estimates(w):
             for config, rank in powersgd_configurations().items()}
 
 
+# A quantised allreduce's elementwise work on one rank, in passes over the N values (module docstring,
+# and quantised_allreduce's), in its alltoall + allgather form at p ranks: encode N (its payload) + N/p (the
+# reduced chunk), decode N (the p chunks received) + N (the p reduced chunks) + N (its own payload, for the
+# error it keeps). A measured quantise + dequantise pass is one encode and one decode of N, each taken as
+# half of it: (1 + 1/p + 3) / 2, which is 2 as p grows (2.0 at 1,024 hosts × 8 ranks, to 0.01 %).
+QUANTISE_PASSES = 2.0
+
+
 def shares(workload, measured=None):
     """{configuration: (share of c, basis)} of every configuration whose format adds compute, for
     ``workload``, a (name, ``workloads.Workload``) pair.
 
-    PowerSGD's: the committed measurement of its benchmark model where there is one (``load``, basis
-    "measured"), else its ``estimates`` ("FLOPs estimate"), else 0 ("unknown"). A quantising format's: the
-    measurement at the largest p it was measured at (the alternative form, alltoall + allgather, which
-    every p from 3 runs), else 0 ("unknown": elementwise passes are bound by memory, not FLOPs, so no
-    FLOPs estimate stands in)."""
+    A model measured on another device carries what its formats cost there (``Workload.format_seconds``,
+    basis "measured elsewhere"): PowerSGD's encode a step over c, and a quantising format's
+    ``QUANTISE_PASSES`` quantise + dequantise passes once a period over the period's c, SyncAverage's int8
+    included (period 1). Otherwise, PowerSGD's: the committed measurement of its benchmark model where
+    there is one (``load``, basis "measured"), else its ``estimates`` ("FLOPs estimate"), else 0
+    ("unknown"). A quantising format's: the measurement at the largest p it was measured at (the
+    alternative form, alltoall + allgather, which every p from 3 runs), else 0 ("unknown": elementwise
+    passes are bound by memory, not FLOPs, so no FLOPs estimate stands in)."""
     name, w = workload
+    if w.format_seconds:
+        return _shares_elsewhere(w)
     measured = load() if measured is None else measured
     model = next((m for m, n in workloads.WORKLOAD_OF.items() if n == name), None)
     out = {}
@@ -234,6 +248,20 @@ def shares(workload, measured=None):
     for config in quantised_configurations():
         at = [key[2] for key in measured if len(key) == 3 and key[:2] == (model, config)]
         out[config] = (measured[(model, config, max(at))], f"measured at p = {max(at)}") if at else (0.0, "unknown")
+    return out
+
+
+def _shares_elsewhere(w):
+    """``shares`` from ``w.format_seconds``: what the formats cost on the device c was measured on. The
+    H200's PowerSGD figure times P = MQ, the QR and Q = MᵀP, unfused: two of the three products (the
+    applied P̂·Qᵀ and the residual are not in it), so its share is a lower bound."""
+    basis, out = "measured elsewhere", {}
+    for config, rank in powersgd_configurations().items():
+        seconds = w.format_seconds.get(f"powersgd:{rank}")
+        out[config] = (seconds / w.compute, basis) if seconds else (0.0, "unknown")
+    for config, (format_name, period) in quantised_configurations(every_step=True).items():
+        seconds = w.format_seconds.get(format_name)
+        out[config] = (QUANTISE_PASSES * seconds / period / w.compute, basis) if seconds else (0.0, "unknown")
     return out
 
 

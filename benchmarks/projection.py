@@ -2,13 +2,14 @@
 
     python -m benchmarks project --hosts 8,64,512,1024 --link 100gbit   # rows for every listed model
     python -m benchmarks project --paper horovod                        # the Horovod paper's table
+    python -m benchmarks project --paper streaming-diloco               # Streaming DiLoCo's simulated points
     python -m benchmarks project --report                               # every committed projection file
     python -m benchmarks project --report --check                       # exit 1 if one is stale
 
 Imports no TensorFlow and answers in well under a second (``--report``
 draws its plots with matplotlib, a few seconds). The formulas are
-``hvd_easgd/cost_model.py``'s (the table ``calibration.py``'s); the models ``workloads.py``'s; the paper's inputs
-``paper_check.py``'s; the generated page ``projection_report.py``'s.
+``hvd_easgd/cost_model.py``'s (the table ``calibration.py``'s); the models ``workloads.py``'s; the papers'
+inputs ``paper_check.py``'s and ``diloco_paper_check.py``'s; the generated pages ``projection_report.py``'s.
 """
 import argparse
 import json
@@ -17,9 +18,9 @@ import sys
 
 from hvd_easgd import cost_model
 
-from . import calibration, format_compute, paper_check, projection_report, workloads
+from . import calibration, diloco_paper_check, format_compute, paper_check, projection_report, workloads
 
-PAPERS = {"horovod": paper_check}
+PAPERS = {"horovod": paper_check, "streaming-diloco": diloco_paper_check}
 
 
 def _positive(text, name, kind=float):
@@ -66,9 +67,12 @@ def _models(args, known):
     # The model's FLOPs a sample hold while its parameters do; a share measured against this machine's c
     # does not hold for the user's (main: a custom model is never looked up in the measurements).
     flops = base.flops_per_sample if base and not args.params else None
+    # What a format's own work takes on the device (seconds, not a share of c) holds while the model does.
+    formats = base.format_seconds if base and not args.params else None
     return {args.model or "custom": workloads.Workload(params, base.batch if base else 64, step, "given",
                                                        "--params/--step-time", flops,
-                                                       base.flops_source if flops else "")}
+                                                       base.flops_source if flops else "", formats,
+                                                       base.format_source if formats else "")}
 
 
 def main(argv=None, prog="python -m benchmarks project"):
@@ -86,7 +90,8 @@ def main(argv=None, prog="python -m benchmarks project"):
     parser.add_argument("--configuration", default=None, help="one configuration of the traffic table")
     parser.add_argument("--paper", default=None, help=f"print a paper's table: {', '.join(PAPERS)}")
     parser.add_argument("--report", action="store_true",
-                        help="write docs/results/projection/ and docs/projection.md (the paper's table included)")
+                        help="write docs/results/projection/, docs/projection.md and docs/projection-tables.md (the "
+                             "papers' tables included)")
     parser.add_argument("--check", action="store_true", help="with --report: exit 1 if a committed file is stale")
     args = parser.parse_args(argv)
     try:

@@ -2,10 +2,15 @@
 
 Imports no TensorFlow. A compute time per step c is read from a committed
 measurement where this project has one (``docs/results/``), never copied
-here by hand; the others are cited or assumed, and say so. Every c measured
-here is a CPU figure on this 2-core machine (one rank a core, or
-oversubscribed): a GPU computes these small models far faster, so at scale
-their communication weighs more than these rows show.
+here by hand; the others are measured elsewhere, cited or assumed, and say
+so. Every c measured here is a CPU figure on this 2-core machine (one rank a
+core, or oversubscribed): a GPU computes these small models far faster, so
+at scale their communication weighs more than these rows show. The
+accelerator rows are ResNet-50 on a 2016 P100 (cited) and, measured on an
+NVIDIA H200 with PyTorch (``benchmarks/data/h200-2026-12-04.json``, read
+here field by field; its README says how it was measured), ResNet-50 and a
+1.07 B-parameter language model, with what their formats' encodings cost on
+that device (``Workload.format_seconds``).
 
 Trainable parameters (float32, so 4·N bytes of gradients) were counted with
 Keras 3.15.1 (``sum(v.size for v in model.trainable_variables)``):
@@ -19,11 +24,13 @@ import statistics
 from typing import NamedTuple, Optional
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results"
+H200 = pathlib.Path(__file__).resolve().parent / "data" / "h200-2026-12-04.json"
+H200_SOURCE = "benchmarks/data/h200-2026-12-04.json"
 DENSE = "dense layers: 6N"
 # He et al., "Deep Residual Learning for Image Recognition" (CVPR 2016), Table 1: 3.8e9 multiply-adds a
 # 224x224 image forward; 2 FLOPs each, and the backward pass twice the forward.
 RESNET50_FLOPS = 3 * 2 * 3.8e9
-TOKENS_PER_SAMPLE = 2048  # the 1 B model's assumed sequence length: 6N FLOPs a token
+TOKENS_PER_SAMPLE = 2048  # the 1 B model's sequence length (the H200 measurement's)
 TF_BENCHMARKS = ("https://github.com/tensorflow/docs/blob/62da04c02d67fdcabb7bc64633f217f073fa5f63/"
                  "site/en/r1/guide/performance/benchmarks.md")
 
@@ -42,6 +49,11 @@ class Workload(NamedTuple):
     # where unknown. A dense model's is 6N (2N forward, 4N backward).
     flops_per_sample: Optional[float] = None
     flops_source: str = ""
+    # Seconds one pass of a format's own work takes over this model on the device c was measured on, where
+    # that was measured: "powersgd:<rank>", a step's PowerSGD encode of every weight matrix; "int8", "int4",
+    # one block-256 quantise + dequantise of all N values (format_compute.shares turns them into shares of c).
+    format_seconds: Optional[dict] = None
+    format_source: str = ""
 
 
 def _json(relative):
@@ -77,12 +89,56 @@ def _teacher():
                     f"{batch} ({tta['model']} on --data {tta['data']})", 6 * 1_093_642, DENSE)
 
 
-def _one_billion(params=1_000_000_000, batch=8, step=1.0):
-    flops = 6.0 * params * TOKENS_PER_SAMPLE
-    return Workload(params, batch, step, "assumed",
-                    f"assumed: {step:g} s a step at {batch} samples a rank (a 1 B-parameter model on one accelerator)",
-                    flops, f"assumed: a language model's 6N a token, {TOKENS_PER_SAMPLE} tokens a sample (so "
-                    f"{step:g} s a step is {flops * batch / step / 1e12:.0f} TFLOP/s)")
+def h200():
+    """The H200 measurement, as committed (``benchmarks/data/README.md``)."""
+    return json.loads(H200.read_text())
+
+
+def _quantise_seconds(anchor, params):
+    """{format: seconds of one block-256 quantise + dequantise of ``params`` values}, scaled from the anchor's
+    1.07 B elements (an elementwise pass: its time goes with the elements)."""
+    q = anchor["quantise_block256"]
+    return {name: q[name]["median_ms"] * 1e-3 * params / q["elements"] for name in ("int8", "int4")}
+
+
+def _format_source(anchor, powersgd):
+    q = anchor["quantise_block256"]
+    return (f"{H200_SOURCE}: {powersgd}.powersgd_r4_encode ({_powersgd_ms(anchor, powersgd):.1f} ms, unfused P = MQ, "
+            f"QR, Q = MᵀP) and quantise_block256 (int8 {q['int8']['median_ms']:.1f} ms, int4 "
+            f"{q['int4']['median_ms']:.1f} ms for {q['elements']:,} fp32 values, scaled to N)")
+
+
+def _powersgd_ms(anchor, model):
+    return anchor[model]["powersgd_r4_encode"]["median_ms"]
+
+
+def _resnet50_h200(batch=64, precision="bf16"):
+    # Batch 64, as the P100 row and the Horovod paper; bf16, as one trains on an H200 (the file also holds fp32
+    # with TF32 convolutions, 27.7 ms, and batch 256, 82.2 / 55.3 ms). The gradients still travel in fp32.
+    anchor = h200()
+    r = anchor["resnet50"]
+    step = r[f"b{batch}_{precision}"]
+    return Workload(r["params"], batch, step["median_ms"] * 1e-3, "measured elsewhere",
+                    f"{H200_SOURCE}: resnet50.b{batch}_{precision} median, {step['images_per_s']:,.0f} images/s on "
+                    f"one H200 (PyTorch, {precision} autocast, channels_last; torchvision's {r['params']:,} "
+                    f"parameters)", RESNET50_FLOPS, "3.8e9 multiply-adds forward a 224×224 image (He et al. 2016, "
+                    "Table 1), ×2 ×3",
+                    {"powersgd:4": _powersgd_ms(anchor, "resnet50") * 1e-3, **_quantise_seconds(anchor, r["params"])},
+                    _format_source(anchor, "resnet50"))
+
+
+def _one_billion():
+    anchor = h200()
+    lm = anchor["lm_1b"]
+    batch = lm["tokens_per_step"] // TOKENS_PER_SAMPLE
+    return Workload(lm["params"], batch, lm["median_ms"] * 1e-3, "measured elsewhere",
+                    f"{H200_SOURCE}: lm_1b median, {batch} × {TOKENS_PER_SAMPLE:,} tokens on one H200 (PyTorch, "
+                    f"bf16 autocast, fused AdamW; {lm['achieved_TFLOPs']:.0f} TFLOP/s)",
+                    lm["model_TFLOPs_per_step"] * 1e12 / batch,
+                    f"measured elsewhere: 6N a token plus causal attention, {TOKENS_PER_SAMPLE:,} tokens a sample "
+                    "(the measurement's own count)",
+                    {"powersgd:4": _powersgd_ms(anchor, "lm_1b") * 1e-3, **_quantise_seconds(anchor, lm["params"])},
+                    _format_source(anchor, "lm_1b"))
 
 
 def models():
@@ -95,6 +151,7 @@ def models():
                              f"219 images/s on one P100 at batch 64 (tf_cnn_benchmarks, synthetic data): "
                              f"{TF_BENCHMARKS}", RESNET50_FLOPS,
                              "3.8e9 multiply-adds forward a 224×224 image (He et al. 2016, Table 1), ×2 ×3"),
+        "resnet50_h200": _resnet50_h200(),
         "1b": _one_billion(),
     }
 

@@ -32,6 +32,7 @@ RENDERED_PAGES = {
     "time-to-accuracy.md": tta_report.render,
     "overlap-results.md": tta_report.render_overlap,
     "projection.md": projection_report.render,
+    "projection-tables.md": projection_report.render_tables,
     "cost-model-validation.md": cluster_check.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render

@@ -1,5 +1,5 @@
-"""docs/projection.md and docs/results/projection/ are what the cost model computes from the committed inputs,
-and a few of their numbers by hand (no TensorFlow)."""
+"""docs/projection.md, docs/projection-tables.md and docs/results/projection/ are what the cost model computes
+from the committed inputs, and a few of their numbers by hand (no TensorFlow)."""
 import json
 import subprocess
 import sys
@@ -23,11 +23,12 @@ def test_committed_files_equal_their_render(data):
     assert json.loads(texts[projection_report.OUT / "projection.json"]) == json.loads(json.dumps(data))
     for model in data["projection"]:  # the plots are drawn by the same command (not compared byte for byte)
         assert (projection_report.FIGURES / f"projection_{model}.png").stat().st_size > 10_000
+    assert (projection_report.FIGURES / "projection_h200.png").stat().st_size > 10_000
 
 
 def test_every_strategy_model_link_and_host_count_is_projected(data):
     assert data["hosts"] == [8, 64, 512, 1024] and data["ranks_per_host"] == 8
-    assert set(data["projection"]) == {"digits_cnn", "wide_mlp", "overlap_mlp", "resnet50", "1b"}
+    assert set(data["projection"]) == {"digits_cnn", "wide_mlp", "overlap_mlp", "resnet50", "resnet50_h200", "1b"}
     links = [x["name"] for x in data["links"]]
     assert len(links) == 9 and "100mbit α 100 ms" in links and "400gbit α 5 µs" in links
     for per_link in data["projection"].values():
@@ -106,9 +107,91 @@ def test_workloads_read_their_measurements():
     models = workloads.models()
     assert {m: w.basis for m, w in models.items()} == {
         "digits_cnn": "measured", "wide_mlp": "measured", "overlap_mlp": "measured", "resnet50": "cited",
-        "1b": "assumed"}
+        "resnet50_h200": "measured elsewhere", "1b": "measured elsewhere"}
     tta = json.loads(projection_report.TTA.read_text())["time_to_accuracy"]
     assert models["overlap_mlp"].compute == 256 / tta["ceiling"]["samples_per_second_per_rank"]
+
+
+def test_the_h200_file_holds_the_figures_it_is_cited_for():
+    # The committed copy, against the figures its README and the projection quote (ms, rounded as quoted).
+    h = workloads.h200()
+    r, lm, q = h["resnet50"], h["lm_1b"], h["quantise_block256"]
+    assert [round(r[k]["median_ms"], 1) for k in ("b64_fp32", "b64_bf16", "b256_fp32", "b256_bf16")] == [
+        27.7, 22.6, 82.2, 55.3]
+    assert round(lm["median_ms"]) == 244 and round(lm["params"] / 1e9, 2) == 1.07
+    assert lm["tokens_per_step"] == 8 * 2048
+    assert round(r["powersgd_r4_encode"]["median_ms"], 1) == 7.5
+    assert round(lm["powersgd_r4_encode"]["median_ms"], 1) == 17.6
+    assert round(q["int8"]["median_ms"], 1) == 19.4 and q["elements"] == 2 ** 30
+    assert round(min(h["h2d"].values())) == 55 and round(h["ceilings"]["d2d_copy_GBps_rw"] / 1e3, 1) == 4.2
+
+
+def test_the_h200_workloads_and_their_formats_by_hand():
+    # c is the measured median; a format's share is what its pass takes there over c: PowerSGD's encode each
+    # step, a quantised allreduce 2 quantise + dequantise passes over N a period (format_compute.QUANTISE_PASSES),
+    # the 1.07 B-element pass scaled to N.
+    from benchmarks import format_compute
+
+    h = workloads.h200()
+    models = workloads.models()
+    resnet, lm = models["resnet50_h200"], models["1b"]
+    assert resnet.compute == h["resnet50"]["b64_bf16"]["median_ms"] / 1e3 and resnet.batch == 64
+    assert resnet.params == h["resnet50"]["params"]
+    assert lm.compute == h["lm_1b"]["median_ms"] / 1e3 and lm.batch == 8 and lm.params == h["lm_1b"]["params"]
+    assert lm.flops_per_sample == pytest.approx(h["lm_1b"]["model_TFLOPs_per_step"] * 1e12 / 8)
+    per_element = h["quantise_block256"]["int8"]["median_ms"] / 1e3 / 2 ** 30
+    shares = format_compute.shares(("1b", lm), measured={})
+    assert shares["sync_powersgd4"] == (pytest.approx(h["lm_1b"]["powersgd_r4_encode"]["median_ms"] / 1e3 / lm.compute),
+                                        "measured elsewhere")
+    assert shares["diloco_tau10_int8"][0] == pytest.approx(2 * per_element * lm.params / 10 / lm.compute)
+    assert shares["sync_int8"][0] == pytest.approx(2 * per_element * lm.params / lm.compute)
+    assert format_compute.shares(("resnet50_h200", resnet), measured={})["sync_powersgd4"][0] == pytest.approx(
+        h["resnet50"]["powersgd_r4_encode"]["median_ms"] / h["resnet50"]["b64_bf16"]["median_ms"])
+    # Charged in the projection: c·(1 + s) + comm, efficiency against c.
+    row = projection_report.compute()["projection"]["1b"]["100gbit α 5 µs"]["sync_int8"]
+    from benchmarks import calibration
+    from hvd_easgd import cost_model
+    table = calibration.load_table()
+    comm = cost_model.comm_time(table["configurations"]["sync_int8"], table["reference"], lm.params, 8, 8,
+                                (5e-6, 12.5e9))
+    assert row["efficiency"][0] == pytest.approx(lm.compute / (lm.compute * (1 + shares["sync_int8"][0]) + comm),
+                                                 rel=1e-5)
+
+
+def test_the_h200_sweep_by_hand(data):
+    # SyncAverage, the 1 B model at 1,024 hosts × 1 rank, 100 Gbit/s, α 5 µs: one halving/doubling allreduce of
+    # 4N bytes, 2·10 latencies + 2·1023/1024·4N/B; nothing hidden.
+    h = data["h200"]
+    lm = workloads.models()["1b"]
+    comm = 2 * 10 * 5e-6 + 2 * 1023 / 1024 * 4 * lm.params / (100e9 / 8)
+    at = h["gbit_per_second"].index(100)
+    assert h["utilisation"]["1b"]["1024"]["sync"][at] == pytest.approx(lm.compute / (lm.compute + comm), rel=1e-5)
+    # The summary's rate: where the utilisation reaches the target (bisection), so just below it does not.
+    need = h["needs_gbit_per_second"]["1b"]["sync"]
+    bytes_per_second = lambda gbits: gbits * 1e9 / 8  # noqa: E731
+    for gbits, reaches in ((need * 1.001, True), (need * 0.999, False)):
+        comm = 2 * 10 * 5e-6 + 2 * 1023 / 1024 * 4 * lm.params / bytes_per_second(gbits)
+        assert (lm.compute / (lm.compute + comm) >= h["target"]) is reaches
+    # A format whose own share caps the utilisation below the target never reaches it.
+    powersgd = data["encoding"]["resnet50_h200"]["sync_powersgd4"]["share"]
+    assert 1 / (1 + powersgd) < h["target"] and h["needs_gbit_per_second"]["resnet50_h200"]["sync_powersgd4"] is None
+
+
+def test_the_page_leads_with_its_answer_in_five_lines_and_one_plot(data):
+    page = projection_report.PAGE.read_text()
+    assert len(page.encode()) <= 25 * 1024
+    lines = page.splitlines()
+    plots = [i for i, line in enumerate(lines) if line.startswith("![")]
+    assert len(plots) == 1 and "projection_h200.png" in lines[plots[0]]
+    head = [line for line in lines[1:plots[0]] if line.strip()]
+    assert len(head) <= 5
+    # The sentence is the results': SyncAverage's rate for the 1 B model, and the paper check's count.
+    from benchmarks import diloco_paper_check
+
+    text = " ".join(head)
+    assert f"{data['h200']['needs_gbit_per_second']['1b']['sync']:,.0f}" in text
+    check = diloco_paper_check.results()
+    assert f"{check['within']} of Streaming DiLoCo's {check['total']}" in text
 
 
 def test_cli_paper_table():
