@@ -47,12 +47,28 @@ def test_the_slurm_helper_expands_the_two_node_nodelist(slurm, tmp_path):
     assert _output(info).split() == ["node1:2,node2:2"]
 
 
-@pytest.mark.parametrize("launch", ["srun", "horovodrun"])
-def test_train_sbatch_on_two_nodes_completes_with_a_rank_on_each(slurm, launch, tmp_path):
-    run_dir = tmp_path / "run"
-    job = slurm.submit(Path(ROOT) / "slurm" / "train.sbatch",
-                       ["-N", "2", "--ntasks-per-node=1", "--cpus-per-task=1", f"--output={tmp_path}/slurm-%j.out"],
-                       ["--run-dir", str(run_dir), "--epochs", "1"], env={"HVD_EASGD_LAUNCH": launch})
+LAUNCHES = ("srun", "horovodrun")
+
+
+@pytest.fixture(scope="module")
+def train_jobs(slurm, tmp_path_factory):
+    """slurm/train.sbatch on two nodes, one job per launch mode, submitted together: each job takes
+    one CPU of each node's two, so they run side by side. Launch mode -> (job id, run directory)."""
+    jobs = {}
+    for launch in LAUNCHES:
+        tmp = tmp_path_factory.mktemp(f"train-sbatch-{launch}")
+        run_dir = tmp / "run"
+        jobs[launch] = (slurm.submit(Path(ROOT) / "slurm" / "train.sbatch",
+                                     ["-N", "2", "--ntasks-per-node=1", "--cpus-per-task=1",
+                                      f"--output={tmp}/slurm-%j.out"],
+                                     ["--run-dir", str(run_dir), "--epochs", "1"], env={"HVD_EASGD_LAUNCH": launch}),
+                        run_dir)
+    return jobs
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_train_sbatch_on_two_nodes_completes_with_a_rank_on_each(slurm, train_jobs, launch):
+    job, run_dir = train_jobs[launch]
     info = slurm.wait(job, timeout=JOB_TIMEOUT)
     output = _output(info)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output[-4000:]

@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 APT_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
 START_TIMEOUT = 60     # seconds for the node to show up idle
 COMMAND_TIMEOUT = 30   # any single SLURM client command
+POLL = 0.2             # seconds between two looks at a job (one `scontrol show job` each)
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                    "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -127,8 +128,16 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: a requeued job may start again only once its old credential
-# expired (120 s by default); 10 s lets the requeue test finish in time.
-AuthInfo=socket={r}/munge/munge.socket,cred_expire=10
+# expired (120 s by default; the hold is cred_expire + 1 s). 5 s is the least
+# SLURM takes (below it, slurm_cred.c logs an error and keeps 120 s), and ample
+# for a credential here: no prolog, no user environment to load, and a launch
+# that reaches slurmd within the same second.
+AuthInfo=socket={r}/munge/munge.socket,cred_expire=5
+# A pass of the main scheduler every second (sched_interval, 60 s by default; a few jobs
+# here make a pass cheap): a submitted batch job starts within a second, not after
+# batch_sched_delay's 3 s, and a requeued job, whose hold (cred_expire) ends with no
+# event that would schedule it, within a second of the hold's end, not up to a minute on.
+SchedulerParameters=sched_interval=1
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool{"/%n" if node_names else ""}
 SlurmctldPidFile={r}/slurmctld.pid
@@ -264,7 +273,7 @@ MinJobAge=600
             info = self.job(job_id)
             if info.get("JobState") in TERMINAL_STATES:
                 return info
-            time.sleep(1)
+            time.sleep(POLL)
         self.run(["scancel", job_id], check=False)
         info = self.job(job_id)
         out = Path(info.get("StdOut", ""))
