@@ -10,12 +10,17 @@ launched from node1, entered with nsenter, as a user would from a login node.
 The cluster is removed at the end of the session even when tests fail; after
 each test, whatever the test left running on the hosts is stopped. A test
 that kills a host leaves the cluster unhealthy, and the next test rebuilds it.
+
+One launch is shared (``two_by_two_run``): the 2 hosts × 2 ranks Hierarchical
+job, whose config.yaml both test_hierarchical.py (its groups) and test_launch.py
+(where the 4 ranks ran) assert on. It runs once, for whichever of them comes
+first, and does not assert itself: each test checks its exit status first.
 """
 import os
 
 import pytest
 
-from tests.multinode.helpers import HOSTS, RANKS_PER_HOST
+from tests.multinode.helpers import HOSTS, RANKS_PER_HOST, TWO_BY_TWO_TIMEOUT, horovodrun_on_hosts, launch
 from tools.vcluster import ClusterError, VirtualCluster, check_privileges
 
 
@@ -33,9 +38,29 @@ def virtual_cluster():
         cluster.down()
 
 
-@pytest.fixture
-def cluster(virtual_cluster):
+def _healthy(virtual_cluster):
     if not virtual_cluster.healthy():  # an earlier test killed a host
         virtual_cluster.up(HOSTS, RANKS_PER_HOST)
-    yield virtual_cluster
+    return virtual_cluster
+
+
+@pytest.fixture
+def cluster(virtual_cluster):
+    yield _healthy(virtual_cluster)
     virtual_cluster.stop_jobs()
+
+
+@pytest.fixture(scope="session")
+def two_by_two_run(virtual_cluster, tmp_path_factory):
+    """``(completed process, run directory)`` of one Gloo launch on node1:2,node2:2 of
+    ``train.py --strategy hierarchical --inter easgd --tau 10 --epochs 1`` (bounded by
+    TWO_BY_TWO_TIMEOUT; the tests that read it allow for it in their own timeouts)."""
+    cluster = _healthy(virtual_cluster)
+    run_dir = str(tmp_path_factory.mktemp("two-by-two") / "run")
+    args = ["--strategy", "hierarchical", "--inter", "easgd", "--tau", "10", "--run-dir", run_dir,
+            "--epochs", "1", "--threads-per-rank", "1"]
+    try:
+        out = launch(cluster, horovodrun_on_hosts("node1:2,node2:2", "gloo", args, np=4), timeout=TWO_BY_TWO_TIMEOUT)
+    finally:
+        cluster.stop_jobs()
+    return out, run_dir

@@ -12,6 +12,8 @@ from tools.vcluster import INTERFACE
 TRAIN = os.path.join(ROOT, "train.py")
 HOSTS = 2
 RANKS_PER_HOST = 2
+# The shared 2 hosts × 2 ranks launch (conftest.py's two_by_two_run): its bound, in seconds.
+TWO_BY_TWO_TIMEOUT = 240
 
 
 def multinode_env(**extra):
