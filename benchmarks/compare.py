@@ -111,6 +111,10 @@ def parse_args(argv=None, prog=PROG):
                        help="wide-MLP (5.4 M parameters) steps per timed repeat (with --link-rates)")
     rated.add_argument("--link-probe-mb", type=float, default=32,
                        help="MB of the allreduce that measures each link (with --link-rates)")
+    rated.add_argument("--no-alpha-sweep", action="store_true",
+                       help="with --link-rates: skip the small-message sweep for the latency alpha (across hosts, "
+                            "and within a host in the level probes); results.json then has no alpha to "
+                            "calibrate the cost model with (python -m benchmarks validate, project --calibration)")
     rated.add_argument("--configs", metavar="NAMES",
                        help="with --link-rates: comma-separated configurations to run instead of the suite's "
                             "(benchmarks/names.py), e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
@@ -140,8 +144,10 @@ def parse_args(argv=None, prog=PROG):
     args.launch_timeout = args.launch_timeout or (170 if quick else (2400 if args.topology else 1200) if args.link_rates
                                                  else 600)
     args.link_rate_list = args.link_rates.split(",") if args.link_rates else []
-    if args.link_rates is None and (args.configs or args.rated_models_given or args.collectives != "horovod"):
-        p.error("--configs, --models and --collectives choose what runs across a rated link: give --link-rates too")
+    if args.link_rates is None and (args.configs or args.rated_models_given or args.collectives != "horovod"
+                                    or args.no_alpha_sweep):
+        p.error("--configs, --models, --collectives and --no-alpha-sweep choose what runs across a rated link: "
+                "give --link-rates too")
     if args.topology and args.link_rates is None:
         p.error("--topology compares strategies across hosts: give it --link-rates (e.g. 1gbit,100mbit)")
     if args.ranks_per_host is None:

@@ -77,8 +77,10 @@ def worker_command(args, out_json, tta=False, qdisc=None):
            "-H", hosts_argument(args.hosts, args.ranks_per_host), "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
            "--models", ",".join(args.rated_models), "--configs", ",".join(configs_of(args)),
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
-           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb), "--alpha-sweep",
+           "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb),
            "--interface", INTERFACE, "--collectives", getattr(args, "collectives", "horovod")]
+    if not getattr(args, "no_alpha_sweep", False):
+        cmd.append("--alpha-sweep")
     if qdisc:
         cmd += ["--link-bucket", repr(link_probe.tbf_of(qdisc)[1])]
     if args.repeats is not None:

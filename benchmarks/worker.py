@@ -61,7 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--link-probe-mb", type=float, default=0.0,
                    help="before anything else, time allreduces of this many MB to measure the link (0: skip)")
     p.add_argument("--alpha-sweep", action="store_true",
-                   help="after the link probe, time small allreduces (8 B to 64 KB) for the latency α")
+                   help="after the link probe, time small allreduces (8 B to 64 KB) for the latency α "
+                        "(and, in the level probes, within each host)")
     p.add_argument("--link-bucket", type=float, default=None, metavar="BYTES",
                    help="the shaped link's token bucket (tc tbf's burst): α is fitted from the sizes whose "
                         "chain of allreduces fits in it (default: every size, an unshaped link)")
@@ -434,7 +435,7 @@ def main(argv=None):
                                                       bucket=args.link_bucket)
             launch.say(f"alpha sweep: {out['alpha_sweep']['alpha'] * 1e6:,.1f} us a message")
         if grouped:  # the two-level configurations' own levels (their sub-communicators need process sets)
-            out["link_levels"] = link_probe.levels(comm, args.link_probe_mb)
+            out["link_levels"] = link_probe.levels(comm, args.link_probe_mb, sweep=args.alpha_sweep)
             if out["link_levels"]:
                 launch.say("level probes: within a host {:,.0f} Mbit/s, across hosts {:,.0f} Mbit/s".format(
                     *(out["link_levels"][k]["bits_per_second"] / 1e6 for k in ("within_host", "across_hosts"))))

@@ -60,7 +60,7 @@ def measure(comm, megabytes, timed=TIMED, hosts=None, over=None, streams=1):
             "formula": "streams * 2(H-1)/H * bytes * 8 / median seconds (a host's link, H hosts)"}
 
 
-def levels(comm, megabytes, timed=TIMED):
+def levels(comm, megabytes, timed=TIMED, sweep=True):
     """Each level of a two-level step probed by its own collectives, every group at once (``measure``).
 
     With n ranks a host, Hierarchical's step is a reduce-scatter and an
@@ -77,7 +77,7 @@ def levels(comm, megabytes, timed=TIMED):
       the ranks of all hosts sharing the cores as they do in a step; and the
       α sweep over the same communicators (no bucket: nothing crosses a
       link), each host's on its own, side by side with the others' but not
-      call by call;
+      call by call (``sweep=False``: none, ``alpha_sweep`` is None);
     * ``across_hosts``: the n sets {rank j of each host}, each allreducing
       ``megabytes``/n at once, so a host's link carries 2(H−1)/H·S as under
       the flat probe; its rate is that over t.
@@ -92,7 +92,7 @@ def levels(comm, megabytes, timed=TIMED):
     within = measure(comm, megabytes, timed, hosts=n, over=host)
     return {"ranks_per_host": n,
             "within_host": dict(within, alpha_sweep=alpha_sweep(host, within["bits_per_second"] / 8, timed=timed,
-                                                                 hosts=n)),
+                                                                 hosts=n) if sweep else None),
             "across_hosts": measure(comm, megabytes / n, timed, hosts=len(hosts), over=across, streams=n)}
 
 

@@ -134,7 +134,11 @@ def _choose_strategy(config, dataset, comm, steps):
                                    config.auto_utilisation)
     keras.utils.set_random_seed(config.seed)  # the model trained starts where a run given the choice would
     if comm.rank == 0:
-        print(f"train.py: {record['reason']}", flush=True)
+        # One write, newline included: unbuffered (PYTHONUNBUFFERED, as launches set it), print() writes the
+        # text and its newline apart, and the MPI launcher may tag them as two pieces of output, the line's
+        # end then carrying the next tag ("... c = 21 ms[1,0]<stdout>:").
+        sys.stdout.write(f"train.py: {record['reason']}\n")
+        sys.stdout.flush()
     config = dataclasses.replace(config, auto_choice=record)
     strategy = auto_strategy.strategy_of(record)
     if config.scale_lr == "auto":

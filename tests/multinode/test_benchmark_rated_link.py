@@ -5,7 +5,12 @@ with ``--topology``, the strategies for several hosts on 2 hosts × 2 ranks.
 
 The schema is checked, the measured rate against the tc rate, the bytes each
 configuration moved against their formula (in the account, and on the hosts'
-interfaces), and c and T against the rows they come from."""
+interfaces), and c and T against the rows they come from.
+
+Both runs pass ``--no-alpha-sweep``: the small-message sweep for α (link_probe.alpha_sweep, a
+trace and three chains of allreduces for each of 8 sizes, across hosts and again within each host
+in the level probes) is a third of a 2 × 2 launch's time, and nothing here reads it. Its code runs
+across hosts in test_auto.py (``--strategy auto`` measures α), and on one host in the unit tier."""
 import json
 import os
 import subprocess
@@ -57,7 +62,7 @@ def assert_crossed_as_the_formula_says(rows):
 def test_quick_rated_link_run(tmp_path):
     name = f"hvdq{os.getpid()}"[:12]
     cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--link-rates", "100mbit", "--cluster-name", name,
-           "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", str(bounded(240))]
+           "--repeats", "1", "--no-alpha-sweep", "--out", str(tmp_path), "--launch-timeout", str(bounded(240))]
     out = run(cmd, timeout=280, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
@@ -71,6 +76,7 @@ def test_quick_rated_link_run(tmp_path):
     # tbf lets through no more than its rate (plus one bucket); TCP and framing cost some of it.
     assert 0.5 * NOMINAL < link["measured_bits_per_second"] < 1.1 * NOMINAL, link
     assert link["levels"] is None  # one rank a host: one level, nothing more to probe
+    assert link["alpha_sweep"] is None  # --no-alpha-sweep
     rows = {r["config"]: r for r in results["rows"]}
     assert set(rows) == CONFIGS
     for config, row in rows.items():
@@ -103,7 +109,8 @@ def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     strategies cross as Open MPI's halving-doubling allreduce does, 2(H-1) times their payload."""
     name = f"hvdo{os.getpid()}"[:12]
     cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--topology", "--link-rates", "100mbit",
-           "--cluster-name", name, "--repeats", "1", "--out", str(tmp_path), "--launch-timeout", str(bounded(300))]
+           "--cluster-name", name, "--repeats", "1", "--no-alpha-sweep", "--out", str(tmp_path),
+           "--launch-timeout", str(bounded(300))]
     out = run(cmd, timeout=340, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
@@ -118,6 +125,7 @@ def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     assert levels["ranks_per_host"] == 2 and levels["across_hosts"]["streams"] == 2, levels
     assert 0.5 * NOMINAL < levels["across_hosts"]["bits_per_second"] < 1.1 * NOMINAL, levels
     assert levels["within_host"]["bits_per_second"] > 2 * NOMINAL and levels["within_host"]["hosts"] == 2, levels
+    assert results["links"][0]["alpha_sweep"] is None and levels["within_host"]["alpha_sweep"] is None  # --no-alpha-sweep
     # The account, per rank, on shards of M/2 (2 ranks per group): within its host the reduce-scatter of 2
     # rows of M/2 + 4 (the non-finite flag) and the update's allgather of M/2, and, for EASGD τ=10, the
     # weights' allgather of M/2 every 10th step; across, the shard (EASGD: with its flag, every 10th step).

@@ -1,21 +1,20 @@
-"""Hierarchical across the virtual cluster's hosts: by default a group is a host."""
+"""Hierarchical across the virtual cluster's hosts: by default a group is a host.
+
+Its launch (2 hosts × 2 ranks, Gloo) is the session's shared ``two_by_two_run`` (conftest.py):
+test_launch.py asserts on the same run where each rank ran."""
 import os
 
 import pytest
 import yaml
 
-from tests.multinode.helpers import horovodrun_on_hosts, launch
+from tests.multinode.helpers import TWO_BY_TWO_TIMEOUT
 
 pytestmark = pytest.mark.multinode
-LAUNCH_TIMEOUT = 240
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
-def test_two_hosts_of_two_ranks_are_two_groups(cluster, tmp_path):
-    run_dir = str(tmp_path / "run")
-    args = ["--strategy", "hierarchical", "--inter", "easgd", "--tau", "10", "--run-dir", run_dir,
-            "--epochs", "1", "--threads-per-rank", "1"]
-    out = launch(cluster, horovodrun_on_hosts("node1:2,node2:2", "gloo", args, np=4), timeout=LAUNCH_TIMEOUT)
+@pytest.mark.timeout(TWO_BY_TWO_TIMEOUT + 30)
+def test_two_hosts_of_two_ranks_are_two_groups(two_by_two_run):
+    out, run_dir = two_by_two_run
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with open(os.path.join(run_dir, "config.yaml")) as f:
         run = yaml.safe_load(f)

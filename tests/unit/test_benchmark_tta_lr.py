@@ -102,3 +102,14 @@ def test_the_links_token_bucket_reaches_the_alpha_sweep():
     assert flags.alpha_sweep and flags.link_bucket == 65536.0
     cmd = rated_links.worker_command(args, "out.json")
     assert worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:]).link_bucket is None
+
+
+def test_no_alpha_sweep_leaves_the_sweep_out_of_the_rated_launch_and_needs_link_rates(capsys):
+    from benchmarks import rated_links
+
+    args = compare.parse_args(["--link-rates", "100mbit", "--configs", "sync", "--models", "cnn", "--no-alpha-sweep"])
+    cmd = rated_links.worker_command(args, "out.json", qdisc="tbf rate 100000000 burst 125000 latency 50ms")
+    assert not worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:]).alpha_sweep
+    with pytest.raises(SystemExit) as exit_:
+        compare.parse_args(["--quick", "--no-alpha-sweep"])
+    assert exit_.value.code == 2 and "--no-alpha-sweep" in capsys.readouterr().err
