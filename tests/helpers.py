@@ -146,3 +146,11 @@ def read_rank_results(directory, size):
 
 def script(name):
     return os.path.join(ROOT, "tests", "multiproc", "scripts", name)
+
+
+def mkdocs_build(config, site_dir):
+    """``python -m mkdocs build --strict`` of ``config`` into ``site_dir`` (a few seconds: no launch)."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", config,
+                           "--site-dir", str(site_dir)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything hvd_easgd needs on a fresh Debian machine, and nothing
 # that is already there:
-#   1. Debian packages (OpenMPI 4.1, cmake, g++; SLURM and iproute2 for the
-#      tests), with one `apt-get update`;
+#   1. Debian packages (OpenMPI 4.1, cmake, g++; SLURM, iproute2 and headless
+#      Chromium for the tests), with one `apt-get update`;
 #   2. a virtual environment with the pinned stack from requirements.txt, for
 #      the default TensorFlow (.venv) or for another supported one
 #      (TF=2.19.1 -> .venv-tf2.19.1; the list is hvd_easgd/install/tf_versions.txt),
@@ -95,8 +95,10 @@ fi
 # without network access, so nothing can be installed from there. And the real
 # data sets that ship inside Debian packages: Fashion-MNIST's idx files
 # (--data fashion_mnist) and the Python docs' reStructuredText sources
-# (--data python_docs, the language model's corpus).
-APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make patch slurm-wlm munge libpmix-dev iproute2 openssh-client openssh-server dataset-fashion-mnist python3.11-doc"
+# (--data python_docs, the language model's corpus). And headless Chromium
+# with its WebDriver, which renders the docs site in
+# tests/multiproc/test_docs_browser.py (broken images, console errors).
+APT_PACKAGES="libopenmpi-dev openmpi-bin cmake g++ make patch slurm-wlm munge libpmix-dev iproute2 openssh-client openssh-server dataset-fashion-mnist python3.11-doc chromium chromium-driver"
 command -v "$PYTHON" >/dev/null 2>&1 || APT_PACKAGES="$APT_PACKAGES python3 python3-venv python3-dev"
 missing=""
 for p in $APT_PACKAGES; do

@@ -7,14 +7,12 @@ import html
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from benchmarks import cluster_check, defaults_report, projection_report, tta_report
-from tests.helpers import ROOT
+from tests.helpers import ROOT, mkdocs_build
 from tools import tf_matrix
 
 pytestmark = pytest.mark.unit
@@ -38,13 +36,6 @@ RENDERED_PAGES = {
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
 # to call here: benchmarks.rated_links wrote it from a results.json that is not committed.
 INCLUDED = {"benchmarks.md": "benchmarks/figures/topology_results.md"}
-
-
-def _mkdocs_build(config, site_dir):
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", config,
-                           "--site-dir", str(site_dir)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
 
 
 def _load_config(path):
@@ -91,7 +82,7 @@ def _hand_written():
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     site_dir = tmp_path_factory.mktemp("site")
-    result = _mkdocs_build(CONFIG, site_dir)
+    result = mkdocs_build(CONFIG, site_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return site_dir, result
 
@@ -132,7 +123,7 @@ def test_strict_mode_fails_on_a_page_with_a_broken_link_or_reference(tmp_path):
     config_copy = tmp_path / "mkdocs.yml"
     config_copy.write_text(yaml.safe_dump(config, allow_unicode=True))
 
-    result = _mkdocs_build(str(config_copy), tmp_path / "site")
+    result = mkdocs_build(str(config_copy), tmp_path / "site")
     output = result.stdout + result.stderr
     assert result.returncode != 0
     warnings = [line for line in output.splitlines() if line.startswith("WARNING")]
