@@ -205,3 +205,54 @@ def test_the_readme_is_at_most_12_kb_and_names_every_strategy():
     assert len(readme) <= 12 * 1024, len(readme)
     for name in ("SyncAverage", "EASGD", "GradientAccumulation", "PeriodicAverage", "DiLoCo", "Hierarchical"):
         assert f"| `{name}" in readme.decode(), name
+
+
+LEAD_LINES = 5
+# A rendered line of the theme's text column holds about this many characters; a lead of five long source
+# lines (a generated page writes its answer as one line) must still fit in five of them.
+LEAD_LINE_CHARS = 120
+
+
+def lead_problem(text):
+    """Why a page does not lead with its answer, or None. A page leads when, after its title, at most
+    LEAD_LINES lines of prose say what it shows or what to do, and then comes one figure (an image) or
+    one example (a code block), before any table, section heading or provenance comment."""
+    lines = text.splitlines()
+    titles = [i for i, line in enumerate(lines) if line.startswith("# ")]
+    if not titles:
+        return "no title"
+    prose = chars = 0
+    for line in lines[titles[0] + 1:]:
+        stripped = line.strip()
+        if stripped.startswith(("```", "    ", "![")) or line.startswith("    "):
+            return None if prose else "no sentence before the figure or example"
+        if not stripped:
+            continue
+        if stripped.startswith(("#", "|", "<!--", ":::", "--8<--")):
+            return f"{stripped[:40]!r} before a figure or example"
+        prose += 1
+        chars += len(stripped) + 1
+        if prose > LEAD_LINES or chars > LEAD_LINES * LEAD_LINE_CHARS:
+            return f"more than {LEAD_LINES} lines before a figure or example"
+    return "no figure or example"
+
+
+def _site_pages():
+    return [page for page in _nav_files(_load_config(CONFIG)["nav"])]
+
+
+def test_lead_problem_finds_what_it_looks_for():
+    assert lead_problem("# T\n\nDo this.\n\n```bash\nmake\n```\n") is None
+    assert lead_problem("# T\n\nIt shows.\n\n![plot](figures/a.png)\n\n| a |\n") is None
+    assert "before a figure" in lead_problem("# T\n\nIt shows.\n\n| a | b |\n\n![plot](a.png)\n")
+    assert "before a figure" in lead_problem("# T\n\n<!-- Generated -->\n\nIt.\n\n![plot](a.png)\n")
+    assert "more than" in lead_problem("# T\n\n" + "a line\n" * 6 + "\n```\nx\n```\n")
+    assert "more than" in lead_problem("# T\n\n" + "word " * 130 + "\n\n```\nx\n```\n")
+    assert lead_problem("# T\n\nOnly prose.\n") == "no figure or example"
+    assert lead_problem("# T\n\n```\nx\n```\n") == "no sentence before the figure or example"
+
+
+@pytest.mark.parametrize("page", _site_pages())
+def test_a_page_leads_with_what_it_shows_and_one_figure_or_example(page):
+    with open(os.path.join(DOCS, page)) as f:
+        assert lead_problem(f.read()) is None
