@@ -184,10 +184,32 @@ def _per_rate(results, model, cell):
                  "l" + "r" * len(rates))
 
 
+def _answer(results):
+    """The report's first lines: per model and rate, the configuration with the most samples/s (the
+    no-communication baseline aside) and how it compares with flat SyncAverage, from the same rows."""
+    parts = []
+    for model in results["models"]:
+        for link in results["links"]:
+            rate = link["nominal"]
+            rows = [r for r in results["rows"] if r["model"] == model and r["link"]["nominal"] == rate
+                    and r["config"] != "no_comm" and r.get("samples_per_sec")]
+            if not rows:
+                continue
+            best = max(rows, key=lambda r: r["samples_per_sec"]["median"])
+            sync = _find(results["rows"], model, "sync", rate)
+            versus = (f", {best['samples_per_sec']['median'] / sync['samples_per_sec']['median']:.2f}× SyncAverage"
+                      if sync and sync.get("samples_per_sec") and best is not sync else "")
+            parts.append(f"{curves.throughput_model_name(model)} at {rate}: `{best['config']}`{versus}")
+    if not parts:
+        return "No configuration ran to a throughput; the failures are listed below."
+    return "The most samples/s, per model and rate: " + "; ".join(parts) + "."
+
+
 def markdown(results):
     topology = results["topology"]
     lines = [f"# Strategies across a rated link ({results['timestamp']})", "",
-             f"`{results['command']}`", "",
+             _answer(results), "",
+             "```bash", results["command"], "```", "",
              f"Topology: {topology['hosts']} hosts × {topology['ranks_per_host']} rank(s), "
              f"virtual cluster `{topology['cluster']}`, tc tbf on every host's egress.", "",
              table(["nominal rate", "measured (allreduce bus bandwidth)"],
@@ -212,6 +234,8 @@ def markdown(results):
                   "transmit counter) / analytic (configurations.cross_host_bytes_per_step):", "",
                   _per_rate(results, model, crossed)]
     if results["analysis"]:
+        # τ keys are ints as compare computes them and strings once results.json is read back: one form.
+        analysis = [dict(a, easgd={int(tau): v for tau, v in a["easgd"].items()}) for a in results["analysis"]]
         lines += ["", "c: compute time per step (no_comm); T: communication time per SyncAverage step "
                   "(its step time − c). EASGD ÷ SyncAverage, measured against (c + T)/(c + T/τ):", "",
                   table(["model", "rate", "c (ms)", "T (ms)", "τ=4 measured / analytic", "τ=10 measured / analytic"],
@@ -219,7 +243,7 @@ def markdown(results):
                           f"{1e3 * a['sync_comm_seconds_per_step']:.1f}",
                           *(f"{a['easgd'][tau]['measured']:.2f} / {a['easgd'][tau]['analytic']:.2f} "
                             f"({a['easgd'][tau]['relative_error']:+.0%})" if tau in a["easgd"] else "–"
-                            for tau in (4, 10))] for a in results["analysis"]],
+                            for tau in (4, 10))] for a in analysis],
                         "llrrrr")]
     else:
         lines += ["", "c and T (EASGD ÷ SyncAverage against (c + T)/(c + T/τ)): not computed, the run has no "
