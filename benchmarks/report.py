@@ -216,10 +216,24 @@ def headline_table(headlines):
                  "lrlrl")
 
 
+def answer(headlines):
+    """The report's first lines, from its headline ratios: how many reach their target, and which do not."""
+    targeted = [h for h in headlines if h.get("goal") is not None]
+    if not targeted:
+        return f"{len(headlines)} headline ratios, none with a target."
+    missed = [h for h in targeted if not h["met"]]
+    text = f"{len(targeted) - len(missed)} of {len(targeted)} headline ratios reach their target."
+    if missed:
+        text += " Below it: " + "; ".join(f"{h['label']} {h['value']:.2f} (target ≥ {h['goal']:g})"
+                                          for h in missed) + "."
+    return text
+
+
 def markdown(results):
     m, v = results["machine"], results["versions"]
     parts = [f"# hvd_easgd benchmarks, {results['timestamp']}", "",
-             f"Command: `{results['command']}`", "",
+             answer(results["headlines"]), "",
+             "```bash", results["command"], "```", "",
              f"Machine: {m['cpu_model']}, {m['cores']} cores ({m['cores_usable']} usable), "
              f"{m['memory_gib']} GiB; load average at start {', '.join(f'{x:.2f}' for x in m['loadavg'])}.",
              "Versions: " + ", ".join(f"{k} {val}" for k, val in sorted(v.items()) if val) + ".", "",

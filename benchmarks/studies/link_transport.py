@@ -171,17 +171,24 @@ def run_arm(cluster, arm, args, log_dir, ranks_per_host):
 
 
 def markdown(results):
-    rows = []
+    rows, extremes = [], []
     for layout in results["layouts"]:
+        medians = {}
         for arm in layout["arms"]:
             rates = [r for rnd in layout["rounds"] for r in rnd[arm]["mbit"]]
             drops = [rnd[arm]["dropped"] for rnd in layout["rounds"]]
+            medians[arm] = statistics.median(rates)
             rows.append([layout["name"], f"`{arm}`",
                          f"{statistics.median(rates):.1f} ({min(rates):.1f}–{max(rates):.1f})", str(len(rates)),
                          str(sum(drops))])
+        fastest, slowest = max(medians, key=medians.get), min(medians, key=medians.get)
+        extremes.append(f"{layout['name']}, `{fastest}` {medians[fastest]:.1f} Mbit/s and `{slowest}` "
+                        f"{medians[slowest]:.1f}")
     return "\n".join([
         f"# Link transport at {results['rate']} ({results['qdisc']})", "",
-        f"    {results['command']}", "",
+        # The answer first, from the same transfers as the table.
+        "The fastest and the slowest way across the link, median of each: " + "; ".join(extremes) + ".", "",
+        "```bash", results["command"], "```", "",
         f"Both hosts sending {results['bytes'] / 1e6:g} MB at once; Mbit/s one way on a host's link, median "
         "(min–max) over every timed transfer of every round; packets the hosts' tbf dropped during the arm, over "
         f"all rounds. Load average before: {_load(results['load_before'])}, after: {_load(results['load_after'])}.",

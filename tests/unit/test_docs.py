@@ -237,8 +237,17 @@ def lead_problem(text):
     return "no figure or example"
 
 
-def _site_pages():
-    return [page for page in _nav_files(_load_config(CONFIG)["nav"])]
+def _lead_pages():
+    """Every page of the site, and every titled report under docs/results/ (each run's own results.md: read
+    from the repository, not the site). parity.md is a fragment a page includes, with no title of its own."""
+    pages = list(_nav_files(_load_config(CONFIG)["nav"]))
+    for folder, _, names in sorted(os.walk(os.path.join(DOCS, "results"))):
+        for name in sorted(names):
+            if name.endswith(".md"):
+                with open(os.path.join(folder, name)) as f:
+                    if f.read().startswith("# "):
+                        pages.append(os.path.relpath(os.path.join(folder, name), DOCS))
+    return pages
 
 
 def test_lead_problem_finds_what_it_looks_for():
@@ -252,7 +261,7 @@ def test_lead_problem_finds_what_it_looks_for():
     assert lead_problem("# T\n\n```\nx\n```\n") == "no sentence before the figure or example"
 
 
-@pytest.mark.parametrize("page", _site_pages())
+@pytest.mark.parametrize("page", _lead_pages())
 def test_a_page_leads_with_what_it_shows_and_one_figure_or_example(page):
     with open(os.path.join(DOCS, page)) as f:
         assert lead_problem(f.read()) is None
