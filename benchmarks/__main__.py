@@ -22,26 +22,26 @@ class Subcommand(NamedTuple):
 
 
 SUBCOMMANDS = {
-    "compare": Subcommand("benchmarks.compare", "the suite: the strategies side by side against raw Horovod, "
+    "compare": Subcommand("benchmarks.suite.compare", "the suite: the strategies side by side against raw Horovod, "
                                                 "MWMS and no communication, on this host or a rated virtual cluster"),
-    "accuracy": Subcommand("benchmarks.accuracy", "train.py's compressed variants and their fp32 twins over "
+    "accuracy": Subcommand("benchmarks.accuracy.accuracy", "train.py's compressed variants and their fp32 twins over "
                                                   "seeds: final accuracy and wire bytes per step, goals checked"),
-    "parity": Subcommand("benchmarks.parity", "a real workload (the language model, Fashion-MNIST) under each "
+    "parity": Subcommand("benchmarks.accuracy.parity", "a real workload (the language model, Fashion-MNIST) under each "
                                               "strategy over seeds: final validation loss or accuracy against "
                                               "SyncAverage's, goals checked"),
-    "time-to-target": Subcommand("benchmarks.time_to_target", "the language model's time to a target validation "
+    "time-to-target": Subcommand("benchmarks.accuracy.time_to_target", "the language model's time to a target validation "
                                                               "loss per strategy across rated links of the "
                                                               "virtual cluster, goals checked"),
-    "traffic": Subcommand("benchmarks.traffic_table", "write (or --check) docs/results/traffic/traffic.json "
+    "traffic": Subcommand("benchmarks.costmodel.traffic_table", "write (or --check) docs/results/traffic/traffic.json "
                                                       "from the strategies' expected_traffic hooks"),
-    "project": Subcommand("benchmarks.projection", "the alpha-beta cost model: samples/s and scaling "
+    "project": Subcommand("benchmarks.costmodel.projection", "the alpha-beta cost model: samples/s and scaling "
                                                    "efficiency at many hosts, from the traffic table; --paper "
                                                    "horovod or streaming-diloco, --report (docs/projection.md)"),
-    "validate": Subcommand("benchmarks.cluster_check", "the cost model's step times against the virtual cluster's: "
+    "validate": Subcommand("benchmarks.costmodel.cluster_check", "the cost model's step times against the virtual cluster's: "
                                                     "run (--run) or re-render docs/cost-model-validation.md"),
-    "tta-report": Subcommand("benchmarks.tta_report", "re-render a rated-link run's results.md, its plots and "
+    "tta-report": Subcommand("benchmarks.accuracy.tta_report", "re-render a rated-link run's results.md, its plots and "
                                                       "docs/time-to-accuracy.md from its results.json (--check)"),
-    "defaults-report": Subcommand("benchmarks.defaults_report", "render (or --check) the docs pages generated "
+    "defaults-report": Subcommand("benchmarks.accuracy.defaults_report", "render (or --check) the docs pages generated "
                                                                 "from the committed results in docs/results/"),
 }
 PROG = "python -m benchmarks"

@@ -4,7 +4,7 @@ Standard library only, no TensorFlow, so that a job can price its own candidates
 benchmarks can project to thousands of hosts (``python -m benchmarks project``) from the same formulas.
 What a configuration sends is a traffic entry: its bytes as ``a + b·N`` and its calls per step for each
 collective kind, per level (the strategies' ``expected_traffic`` hooks; the committed table
-``docs/results/traffic/traffic.json`` holds one per benchmark configuration, ``benchmarks/calibration.py``).
+``docs/results/traffic/traffic.json`` holds one per benchmark configuration, ``benchmarks/costmodel/calibration.py``).
 
 Per step and rank, at H hosts × n ranks (p = H·n), a collective over q ranks
 with per-message latency α and bandwidth B costs, S being what one rank hands

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from ..runner import local_launch, log_tail, run_local, spread, summary
+from ..suite.runner import local_launch, log_tail, run_local, spread, summary
 
 VARIANTS = {"off": None, "agree every 10": 10, "agree every 1": 1}
 BATCH = 32

@@ -37,7 +37,7 @@ Each launch measures, on the digits CNN's gradients (153 KB in 8 tensors):
 
 The driver writes every launch's figures, the load average before and after
 each, and the medians (min-max) over launches with the ratios (each a
-``benchmarks.runner.summary``); every launch's log goes to ``<--out>.logs/``.
+``benchmarks.suite.runner.summary``); every launch's log goes to ``<--out>.logs/``.
 """
 import argparse
 import json
@@ -49,8 +49,8 @@ import time
 
 import numpy as np
 
-from .. import allreduce, runner  # numpy only at import
-from ..runner import summary
+from ..suite import allreduce, runner  # numpy only at import
+from ..suite.runner import summary
 
 ARMS = {"horovod": ("horovod", {}),
         "horovod_cycle_0.1": ("horovod", {"HOROVOD_CYCLE_TIME": "0.1"}),
@@ -134,7 +134,7 @@ def worker(arm, out, steps, repeats, batch=32):
     import keras
     import tensorflow as tf
 
-    from benchmarks.worker import pre_sharded
+    from ..suite.worker import pre_sharded
 
     data = hvd_easgd.data.digits()
     barrier = lambda: comm.allreduce([tf.zeros([1])], op="sum", record=False)  # noqa: E731

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-from .. import runner
+from ..suite import runner
 
 KILLED_HOST = "127.0.0.1"
 EPOCHS = 4

@@ -45,9 +45,9 @@ import time
 
 from tools.vcluster import INTERFACE, VirtualCluster, check_privileges
 
-from .. import runner
-from ..rated_links import MPI_ENV, run_on_cluster
-from ..runner import REPO_ROOT, table
+from ..suite import runner
+from ..suite.rated_links import MPI_ENV, run_on_cluster
+from ..suite.runner import REPO_ROOT, table
 
 PORT = 5301
 # Per layout (hosts, ranks a host), its arms.

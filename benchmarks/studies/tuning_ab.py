@@ -37,9 +37,9 @@ import time
 
 from hvd_easgd import tuning
 
-from ..compare import RESULTS_ROOT, foreign_cpu_busy
-from ..order import balanced_order
-from ..runner import local_launch, log_tail, run_local, spread, summary, table
+from ..suite.compare import RESULTS_ROOT, foreign_cpu_busy
+from ..suite.order import balanced_order
+from ..suite.runner import local_launch, log_tail, run_local, spread, summary, table
 
 ARMS = ("horovod", "hvd_easgd")
 YIELD = {"OMPI_MCA_mpi_yield_when_idle": "1"}  # the suite's MPI launches' (compare.mpi_polling_env)
@@ -61,7 +61,7 @@ def parse_args(argv=None):
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--models", default="cnn", help="comma-separated, from cnn,resnet,wide_mlp")
     p.add_argument("--configs", default="no_comm,raw_horovod,sync",
-                   help="custom-loop configurations (benchmarks.names.CUSTOM_LOOP)")
+                   help="custom-loop configurations (benchmarks.suite.names.CUSTOM_LOOP)")
     p.add_argument("--repeats", type=int, default=6, help="timed repeats per configuration in a launch")
     p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per repeat")
     p.add_argument("--resnet-steps", type=int, default=20)
@@ -90,7 +90,7 @@ def worker_main(args):
     import hvd_easgd
     from hvd_easgd import atomic, runtime
 
-    from .. import allreduce, machine, worker
+    from ..suite import allreduce, machine, worker
 
     load_before = os.getloadavg()
     comm = hvd_easgd.init(threads_per_rank=1)
@@ -144,7 +144,7 @@ def launch_once(args, out_dir, controller, arm, pair):
 def mpi4py_reference(args, out_dir, pair, gradient_bytes):
     """mpi4py Allreduce of the same payload (its own MPI launch, no Horovod): µs per call."""
     out_json = os.path.join(out_dir, f"mpi4py-pair{pair}.json")
-    cmd = local_launch(args.np, "mpi") + [sys.executable, "-m", "benchmarks.allreduce", "--raw", "--quick",
+    cmd = local_launch(args.np, "mpi") + [sys.executable, "-m", "benchmarks.suite.allreduce", "--raw", "--quick",
                                           "--out", out_json, "--gradient-bytes", str(gradient_bytes)]
     outcome = run_local(cmd, os.path.join(out_dir, "logs", f"mpi4py-pair{pair}.log"), 180, YIELD)
     if not outcome.ok or not os.path.exists(out_json):

@@ -1,4 +1,4 @@
-"""The rated-link benchmark end to end, at its smallest: ``python -m benchmarks.compare
+"""The rated-link benchmark end to end, at its smallest: ``python -m benchmarks.suite.compare
 --quick --link-rates 100mbit`` builds its own two-host cluster, measures the link,
 times the six configurations on the digits CNN across it, and removes the cluster;
 with ``--topology``, the strategies for several hosts on 2 hosts × 2 ranks.
@@ -61,7 +61,7 @@ def assert_crossed_as_the_formula_says(rows):
 @pytest.mark.timeout(300)
 def test_quick_rated_link_run(tmp_path):
     name = f"hvdq{os.getpid()}"[:12]
-    cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--link-rates", "100mbit", "--cluster-name", name,
+    cmd = [sys.executable, "-m", "benchmarks.suite.compare", "--quick", "--link-rates", "100mbit", "--cluster-name", name,
            "--repeats", "1", "--no-alpha-sweep", "--out", str(tmp_path), "--launch-timeout", str(bounded(240))]
     out = run(cmd, timeout=280, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
@@ -108,7 +108,7 @@ def test_quick_topology_run_keeps_each_group_inside_its_host(tmp_path):
     inter level crosses as the formula says (one allreduce of a shard per index within the host); the flat
     strategies cross as Open MPI's halving-doubling allreduce does, 2(H-1) times their payload."""
     name = f"hvdo{os.getpid()}"[:12]
-    cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--topology", "--link-rates", "100mbit",
+    cmd = [sys.executable, "-m", "benchmarks.suite.compare", "--quick", "--topology", "--link-rates", "100mbit",
            "--cluster-name", name, "--repeats", "1", "--no-alpha-sweep", "--out", str(tmp_path),
            "--launch-timeout", str(bounded(300))]
     out = run(cmd, timeout=340, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))

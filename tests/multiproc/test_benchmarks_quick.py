@@ -1,4 +1,4 @@
-"""The benchmark suite end to end: ``python -m benchmarks.compare --quick``
+"""The benchmark suite end to end: ``python -m benchmarks.suite.compare --quick``
 on a tiny configuration (40 steps per repeat), then results.json against
 its schema: every row measured, bytes and calls equal to their formula
 (from a parameter count worked out by hand here), every headline ratio
@@ -43,7 +43,7 @@ MAX_SAMPLES_PER_SEC = 500_000
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    cmd = [sys.executable, "-m", "benchmarks.compare", "--quick", "--steps", "40", "--out", str(out),
+    cmd = [sys.executable, "-m", "benchmarks.suite.compare", "--quick", "--steps", "40", "--out", str(out),
            "--launch-timeout", str(bounded(120))]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=bounded(280))
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"

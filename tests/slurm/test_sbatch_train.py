@@ -90,7 +90,7 @@ def test_train_sbatch_without_venv_fails_with_hint(slurm_cluster, tmp_path):
 
 def test_benchmark_sbatch_reaches_the_suite(slurm_cluster, tmp_path):
     """benchmark.sbatch as one exclusive task; --help keeps the suite itself out of the tier's time budget."""
-    assert (REPO / "benchmarks" / "compare.py").is_file(), "slurm/benchmark.sbatch runs benchmarks/compare.py"
+    assert (REPO / "benchmarks" / "suite" / "compare.py").is_file(), "slurm/benchmark.sbatch runs benchmarks/suite/compare.py"
     job_id = slurm_cluster.submit(REPO / "slurm" / "benchmark.sbatch",
                                   ["--time=00:03:00", f"--output={tmp_path}/slurm-%x-%j.out"], ["--help"],
                                   env={"HVD_EASGD_VENV": sys.prefix})

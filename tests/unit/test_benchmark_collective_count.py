@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks.collective_count import CollectiveCounter
+from benchmarks.suite.collective_count import CollectiveCounter
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from benchmarks import compare, names, order, worker
+from benchmarks.suite import compare, names, order, worker
 
 pytestmark = pytest.mark.unit
 
@@ -87,7 +87,7 @@ def scheduled_rounds(group, repeats):
 def test_the_full_run_orders_each_group_in_whole_williams_designs(group):
     args = compare.parse_args(["--np", "2"])
     command, _, _ = compare.worker_command(args, 2, "mpi", "out.json", tta=False)
-    worker_args = worker.parse_args(command[command.index("benchmarks.worker") + 1:])
+    worker_args = worker.parse_args(command[command.index("benchmarks.suite.worker") + 1:])
     rounds = scheduled_rounds(group, worker.repeats_of(worker_args, group))
     n = len(group)
     assert len(rounds) % rounds_per_design(n) == 0 and len(rounds) >= order.MIN_REPEATS

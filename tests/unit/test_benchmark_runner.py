@@ -1,4 +1,4 @@
-"""The benchmarks' one runner (benchmarks/runner.py) and entry point (benchmarks/__main__.py).
+"""The benchmarks' one runner (benchmarks/suite/runner.py) and entry point (benchmarks/__main__.py).
 
 In-process, or with ``sh``/``sleep`` children only: no launcher starts here.
 """
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from benchmarks import __main__ as entry
-from benchmarks import compare, runner
+from benchmarks.suite import compare, runner
 
 pytestmark = pytest.mark.unit
 
@@ -188,7 +188,7 @@ def test_compare_under_the_entry_point_takes_the_same_flags():
 
 
 def test_mpi_tcp_links_reach_the_rated_launches_environment_and_bad_values_exit_2(capsys):
-    from benchmarks import rated_links
+    from benchmarks.suite import rated_links
 
     args = compare.parse_args(["--link-rates", "100mbit", "--mpi-tcp-links", "2"], prog="python -m benchmarks compare")
     assert args.mpi_tcp_links == 2

@@ -6,7 +6,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks import configurations, host_traffic, names
+from benchmarks.suite import configurations, host_traffic, names
 from hvd_easgd.app import models
 
 pytestmark = pytest.mark.unit
@@ -120,7 +120,7 @@ def test_one_rank_expects_nothing_sent_but_raw_horovod_still_calls(cnn, name):
 
 
 def test_model_fit_rows_expect_what_their_custom_loop_twins_send(cnn):
-    from benchmarks import fit_variants
+    from benchmarks.suite import fit_variants
 
     def fit(name, size):
         return types.SimpleNamespace(name=name, model=cnn, comm=_Ranks(size))

@@ -1,7 +1,7 @@
 """The time-to-accuracy rows take their learning rate from train.py's --scale-lr rule."""
 import pytest
 
-from benchmarks import compare, configurations, names, worker
+from benchmarks.suite import compare, configurations, names, worker
 from hvd_easgd.app import cli
 from hvd_easgd.strategies import EASGD, GradientAccumulation, PeriodicAverage, SyncAverage, registry
 
@@ -81,35 +81,35 @@ def test_mwms_worker_refuses_time_to_accuracy_without_a_learning_rate(capsys):
 
 
 def test_the_tta_workload_flags_reach_the_rated_link_worker():
-    from benchmarks import rated_links
+    from benchmarks.suite import rated_links
 
     args = compare.parse_args(["--link-rates", "100mbit", "--configs", "sync,diloco_tau10_f4", "--models", "cnn",
                                "--tta-model", "student_mlp", "--tta-batch", "256", "--tta-lr", "0.05",
                                "--tta-cap", "90"])
     cmd = rated_links.worker_command(args, "out.json", tta=True)
-    flags = worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:])
+    flags = worker.parse_args(cmd[cmd.index("benchmarks.suite.worker") + 1:])
     assert (flags.tta_model, flags.tta_batch, flags.tta_lr, flags.tta_cap) == ("student_mlp", 256, 0.05, 90.0)
     assert flags.tta_config_list == ["sync", "diloco_tau10_f4"]  # the baselines never train to accuracy
     assert worker.TTA_DATA[flags.tta_model] == "teacher"
 
 
 def test_the_links_token_bucket_reaches_the_alpha_sweep():
-    from benchmarks import rated_links
+    from benchmarks.suite import rated_links
 
     args = compare.parse_args(["--link-rates", "10mbit", "--configs", "sync", "--models", "cnn"])
     cmd = rated_links.worker_command(args, "out.json", qdisc="tbf rate 10000000 burst 65536 latency 50ms")
-    flags = worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:])
+    flags = worker.parse_args(cmd[cmd.index("benchmarks.suite.worker") + 1:])
     assert flags.alpha_sweep and flags.link_bucket == 65536.0
     cmd = rated_links.worker_command(args, "out.json")
-    assert worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:]).link_bucket is None
+    assert worker.parse_args(cmd[cmd.index("benchmarks.suite.worker") + 1:]).link_bucket is None
 
 
 def test_no_alpha_sweep_leaves_the_sweep_out_of_the_rated_launch_and_needs_link_rates(capsys):
-    from benchmarks import rated_links
+    from benchmarks.suite import rated_links
 
     args = compare.parse_args(["--link-rates", "100mbit", "--configs", "sync", "--models", "cnn", "--no-alpha-sweep"])
     cmd = rated_links.worker_command(args, "out.json", qdisc="tbf rate 100000000 burst 125000 latency 50ms")
-    assert not worker.parse_args(cmd[cmd.index("benchmarks.worker") + 1:]).alpha_sweep
+    assert not worker.parse_args(cmd[cmd.index("benchmarks.suite.worker") + 1:]).alpha_sweep
     with pytest.raises(SystemExit) as exit_:
         compare.parse_args(["--quick", "--no-alpha-sweep"])
     assert exit_.value.code == 2 and "--no-alpha-sweep" in capsys.readouterr().err

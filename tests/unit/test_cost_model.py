@@ -1,4 +1,4 @@
-"""hvd_easgd/cost_model.py (the formulas) and benchmarks/calibration.py (the table, the links): each formula against hand-derived values, the CLI, and no TensorFlow."""
+"""hvd_easgd/cost_model.py (the formulas) and benchmarks/costmodel/calibration.py (the table, the links): each formula against hand-derived values, the CLI, and no TensorFlow."""
 import math
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from benchmarks import calibration
+from benchmarks.costmodel import calibration
 from hvd_easgd import cost_model
 
 pytestmark = pytest.mark.unit
@@ -136,7 +136,7 @@ def test_cli_one_row_per_host_count_and_fast():
     assert [r.split()[2] for r in rows] == ["8", "64", "512", "1024"]
     last = rows[-1].split()
     assert last[3] == "8192"
-    from benchmarks import workloads
+    from benchmarks.costmodel import workloads
     resnet50 = workloads.models()["resnet50"]
     params, compute = resnet50.params, resnet50.compute
     table = calibration.load_table()
@@ -154,7 +154,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args):
 
 
 def test_imports_no_tensorflow():
-    code = ("import sys, hvd_easgd.cost_model, benchmarks.projection; "
+    code = ("import sys, hvd_easgd.cost_model, benchmarks.costmodel.projection; "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules and 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert math.isfinite(calibration.LINKS["100gbit"])

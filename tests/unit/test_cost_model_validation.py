@@ -1,10 +1,10 @@
-"""benchmarks/cluster_check.py and the token-bucket link of calibration.py: hand-derived rows, the committed page."""
+"""benchmarks/costmodel/cluster_check.py and the token-bucket link of calibration.py: hand-derived rows, the committed page."""
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks import calibration, cluster_check
+from benchmarks.costmodel import calibration, cluster_check
 from hvd_easgd import cost_model, link_probe
 
 pytestmark = pytest.mark.unit
@@ -86,7 +86,7 @@ def test_a_quantising_formats_share_is_the_one_at_the_rows_p():
 def test_the_quantised_configurations_and_their_recorded_shares(tmp_path):
     import json
 
-    from benchmarks import format_compute
+    from benchmarks.costmodel import format_compute
 
     assert format_compute.quantised_configurations() == {"diloco_tau10_int8": ("int8", 10),
                                                          "diloco_tau10_int4": ("int4", 10)}
@@ -102,7 +102,7 @@ def test_the_quantised_configurations_and_their_recorded_shares(tmp_path):
     assert format_compute.share_of(loaded, "wide_mlp", "sync_powersgd4", 4) == 0.5
     assert format_compute.share_of(loaded, "wide_mlp", "diloco_tau10_int8", 8) == 0.0  # not measured at 8
     # The projection's: the largest p measured (the alltoall form); a model nothing measured, 0.
-    from benchmarks import workloads
+    from benchmarks.costmodel import workloads
 
     models = workloads.models()
     projected = format_compute.shares(("wide_mlp", models["wide_mlp"]), loaded)
@@ -113,7 +113,7 @@ def test_the_quantised_configurations_and_their_recorded_shares(tmp_path):
 
 def test_the_quantising_formats_are_the_formats_that_are_not_summable():
     # format_compute spells the list out (asking the formats imports TensorFlow); it must be theirs.
-    from benchmarks import format_compute
+    from benchmarks.costmodel import format_compute
     from hvd_easgd.comm.compression import COMPRESSIONS, Compression
 
     assert set(format_compute.QUANTISED) == {n for n in COMPRESSIONS if not Compression.by_name(n).summable}
@@ -127,7 +127,7 @@ def test_the_echo_communicator_runs_one_ranks_quantised_work_at_p():
     import numpy as np
     import tensorflow as tf
 
-    from benchmarks.format_compute import EchoCommunicator
+    from benchmarks.costmodel.format_compute import EchoCommunicator
     from hvd_easgd.comm.compression import Compression
     from hvd_easgd.comm.quantised_allreduce import quantised_allreduce
 
@@ -143,7 +143,7 @@ def test_the_echo_communicator_runs_one_ranks_quantised_work_at_p():
 
 
 def test_the_powersgd_configurations_are_found_with_their_rank():
-    from benchmarks import format_compute
+    from benchmarks.costmodel import format_compute
 
     assert format_compute.powersgd_configurations() == {"sync_powersgd4": 4}
 
@@ -305,7 +305,7 @@ def test_committed_files_equal_their_render():
 
 @pytest.mark.parametrize("argv", [["--only", "2x1"], ["--run", "--only", "9x9"], ["--run", "--check"]])
 def test_cli_refuses_contradictions_in_one_line(argv):
-    code = f"import sys; from benchmarks import cluster_check; sys.exit(cluster_check.main({argv!r}))"
+    code = f"import sys; from benchmarks.costmodel import cluster_check; sys.exit(cluster_check.main({argv!r}))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "tensorflow" not in done.stderr

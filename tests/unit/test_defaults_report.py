@@ -1,7 +1,7 @@
-"""docs/default-collectives.md is what benchmarks.defaults_report renders from the committed results."""
+"""docs/default-collectives.md is what benchmarks.accuracy.defaults_report renders from the committed results."""
 import pytest
 
-from benchmarks import defaults_report
+from benchmarks.accuracy import defaults_report
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from benchmarks import diloco_paper_check as check
-from benchmarks import projection_report
+from benchmarks.costmodel import diloco_paper_check as check
+from benchmarks.costmodel import projection_report
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,9 @@ import shutil
 import pytest
 import yaml
 
-from benchmarks import cluster_check, defaults_report, projection_report, tta_report
+from benchmarks.costmodel import cluster_check, projection_report
+
+from benchmarks.accuracy import defaults_report, tta_report
 from tests.helpers import ROOT, mkdocs_build
 from tools import tf_matrix
 
@@ -34,7 +36,7 @@ RENDERED_PAGES = {
     "cost-model-validation.md": cluster_check.render,
 }
 # Generated outside docs/ and included verbatim into a page (pymdownx.snippets), with no render
-# to call here: benchmarks.rated_links wrote it from a results.json that is not committed.
+# to call here: benchmarks.suite.rated_links wrote it from a results.json that is not committed.
 INCLUDED = {"benchmarks.md": "benchmarks/figures/topology_results.md"}
 
 

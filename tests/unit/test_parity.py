@@ -1,4 +1,4 @@
-"""benchmarks.parity: the configurations it launches, the goals it judges, and its table, rendered from
+"""benchmarks.accuracy.parity: the configurations it launches, the goals it judges, and its table, rendered from
 a results folder (runs.json and each run's metrics.json) written here by hand."""
 import glob
 import json
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from benchmarks import accuracy, parity
-from benchmarks.runner import REPO_ROOT
+from benchmarks.accuracy import accuracy, parity
+from benchmarks.suite.runner import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 LM = parity.WORKLOADS["language_model"]

@@ -158,7 +158,7 @@ def test_an_installed_distribution_registers_through_its_entry_points(plugin_pat
 
 
 def test_the_benchmark_suite_runs_a_plugin_configuration(plugin_path):
-    from benchmarks import configurations, worker
+    from benchmarks.suite import configurations, worker
 
     args = worker.parse_args(["--out", "unused.json", "--controller", "gloo", "--plugin", "fast_periodic",
                               "--configs", "sync,fast_periodic", "--tta-configs", "fast_periodic"])
@@ -203,10 +203,10 @@ def test_the_benchmark_suite_runs_a_plugin_configuration(plugin_path):
 def test_the_suite_driver_hands_its_plugins_to_every_worker(plugin_path):
     # python -m benchmarks compare --plugin M: each worker imports M, so its strategies join the default
     # configurations (the worker test above shows what a worker does with them).
-    from benchmarks import compare, worker
+    from benchmarks.suite import compare, worker
 
     args = compare.parse_args(["--quick", "--plugin", "fast_periodic"])
     command, _, _ = compare.worker_command(args, 2, "mpi", "out.json", tta=False)
-    worker_args = worker.parse_args(command[command.index("benchmarks.worker") + 1:])
+    worker_args = worker.parse_args(command[command.index("benchmarks.suite.worker") + 1:])
     assert worker_args.plugin == ["fast_periodic"]
     assert worker_args.config_list[-1] == "fast_periodic" and worker_args.tta_config_list[-1] == "fast_periodic"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from benchmarks import paper_check, projection_report, workloads
+from benchmarks.costmodel import paper_check, projection_report, workloads
 
 pytestmark = pytest.mark.unit
 
@@ -130,7 +130,7 @@ def test_the_h200_workloads_and_their_formats_by_hand():
     # c is the measured median; a format's share is what its pass takes there over c: PowerSGD's encode each
     # step, a quantised allreduce 2 quantise + dequantise passes over N a period (format_compute.QUANTISE_PASSES),
     # the 1.07 B-element pass scaled to N.
-    from benchmarks import format_compute
+    from benchmarks.costmodel import format_compute
 
     h = workloads.h200()
     models = workloads.models()
@@ -149,7 +149,7 @@ def test_the_h200_workloads_and_their_formats_by_hand():
         h["resnet50"]["powersgd_r4_encode"]["median_ms"] / h["resnet50"]["b64_bf16"]["median_ms"])
     # Charged in the projection: c·(1 + s) + comm, efficiency against c.
     row = projection_report.compute()["projection"]["1b"]["100gbit α 5 µs"]["sync_int8"]
-    from benchmarks import calibration
+    from benchmarks.costmodel import calibration
     from hvd_easgd import cost_model
     table = calibration.load_table()
     comm = cost_model.comm_time(table["configurations"]["sync_int8"], table["reference"], lm.params, 8, 8,
@@ -186,7 +186,7 @@ def test_the_page_leads_with_its_answer_in_five_lines_and_one_plot(data):
     head = [line for line in lines[1:plots[0]] if line.strip()]
     assert len(head) <= 5
     # The sentence is the results': SyncAverage's rate for the 1 B model, and the paper check's count.
-    from benchmarks import diloco_paper_check
+    from benchmarks.costmodel import diloco_paper_check
 
     text = " ".join(head)
     assert f"{data['h200']['needs_gbit_per_second']['1b']['sync']:,.0f}" in text
@@ -206,7 +206,7 @@ def test_powersgd_computes_c_times_one_plus_its_encoding_share_by_hand(data):
     # wide_mlp: the committed measurement's share s (format_compute.json) at 100 Gbit/s and 8 hosts:
     # c·(1 + s) + comm, efficiency against the plain c. resnet50: no measurement, so the FLOPs estimate,
     # 6·r·N / (b·f) = 6·4·25,583,592 / (64 · 3·2·3.8e9).
-    from benchmarks import calibration, format_compute
+    from benchmarks.costmodel import calibration, format_compute
     from hvd_easgd import cost_model
 
     measured = format_compute.load()

@@ -1,12 +1,12 @@
-"""benchmarks.time_to_target: the launches it makes across the virtual cluster, when a run reached the
+"""benchmarks.accuracy.time_to_target: the launches it makes across the virtual cluster, when a run reached the
 target, and the report's ratios and goals, from a results folder written here by hand."""
 import json
 import os
 
 import pytest
 
-from benchmarks import time_to_target as ttt
-from benchmarks.accuracy import Variant
+from benchmarks.accuracy import time_to_target as ttt
+from benchmarks.accuracy.accuracy import Variant
 from tools.vcluster import VirtualCluster
 
 pytestmark = pytest.mark.unit

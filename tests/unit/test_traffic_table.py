@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from benchmarks import traffic_table
+from benchmarks.costmodel import traffic_table
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from benchmarks import tta_report
+from benchmarks.accuracy import tta_report
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.unit
@@ -53,7 +53,7 @@ def _results(tmp_path):
            "base_lr": 0.1, "model": "student_mlp", "data": "teacher", "cap_seconds": 100.0, "steps_per_epoch": 10,
            "ceiling": {"samples_per_second_per_rank": 40.0, "samples_per_second": 80.0, "steps": 20}, "link": link,
            "per_config": {"sync": {"lr": 0.2, "runs": sync}, "periodic_tau10": {"lr": 0.2, "runs": periodic}}}
-    results = {"command": "python -m benchmarks.compare --link-rates 100mbit", "models": ["cnn"],
+    results = {"command": "python -m benchmarks.suite.compare --link-rates 100mbit", "models": ["cnn"],
                "topology": {"hosts": 2, "ranks_per_host": 1, "shaping": "tc tbf"},
                "settings": {"steps": 40, "wide_mlp_steps": 20, "repeats": 1},
                "rows": [{"model": "cnn", "batch_per_rank": 32}], "time_to_accuracy_by_rate": [tta]}

@@ -1,6 +1,6 @@
 """Calibrates the teacher workload: SyncAverage's step time and time to a test accuracy.
 
-    horovodrun -np 2 -H node1:1,node2:1 --mpi python -m benchmarks.teacher_calibration --out r.json
+    horovodrun -np 2 -H node1:1,node2:1 --mpi python -m benchmarks.accuracy.teacher_calibration --out r.json
 
 Every rank trains ``student_mlp`` on ``--data teacher`` with SyncAverage (SGD,
 momentum 0.9, ``--batch`` per rank, 256 by default) and evaluates the test set every

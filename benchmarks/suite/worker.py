@@ -1,10 +1,10 @@
 """One horovodrun launch of the suite: every configuration, interleaved.
 
-``benchmarks.compare`` starts it as
-``horovodrun -np N --gloo|--mpi python -m benchmarks.worker --out FILE ...``.
+``benchmarks.suite.compare`` starts it as
+``horovodrun -np N --gloo|--mpi python -m benchmarks.suite.worker --out FILE ...``.
 Start-up and tracing are paid once per launch; then repeats run
 round-robin over the configurations in a balanced order (each round a row
-of a Williams design, ``benchmarks.order``), so a burst of noise from
+of a Williams design, ``benchmarks.suite.order``), so a burst of noise from
 elsewhere on the machine, or a configuration's after-effects, hits them
 alike. Rank 0 writes everything measured to ``--out`` as JSON.
 
@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--models", default="cnn", help="comma-separated: cnn (digits) and/or resnet (synthetic 32x32x3)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed repeats per configuration (default: whole Williams designs of each group, "
-                        "at least benchmarks.order.MIN_REPEATS)")
+                        "at least benchmarks.suite.order.MIN_REPEATS)")
     p.add_argument("--steps", type=int, default=200, help="digits-CNN steps per timed repeat")
     p.add_argument("--resnet-steps", type=int, default=20, help="ResNet steps per timed repeat")
     p.add_argument("--wide-mlp-steps", type=int, default=20, help="wide-MLP (5.4 M parameters) steps per timed repeat")

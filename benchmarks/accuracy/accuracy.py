@@ -31,7 +31,7 @@ import statistics
 import sys
 from typing import NamedTuple
 
-from .runner import REPO_ROOT, local_launch, log_tail, run_local, table
+from ..suite.runner import REPO_ROOT, local_launch, log_tail, run_local, table
 
 
 class Variant(NamedTuple):

@@ -21,10 +21,10 @@ import sys
 
 import keras
 
-from . import configurations
-from .names import TABLE
+from ..suite import configurations
+from ..suite.names import TABLE
 
-PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "traffic" / "traffic.json"
+PATH = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "traffic" / "traffic.json"
 # Two sizes fix a + b·N. The reference layout has both levels, and more than 2 ranks on every flat or
 # across-hosts collective (4 hosts × 2 ranks), so a quantised allreduce runs in the form it takes at scale
 # (alltoall + allgather; at 2 ranks it is one allgather: comm/quantised_allreduce.py).

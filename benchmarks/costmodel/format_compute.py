@@ -35,8 +35,8 @@ import statistics
 import time
 
 from . import workloads
-from .names import TABLE
-from .runner import REPO_ROOT
+from ..suite.names import TABLE
+from ..suite.runner import REPO_ROOT
 
 PATH = os.path.join(REPO_ROOT, "docs", "results", "validation", "format_compute.json")
 MODELS = ("cnn", "wide_mlp")
@@ -111,7 +111,7 @@ def measure(models=MODELS, batch=BATCH, threads=1):
     from hvd_easgd.comm.local_comm import LocalCommunicator
     from hvd_easgd.comm.powersgd import PowerSGD
 
-    from . import configurations, machine
+    from ..suite import configurations, machine
 
     data = hvd_easgd.data.digits()
     comm = LocalCommunicator()

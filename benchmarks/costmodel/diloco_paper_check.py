@@ -43,7 +43,7 @@ from typing import NamedTuple
 
 from hvd_easgd import cost_model
 
-POINTS = pathlib.Path(__file__).resolve().parent / "data" / "streaming_diloco_table4.json"
+POINTS = pathlib.Path(__file__).resolve().parents[1] / "data" / "streaming_diloco_table4.json"
 COMMAND = "python -m benchmarks project --paper streaming-diloco"
 # Assumptions where the table is silent, each checked against the rows it governs (``results``):
 REPLICAS = 2  # M: the paper's overtraining runs (its Tables 1 and 7) use two; the vanilla rows fit it
@@ -225,7 +225,8 @@ with H = {result['period']} and fragments of {result['layers_per_fragment']} lay
 (`benchmarks/data/streaming_diloco_table4.json`, with its source).
 The cost model, given those inputs, reproduces **{result['within']} of its {result['total']} points within
 {100 * a['tolerance']:g} percentage points** (pp). Where the table is silent we assume M = {a['replicas']}
-replicas (so a ring allreduce puts 2(M−1)/M = {2 * (a['replicas'] - 1) / a['replicas']:g} payload on each link a sync), a bf16 payload
+replicas (so a ring allreduce puts 2(M−1)/M = {cost_model.allreduce_link_share(a['replicas']):g} payload on each link a sync), \
+a bf16 payload
 ({a['bytes_per_parameter']['bf16']:g} bytes a parameter; FP4 {a['bytes_per_parameter']['fp4']:g}), no latency, and
 each reduction hidden behind the backward pass ({a['backward_share']:.0%} of a step) of the step that issues it,
 plus one whole step for the overlapped variants; the vanilla DiLoCo rows, which hardly depend on the overlap,

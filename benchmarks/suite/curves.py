@@ -16,7 +16,7 @@ def workload_name(tta):
 
 
 # The throughput passes' models (``--models``): the digits CNN trains on digits, the wide MLP on
-# digits features too (``benchmarks.worker.throughput``), whatever the time to accuracy trains.
+# digits features too (``benchmarks.suite.worker.throughput``), whatever the time to accuracy trains.
 THROUGHPUT_MODELS = {"cnn": "digits CNN (8×8×1)", "resnet": "ResNet, synthetic 32×32×3",
                      "wide_mlp": "wide MLP (5.4 M parameters) on digits"}
 

@@ -33,7 +33,7 @@ import sys
 from typing import NamedTuple
 
 from .accuracy import Variant, continue_runs, kept_runs
-from .runner import table
+from ..suite.runner import table
 
 
 TABLE = "parity.md"  # the rendered table, in the results folder beside runs.json

@@ -38,8 +38,8 @@ from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse
 
 from . import parity
 from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
-from .rated_links import hosts_argument, run_on_cluster
-from .runner import REPO_ROOT, horovodrun, table
+from ..suite.rated_links import hosts_argument, run_on_cluster
+from ..suite.runner import REPO_ROOT, horovodrun, table
 
 REPORT = "time-to-target.md"
 PLOT = "loss_vs_time.png"
@@ -268,7 +268,7 @@ def render(out):
 
 def plot(out):
     """``PLOT``: validation loss against training wall time, a panel per rate, every seed a line."""
-    from . import plots
+    from ..suite import plots
 
     settings, rates = summarise(out)
     if not rates:

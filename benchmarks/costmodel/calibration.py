@@ -8,7 +8,7 @@ table the benchmarks project from stay here.
 import json
 import pathlib
 
-TABLE_PATH = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results" / "traffic" / "traffic.json"
+TABLE_PATH = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "traffic" / "traffic.json"
 LINKS = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "25gbit": 25e9 / 8, "100gbit": 100e9 / 8,
          "400gbit": 400e9 / 8}
 

@@ -29,7 +29,7 @@ import sys
 import time
 from typing import NamedTuple
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Every rank of a local launch runs on this host, so ranks talk over loopback,
 # whatever other interfaces the machine has (and in a namespace with lo alone,

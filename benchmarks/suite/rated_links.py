@@ -1,7 +1,7 @@
 """The strategies across a link with a rate, on the virtual cluster (tools/vcluster.py).
 
-    python -m benchmarks.compare --hosts 2 --ranks-per-host 1 --link-rates 1gbit,100mbit
-    python -m benchmarks.compare --topology --hosts 2 --ranks-per-host 2 --link-rates 1gbit,100mbit
+    python -m benchmarks.suite.compare --hosts 2 --ranks-per-host 1 --link-rates 1gbit,100mbit
+    python -m benchmarks.suite.compare --topology --hosts 2 --ranks-per-host 2 --link-rates 1gbit,100mbit
 
 For each nominal rate the suite builds a cluster of ``--hosts`` hosts whose
 links are shaped to that rate (tc tbf on every host's egress), and launches one
@@ -10,7 +10,7 @@ launch first measures the link with a large allreduce and its latency with
 small ones (``link_probe``: B and α, the cost model's calibration), then
 times every configuration on the digits CNN and on the wide MLP (5.4 M
 parameters, 21.7 MB of gradients) exactly as the single-host suite does
-(``benchmarks.worker``). The launch at the slowest rate also measures the
+(``benchmarks.suite.worker``). The launch at the slowest rate also measures the
 time to ``--target`` test accuracy on digits. The cluster is removed at the end, also on failure.
 
 With ``--topology`` it compares the strategies made for several hosts
@@ -74,7 +74,7 @@ def worker_command(args, out_json, tta=False, qdisc=None):
     """The horovodrun command of one launch; ``qdisc``, the links' tc tbf, gives the α sweep its bucket."""
     np_ = args.hosts * args.ranks_per_host
     cmd = [runner.horovodrun(), "--disable-cache", "-np", str(np_),
-           "-H", hosts_argument(args.hosts, args.ranks_per_host), "--mpi", sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", "mpi",
+           "-H", hosts_argument(args.hosts, args.ranks_per_host), "--mpi", sys.executable, "-m", "benchmarks.suite.worker", "--out", out_json, "--controller", "mpi",
            "--models", ",".join(args.rated_models), "--configs", ",".join(configs_of(args)),
            "--steps", str(args.steps), "--wide-mlp-steps", str(args.wide_mlp_steps),
            "--steps-per-call", str(args.steps_per_call), "--link-probe-mb", str(args.link_probe_mb),

@@ -11,7 +11,7 @@ Two questions, two measurements:
 
 Both against mpi4py's ``Allreduce`` on numpy buffers of the same sizes and
 ``np.copyto`` of the same sizes on one rank. Those references run in their
-own small MPI launch (``python -m benchmarks.allreduce --raw``) holding
+own small MPI launch (``python -m benchmarks.suite.allreduce --raw``) holding
 neither Horovod nor TensorFlow: inside a Horovod process, Horovod's
 background thread enters MPI every cycle and would slow mpi4py down.
 

@@ -23,8 +23,8 @@ import pathlib
 import statistics
 from typing import NamedTuple, Optional
 
-RESULTS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "results"
-H200 = pathlib.Path(__file__).resolve().parent / "data" / "h200-2026-12-04.json"
+RESULTS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results"
+H200 = pathlib.Path(__file__).resolve().parents[1] / "data" / "h200-2026-12-04.json"
 H200_SOURCE = "benchmarks/data/h200-2026-12-04.json"
 DENSE = "dense layers: 6N"
 # He et al., "Deep Residual Learning for Image Recognition" (CVPR 2016), Table 1: 3.8e9 multiply-adds a

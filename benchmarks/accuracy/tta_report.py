@@ -31,9 +31,10 @@ import sys
 
 from hvd_easgd import cost_model
 
-from . import curves, rated_links, workloads
-from .names import BASELINES, BY_NAME
-from .runner import REPO_ROOT, table
+from ..suite import curves, rated_links
+from ..costmodel import workloads
+from ..suite.names import BASELINES, BY_NAME
+from ..suite.runner import REPO_ROOT, table
 
 RESULTS = os.path.join(REPO_ROOT, "docs", "results", "tta_teacher")
 # The page's runs: the issue asks for 3 seeds at 100 Mbit/s and 1 at 10 Mbit/s, so a launch a rate; a third
@@ -502,7 +503,7 @@ def render(results_dirs=None, figures=None, overlap_dir=None):
              + ". The commands (each folder's `results.md` is its report, re-rendered from its results.json):", ""]
     for run in runs:
         lines += [f"    {run['command']}", ""]
-    lines += ["Every figure is computed by `benchmarks/tta_report.py` from the per-seed, per-epoch curves in "
+    lines += ["Every figure is computed by `benchmarks/accuracy/tta_report.py` from the per-seed, per-epoch curves in "
               + ", ".join(f"`{source}/results.json`" for source in sources)
               + ": medians over the seeds with (min–max). A time to a target is the "
               "training wall time (slowest rank, no evaluation) at the end of the **first epoch at or above it**: "
@@ -575,7 +576,7 @@ def _answer(tta, checked):
 def fragment_arithmetic(tta, hosts, params):
     """Whether one fragment can cross behind δ steps of compute, per Streaming DiLoCo with overlap: its
     4·N/F bytes, of which a host's link carries 2(H−1)/H, at the launch's measured rate, against δ·c with c
-    from the ceiling. ``params``: the workload's N (benchmarks/workloads.py)."""
+    from the ceiling. ``params``: the workload's N (benchmarks/costmodel/workloads.py)."""
     if not tta.get("ceiling"):
         return []
     c = tta["batch_per_rank"] / tta["ceiling"]["samples_per_second_per_rank"]
@@ -625,7 +626,7 @@ def render_overlap(results_dir=OVERLAP_RESULTS, figures=None):
              f"{first['seeds']} seed(s). The started allreduce runs on the communicator's worker thread while the "
              "next δ steps compute ([Overlap](strategies.md#overlap-overlap-delta)). Command:", "",
              f"    {results['command']}", "",
-             "Computed by `benchmarks/tta_report.py` from the per-epoch curves in "
+             "Computed by `benchmarks/accuracy/tta_report.py` from the per-epoch curves in "
              f"`{source}/results.json`, as on the time-to-accuracy page (first epoch at or above a target, "
              "nothing interpolated).", "",
              "## Overlap: what was measured, against its target", ""]
@@ -652,7 +653,7 @@ def figure_names(name):
 def write_plots(results_dirs, figures_dir=FIGURES):
     """The two PNGs of the page, into ``figures_dir``, from one run's folder or several (one a rate; matplotlib
     loads here only)."""
-    from . import plots
+    from ..suite import plots
 
     dirs = _dirs(results_dirs)
     results = merged([load(d) for d in dirs])

@@ -70,7 +70,7 @@ def launch(num_workers, out_dir, log_path, timeout, worker_args, python=sys.exec
     """
     os.makedirs(out_dir, exist_ok=True)
     cluster = {"worker": [f"127.0.0.1:{port}" for port in free_ports(num_workers)]}
-    jobs = [([python, "-m", "benchmarks.mwms", "--worker", "--index", str(index), "--out-dir", out_dir, *worker_args],
+    jobs = [([python, "-m", "benchmarks.suite.mwms", "--worker", "--index", str(index), "--out-dir", out_dir, *worker_args],
              runner.launch_env({"TF_USE_LEGACY_KERAS": "1", "TF_CONFIG": json.dumps(
                  {"cluster": cluster, "task": {"type": "worker", "index": index}})}))
             for index in range(num_workers)]
@@ -220,7 +220,7 @@ def worker(args):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="MWMS baseline worker (started by benchmarks.compare)")
+    p = argparse.ArgumentParser(description="MWMS baseline worker (started by benchmarks.suite.compare)")
     p.add_argument("--worker", action="store_true", required=True)
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--out-dir", required=True)

@@ -47,7 +47,7 @@ from hvd_easgd import cost_model, link_probe
 
 from . import calibration, format_compute, workloads
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "validation"
 PAGE = ROOT / "docs" / "cost-model-validation.md"
 COMMAND = "python -m benchmarks validate"
@@ -431,7 +431,7 @@ def render(validation=None):
         "- c, the `no_comm` step of the same launch (so at 4 ranks on this machine's 2 cores, the "
         "oversubscribed compute); for a configuration whose format encodes every step (PowerSGD) or quantises "
         "once a period (DiLoCo int8, at the row's p), c·(1 + s), "
-        "with s the encoding's share of c measured in one process (`benchmarks/format_compute.py`, "
+        "with s the encoding's share of c measured in one process (`benchmarks/costmodel/format_compute.py`, "
         + _format_note() + ");",
         "- α, from the launch's sweep of allreduces of 8 B to 64 KB timed inside a tf.function, and B, from its "
         "link probe (one 32 MB allreduce; 4 MB at 10 Mbit/s): `hvd_easgd/link_probe.py`; a two-level "
@@ -548,7 +548,7 @@ def main(argv=None, prog=COMMAND):
     if args.measure_formats:
         format_compute.write(" ".join([prog, *(argv if argv is not None else sys.argv[1:])]))
     if args.run:
-        from . import compare  # imports the launch machinery only when running
+        from ..suite import compare  # imports the launch machinery only when running
 
         for run in RUNS:
             if args.only in (None, run.name):

@@ -1,9 +1,9 @@
 """The benchmark suite: ``python -m benchmarks compare [--quick] [--out DIR]``
-(``python -m benchmarks.compare`` is the same program).
+(``python -m benchmarks.suite.compare`` is the same program).
 
 Runs one horovodrun launch per (np, controller), each running every
-configuration interleaved (``benchmarks.worker``), then the MWMS baseline
-(``benchmarks.mwms``), and writes ``results.json``, ``results.md`` (also
+configuration interleaved (``benchmarks.suite.worker``), then the MWMS baseline
+(``benchmarks.suite.mwms``), and writes ``results.json``, ``results.md`` (also
 printed) and PNG plots to ``benchmarks/results/<timestamp>/`` or ``--out``.
 
 ``--quick``: np=2, one controller, 3 repeats, digits CNN only, no MWMS, no
@@ -11,7 +11,7 @@ ResNet, no time-to-accuracy (about two minutes on two cores).
 
 ``--link-rates 1gbit,100mbit [--hosts 2 --ranks-per-host 1]``: the strategies
 across hosts of a virtual cluster whose links have each rate
-(``benchmarks.rated_links``; needs root).
+(``benchmarks.suite.rated_links``; needs root).
 
 This process never imports TensorFlow: it launches, waits (every launch
 with a timeout, after which its whole process group is ended) and reports.
@@ -37,7 +37,7 @@ from .runner import REPO_ROOT, local_launch, report_failed_launch, run_local
 RESULTS_ROOT = os.path.join(REPO_ROOT, "benchmarks", "results")
 CONTROLLERS = ("gloo", "mpi")
 RATED_REPEATS = 3
-PROG = "python -m benchmarks.compare"
+PROG = "python -m benchmarks.suite.compare"
 
 
 def default_np_list():
@@ -117,7 +117,7 @@ def parse_args(argv=None, prog=PROG):
                             "calibrate the cost model with (python -m benchmarks validate, project --calibration)")
     rated.add_argument("--configs", metavar="NAMES",
                        help="with --link-rates: comma-separated configurations to run instead of the suite's "
-                            "(benchmarks/names.py), e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
+                            "(benchmarks/suite/names.py), e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
     rated.add_argument("--models", metavar="NAMES", dest="rated_models_given",
                        help="with --link-rates: comma-separated, from cnn,wide_mlp (default both; quick: cnn)")
     rated.add_argument("--collectives", choices=("horovod", "auto"), default="horovod",
@@ -232,7 +232,7 @@ def worker_command(args, np_, controller, out_json, tta):
         binding = "core"
     if controller == "mpi":
         env = mpi_polling_env(args)
-    cmd += [sys.executable, "-m", "benchmarks.worker", "--out", out_json, "--controller", controller,
+    cmd += [sys.executable, "-m", "benchmarks.suite.worker", "--out", out_json, "--controller", controller,
             "--binding", binding, "--models", ",".join(args.models),
             "--steps", str(args.steps), "--resnet-steps", str(args.resnet_steps),
             "--steps-per-call", str(args.steps_per_call)]
@@ -277,7 +277,7 @@ def run_raw_references(args, out_dir, results):
         cmd = local_launch(n, "mpi")
         if args.mpi_binding == "core":
             cmd.append("--binding-args=--bind-to core --map-by core")
-        cmd += [sys.executable, "-m", "benchmarks.allreduce", "--raw", "--out", out_json,
+        cmd += [sys.executable, "-m", "benchmarks.suite.allreduce", "--raw", "--out", out_json,
                 "--gradient-bytes", str(same_n[0]["gradients"]["bytes"])] + (["--quick"] if args.quick else [])
         env = mpi_polling_env(args)
         print(f"[compare] raw MPI (mpi4py) and memcpy references, np={n}", flush=True)
