@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from hvd_easgd import atomic
+from hvd_easgd import atomic, cost_model
 
 from .runner import scaled, summary
 
@@ -38,8 +38,9 @@ LATENCY_ITERATIONS, QUICK_LATENCY_ITERATIONS = 200, 60
 
 
 def busbw(nbytes, seconds, n):
-    """nccl-tests' bus bandwidth of an allreduce, in bytes/s (0 for one rank)."""
-    return nbytes / seconds * 2 * (n - 1) / n
+    """nccl-tests' bus bandwidth of an allreduce, in bytes/s (0 for one rank): the algorithm's rate times
+    what a ring allreduce puts on each link over its size, the cost model's ``allreduce_link_share``."""
+    return nbytes / seconds * cost_model.allreduce_link_share(n)
 
 
 def call_times(call, iterations, warmup):
