@@ -13,6 +13,7 @@ import ast
 import functools
 import importlib
 import os
+import re
 
 import pytest
 
@@ -27,6 +28,8 @@ APP_USERS = {
                                "so the suite times what a user's run builds",
     "benchmarks.suite.mwms": "trains train.py's digits CNN under TensorFlow's MWMS, the baseline",
     "benchmarks.accuracy.teacher_calibration": "times train.py's teacher dataset and student model",
+    "benchmarks.accuracy.time_to_target": "writes the language model's corpus with train.py's own loader, "
+                                          "in a child process (python -c)",
     "benchmarks.studies": "each study trains train.py's models on its datasets",
 }
 
@@ -41,12 +44,32 @@ def _modules(top):
     return found
 
 
-def imports_of(module, path):
-    """Every module name ``module`` (at ``path``) imports, anywhere in it; ``from p import n`` yields
-    ``p`` and ``p.n`` (``n`` may be a submodule), relative imports resolved."""
-    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+DOTTED = re.compile(r"benchmarks(\.\w+)+")
+
+
+def _launched(tree):
+    """Modules ``tree`` runs by name rather than imports: a string that is a benchmark module's dotted
+    name (``-m benchmarks.suite.worker``, ``importlib.import_module``), and the imports of a
+    ``python -c`` program held in a string. Docstrings are prose, not launches."""
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
     found = set()
-    for node in ast.walk(ast.parse(open(path).read(), path)):
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in prose:
+            continue
+        if DOTTED.fullmatch(node.value):
+            found.add(node.value)
+        elif "import " in node.value:
+            try:
+                program = ast.parse(node.value)
+            except SyntaxError:
+                continue  # prose that mentions an import
+            found |= _imports(program, package="")
+    return found
+
+
+def _imports(tree, package):
+    found = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -56,6 +79,14 @@ def imports_of(module, path):
                 base = f"{parent}.{base}" if base else parent
             found |= {base} | {f"{base}.{alias.name}" for alias in node.names}
     return found
+
+
+def imports_of(module, path):
+    """Every module name ``module`` (at ``path``) imports or launches, anywhere in it; ``from p import n``
+    yields ``p`` and ``p.n`` (``n`` may be a submodule), relative imports resolved."""
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    tree = ast.parse(open(path).read(), path)
+    return _imports(tree, package) | _launched(tree)
 
 
 @functools.cache  # parsed once for the module's tests, which only read it
@@ -121,6 +152,8 @@ def test_the_parts_import_one_way():
     assert "benchmarks.suite.runner" in graph["benchmarks.costmodel.format_compute"]
     assert "benchmarks.costmodel.workloads" in graph["benchmarks.accuracy.tta_report"]
     assert "hvd_easgd.app.models" in graph["benchmarks.suite.mwms"]  # imported inside a function
+    assert "benchmarks.suite.worker" in graph["benchmarks.suite.compare"]  # launched with -m
+    assert "hvd_easgd.app" in graph["benchmarks.accuracy.time_to_target"]  # a python -c program
     assert forbidden(graph) == []
 
 
@@ -184,3 +217,25 @@ def test_the_check_allows_a_downward_import(importer, imported):
     graph = {module: set(targets) for module, targets in import_graph().items()}
     graph[importer] = graph[importer] | {imported}
     assert forbidden(graph) == []
+
+
+def test_the_scan_sees_lazy_relative_and_launched_imports(tmp_path):
+    # A synthetic module in the suite: each way of reaching a part above it is an edge the check refuses.
+    source = tmp_path / "report.py"
+    source.write_text('"""Prose naming benchmarks.studies.tuning_ab is no launch."""\n'
+                      "import subprocess, sys\n"
+                      "def later():\n"
+                      "    from ..costmodel import workloads\n"
+                      "    subprocess.run([sys.executable, '-m', 'benchmarks.accuracy.parity'])\n"
+                      "    subprocess.run([sys.executable, '-c', 'from hvd_easgd.app import models'])\n")
+    imported = imports_of("benchmarks.suite.report", str(source))
+    assert {"benchmarks.costmodel.workloads", "benchmarks.accuracy.parity", "hvd_easgd.app.models"} <= imported
+    assert "benchmarks.studies.tuning_ab" not in imported
+    refused = {(target, rule) for _, target, rule in forbidden({"benchmarks.suite.report": imported})}
+    assert refused == {
+        ("benchmarks.costmodel", "benchmarks.suite sits below benchmarks.costmodel"),
+        ("benchmarks.costmodel.workloads", "benchmarks.suite sits below benchmarks.costmodel"),
+        ("benchmarks.accuracy.parity", "benchmarks.suite sits below benchmarks.accuracy"),
+        ("hvd_easgd.app", "not listed in APP_USERS"),
+        ("hvd_easgd.app.models", "not listed in APP_USERS"),
+    }
