@@ -167,7 +167,7 @@ CUSTOM_LOOP = BASELINES + STRATEGIES
 # Hierarchical strategy has one group and is SyncAverage.
 HIERARCHICAL = group("hierarchical")  # they split the ranks into groups (process sets)
 TOPOLOGY = HIERARCHICAL + group("topology")
-# Compressed payloads: run across rated links with --configs (benchmarks/wire.py's suites).
+# Compressed payloads: run across rated links with --configs (docs/wire-results.md: the wire runs).
 COMPRESSION = group("compression")
 STREAMING = group("streaming")
 OVERLAP = group("overlap")  # the overlap twins: run across rated links with --configs
