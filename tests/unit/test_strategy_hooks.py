@@ -24,6 +24,12 @@ P = 4
 STEPS = 12  # whole periods of every strategy below (tau 2, 3, 4; k 2)
 
 
+def two_periods(calls_per_step):
+    """Two whole periods of a strategy that makes one call per period (``1 / period`` calls a step, by
+    hand): the account is seen to repeat, in fewer steps than STEPS (twelve) for the shorter periods."""
+    return 2 * round(1 / calls_per_step)
+
+
 def model_with_statistics(seed=0):
     """Dense(4) → BatchNorm → Dense(2) on 3 inputs: 34 trainable elements
     (12 + 4, 4 + 4, 8 + 2) and 8 floating non-trainable ones (BN's moving statistics)."""
@@ -90,7 +96,8 @@ def expected_of(strategy, model, hosts, ranks_per_host, sample_counts=False):
 def test_the_expected_traffic_is_what_the_ranks_account_for(make, counts, by_hand):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # EASGD's alpha notes at p = 4 are not the point here
-        model, measured, _ = measured_per_step(SimulatedCluster(P), make, counts=counts)
+        model, measured, _ = measured_per_step(SimulatedCluster(P), make, steps=two_periods(by_hand[1]),
+                                               counts=counts)
         expected = expected_of(make(), model, 1, P, sample_counts=counts is not None)
     assert payload_bytes(model.trainable_variables) == M
     assert expected.within_group == Traffic() and expected.ranks_per_group == 1  # flat: every rank its own group
