@@ -1,9 +1,28 @@
-"""Helpers of the multiproc tier's resume tests: a stopped run made from an uninterrupted one's
-checkpoints, and two runs' checkpoint states compared array by array."""
+"""Helpers of the multiproc tier: the core checks' launches, shared by the modules that assert on
+them; and for the resume tests, a stopped run made from an uninterrupted one's checkpoints, and two
+runs' checkpoint states compared array by array."""
 import os
 import shutil
 
 import numpy as np
+
+from tests.helpers import launch, read_rank_results, script
+
+CORE_SIZE = 2
+_CORE_RESULTS = {}
+
+
+def core_results(launcher, collectives, tmp_path_factory):
+    """Every rank's results of scripts/core_checks.py under ``launcher`` with ``collectives``: launched
+    once per session, whichever module asks first (test_strategies.py reads the strategy checks,
+    test_background.py the background ones), so the ranks pay TensorFlow's start-up once for both."""
+    if (launcher, collectives) not in _CORE_RESULTS:
+        out = tmp_path_factory.mktemp(f"core-{launcher}-{collectives}")
+        proc = launch([script("core_checks.py"), str(out), collectives], launcher, np=CORE_SIZE, timeout=300)
+        assert proc.returncode == 0, (f"core_checks failed under {launcher} with {collectives}:\n"
+                                      f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        _CORE_RESULTS[launcher, collectives] = read_rank_results(out, CORE_SIZE)
+    return _CORE_RESULTS[launcher, collectives]
 
 
 def stopped_at(straight, checkpoint_name, run_dir):

@@ -1,6 +1,7 @@
 """Started allreduces really run in the background (comm/background.py) under real ranks: on Horovod's
 path (horovodrun --gloo and --mpi) and the direct one (--collectives mpi-direct under horovodrun --mpi), exactly
-(tests/reference.py's overlap_reference, scripts/background_checks.py); and train.py --step-timeline shows
+(tests/reference.py's overlap_reference, scripts/background_checks.py, run inside core_checks.py's launches
+that test_strategies.py reads too: one TF start-up per rank for both); and train.py --step-timeline shows
 the collectives running while the steps compute, with the final weights of the blocking twin
 (HVD_EASGD_BACKGROUND=0, the tests' switch)."""
 import json
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 
 from hvd_easgd.comm.timeline import overlap_share
-from tests.helpers import ROOT, launch, quiet_env, read_rank_results, script
+from tests.helpers import ROOT, launch, quiet_env
+from tests.multiproc.helpers import core_results
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -32,10 +34,8 @@ def pending_after_each_step(delta):
 
 
 @pytest.mark.parametrize("launcher, collectives", [("gloo", "horovod"), ("mpi", "horovod"), ("mpi", "mpi-direct")])
-def test_started_allreduces_run_on_the_worker_and_match_the_reference(launcher, collectives, tmp_path):
-    proc = launch([script("background_checks.py"), str(tmp_path), collectives], launcher, timeout=200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for r in read_rank_results(tmp_path, 2):
+def test_started_allreduces_run_on_the_worker_and_match_the_reference(launcher, collectives, tmp_path_factory):
+    for r in [rank["background"] for rank in core_results(launcher, collectives, tmp_path_factory)]:
         assert r["communicator"] == {"horovod": "HorovodCommunicator", "mpi-direct": "DirectMPICommunicator"}[
             collectives]
         assert r["reduces_in_background"] is True

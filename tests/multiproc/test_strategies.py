@@ -3,32 +3,22 @@ and through the direct MPI communicator (--collectives mpi-direct) under
 horovodrun --mpi and under mpirun itself.
 
 One launch per (launcher, collectives) runs every check (tests/multiproc/
-scripts/core_checks.py); the assertions below read what each rank recorded.
+scripts/core_checks.py, launched by tests/multiproc/helpers.py's core_results,
+once per session: test_background.py reads the same launches); the assertions
+below read what each rank recorded.
 """
 import numpy as np
 import pytest
 
-from tests.helpers import CONTROLLERS, launch, read_rank_results, script
+from tests.helpers import CONTROLLERS
+from tests.multiproc.helpers import CORE_SIZE as SIZE, core_results
 
 pytestmark = pytest.mark.multiproc
-SIZE = 2
 # (launcher, collectives): Horovod under each controller; the direct path under both MPI launch styles.
 LAUNCHES = [(controller, "horovod") for controller in CONTROLLERS] + [("mpi", "mpi-direct"), ("mpirun", "mpi-direct")]
 # The Horovod launches are in the smoke subset (make smoke / make matrix): the core checks
 # under --gloo and --mpi; the direct path's smoke is train.py's (test_mpi_direct.py).
 PARAMS = [pytest.param(p, id="-".join(p), marks=[pytest.mark.smoke] if p[1] == "horovod" else []) for p in LAUNCHES]
-_RESULTS = {}
-
-
-def core_results(launcher, collectives, tmp_path_factory):
-    """Every rank's core_checks results for one launch (launched once per module)."""
-    if (launcher, collectives) not in _RESULTS:
-        out = tmp_path_factory.mktemp(f"core-{launcher}-{collectives}")
-        proc = launch([script("core_checks.py"), str(out), collectives], launcher, np=SIZE, timeout=280)
-        assert proc.returncode == 0, (f"core_checks failed under {launcher} with {collectives}:\n"
-                                      f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        _RESULTS[launcher, collectives] = read_rank_results(out, SIZE)
-    return _RESULTS[launcher, collectives]
 
 
 @pytest.fixture(scope="module", params=PARAMS)

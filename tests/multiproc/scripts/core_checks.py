@@ -1,6 +1,7 @@
 """Runs under `horovodrun -np 2` (or `mpirun -np 2`): every strategy check that
 needs real ranks, in one launch so TF start-up is paid once. Each rank writes
-OUT/rank<r>.json; tests/multiproc/test_strategies.py asserts on them.
+OUT/rank<r>.json; tests/multiproc/test_strategies.py asserts on them, and
+tests/multiproc/test_background.py on what background_checks.py adds under "background".
 
 Usage: core_checks.py OUT [COLLECTIVES], COLLECTIVES as hvd_easgd.init takes
 them (default "horovod").
@@ -22,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 import hvd_easgd  # noqa: E402
 from hvd_easgd.comm import RanksDisagreeError  # noqa: E402
 from tests import reference as ref  # noqa: E402
+from tests.multiproc.scripts.background_checks import background_checks  # noqa: E402
 
 OUT = sys.argv[1]
 COLLECTIVES = sys.argv[2] if len(sys.argv) > 2 else "horovod"
@@ -328,6 +330,9 @@ for h, w_ in shapes:
 results["image_traces"] = len(traces)
 results["image_updates"] = int(fcn_opt.iterations.numpy())
 results["image_identical_maxdiff"] = gathered_max_diff(fcn.trainable_variables)
+
+# --- 10b. started allreduces on the background worker (test_background.py): here, not a launch of their own ---
+results["background"] = background_checks(comm)
 
 # --- 11. the direct communicator: every rank issued the same collectives in the same order ---------
 if hasattr(comm, "order_digest"):
