@@ -1,9 +1,12 @@
 """Helpers of the multiproc tier's resume tests: a stopped run made from an uninterrupted one's
-checkpoints, and two runs' checkpoint states compared array by array."""
+checkpoints, two runs' checkpoint states compared array by array, and a run of a shared launch
+(scripts/every_strategy.py) checked as its own launch's return code was."""
+import json
 import os
 import shutil
 
 import numpy as np
+import pytest
 
 
 def stopped_at(straight, checkpoint_name, run_dir):
@@ -35,3 +38,39 @@ def assert_same_state(expected_dir, got_dir, name):
     differing = [k for k in expected if not np.array_equal(expected[k], got[k])]
     assert not differing, differing[:5]
     return expected
+
+
+def tail(path, chars=3000):
+    """The end of the file at ``path``, or a line saying it is not there."""
+    if not os.path.isfile(path):
+        return f"({path}: none)"
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:]
+
+
+def assert_run_ended_well(out, name, argv, proc, size):
+    """Run ``name`` of a shared launch (scripts/every_strategy.py, writing under ``out``) ended with status 0
+    on each of the ``size`` ranks, as its own launch's return code 0 said before, with ``argv`` (train.py's
+    arguments before the ``--run-dir`` the script adds), and the launch ``proc`` ended with 0; else what the
+    ranks printed during that run. Returns the run's directory."""
+    directory = os.path.join(out, name)
+    outcomes = {}
+    for rank in range(size):
+        path = os.path.join(directory, f"rank{rank}.json")
+        outcomes[rank] = json.load(open(path)) if os.path.isfile(path) else None
+    unfinished = [rank for rank, outcome in outcomes.items() if outcome is None]
+    assert not unfinished, (
+        f"the launch ended (return code {proc.returncode}) before {name} ended on ranks {unfinished}\n"
+        f"rank {unfinished[0]} during {name}:\n{tail(os.path.join(directory, f'rank{unfinished[0]}.log'))}\n"
+        f"the launch:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    failed = {rank: outcome for rank, outcome in outcomes.items() if outcome["status"] != 0}
+    if failed:
+        rank, outcome = next(iter(failed.items()))
+        pytest.fail(f"{name}: exit status {[o['status'] for o in outcomes.values()]} by rank; rank {rank}: "
+                    f"{outcome['error']}\nrank 0 during {name}:\n{tail(os.path.join(directory, 'rank0.log'))}\n"
+                    f"rank {rank} during {name}:\n{tail(os.path.join(directory, f'rank{rank}.log'))}")
+    # The run is the one named: its own argv, as its own launch had it.
+    run_dir = os.path.join(directory, "run")
+    assert {json.dumps(o["argv"]) for o in outcomes.values()} == {json.dumps([*argv, "--run-dir", run_dir])}
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
