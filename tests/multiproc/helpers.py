@@ -1,12 +1,16 @@
 """Helpers of the multiproc tier: the core checks' launches, shared by the modules that assert on
-them; and for the resume tests, a stopped run made from an uninterrupted one's checkpoints, and two
-runs' checkpoint states compared array by array."""
+them; and for the resume tests, a stopped run made from an uninterrupted one's checkpoints, two
+runs' checkpoint states compared array by array, and a run of a shared launch
+(scripts/every_strategy.py, scripts/train_runs.py) checked as its own launch's return code was."""
+import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
+import pytest
 
-from tests.helpers import launch, read_rank_results, script
+from tests.helpers import PYTHON, bounded, launch, read_rank_results, run, script
 
 CORE_SIZE = 2
 _CORE_RESULTS = {}
@@ -54,3 +58,90 @@ def assert_same_state(expected_dir, got_dir, name):
     differing = [k for k in expected if not np.array_equal(expected[k], got[k])]
     assert not differing, differing[:5]
     return expected
+
+
+def tail(path, chars=3000):
+    """The end of the file at ``path``, or a line saying it is not there."""
+    if not os.path.isfile(path):
+        return f"({path}: none)"
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:]
+
+
+def assert_run_ended_well(out, name, argv, proc, size):
+    """Run ``name`` of a shared launch (scripts/every_strategy.py, writing under ``out``) ended with status 0
+    on each of the ``size`` ranks, as its own launch's return code 0 said before, with ``argv`` (train.py's
+    arguments before the ``--run-dir`` the script adds), and the launch ``proc`` ended with 0; else what the
+    ranks printed during that run. Returns the run's directory."""
+    directory = os.path.join(out, name)
+    outcomes = {}
+    for rank in range(size):
+        path = os.path.join(directory, f"rank{rank}.json")
+        outcomes[rank] = json.load(open(path)) if os.path.isfile(path) else None
+    unfinished = [rank for rank, outcome in outcomes.items() if outcome is None]
+    assert not unfinished, (
+        f"the launch ended (return code {proc.returncode}) before {name} ended on ranks {unfinished}\n"
+        f"rank {unfinished[0]} during {name}:\n{tail(os.path.join(directory, f'rank{unfinished[0]}.log'))}\n"
+        f"the launch:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    failed = {rank: outcome for rank, outcome in outcomes.items() if outcome["status"] != 0}
+    if failed:
+        rank, outcome = next(iter(failed.items()))
+        pytest.fail(f"{name}: exit status {[o['status'] for o in outcomes.values()]} by rank; rank {rank}: "
+                    f"{outcome['error']}\nrank 0 during {name}:\n{tail(os.path.join(directory, 'rank0.log'))}\n"
+                    f"rank {rank} during {name}:\n{tail(os.path.join(directory, f'rank{rank}.log'))}")
+    # The run is the one named: its own argv, as its own launch had it.
+    run_dir = os.path.join(directory, "run")
+    assert {json.dumps(o["argv"]) for o in outcomes.values()} == {json.dumps([*argv, "--run-dir", run_dir])}
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
+
+
+def train_runs(out, runs, launcher="gloo", np=2, step_seconds=240):
+    """``runs`` (a list of ``{"name", "argv"[, "stopped_at"]}``) one after the other in ONE launch of
+    scripts/train_runs.py (its docstring) under ``launcher`` ("gloo", "mpi", "mpirun": tests/helpers.py's
+    launch(); None: plain python, one process), so each rank imports TensorFlow once for all of them. A run
+    stuck past ``step_seconds`` on a rank ends the launch; the launch's own bound is every run's together.
+    Returns the launch's CompletedProcess."""
+    args = [script("train_runs.py"), out, str(np), json.dumps(runs), str(bounded(step_seconds))]
+    timeout = step_seconds * len(runs) + 60
+    return run([PYTHON, *args], timeout=timeout) if launcher is None else launch(args, launcher, np=np,
+                                                                                  timeout=timeout)
+
+
+def train_run_result(out, name, proc, size):
+    """Run ``name`` of a train_runs() launch as its own launch of ``size`` ranks would have returned it: a
+    CompletedProcess whose returncode is the first rank's non-zero exit status (else 0), its stdout and
+    stderr what the ranks printed during that run, rank after rank. Fails if a rank never ended it."""
+    directory = os.path.join(out, name)
+    outcomes = {}
+    for rank in range(size):
+        path = os.path.join(directory, f"rank{rank}.json")
+        outcomes[rank] = json.load(open(path)) if os.path.isfile(path) else None
+    unfinished = [rank for rank, outcome in outcomes.items() if outcome is None or outcome["status"] is None]
+    assert not unfinished, (
+        f"the launch ended (return code {proc.returncode}) before {name} ended on ranks {unfinished}: "
+        f"{[outcomes[rank] and outcomes[rank]['error'] for rank in unfinished]}\n"
+        f"rank {unfinished[0]} during {name}:\n{tail(os.path.join(directory, f'rank{unfinished[0]}.stdout'))}\n"
+        f"{tail(os.path.join(directory, f'rank{unfinished[0]}.stderr'))}\n"
+        f"the launch:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    streams = {}
+    for stream in ("stdout", "stderr"):
+        texts = []
+        for rank in range(size):
+            with open(os.path.join(directory, f"rank{rank}.{stream}"), errors="replace") as f:
+                texts.append(f.read())
+        streams[stream] = "".join(texts)
+    statuses = [outcomes[rank]["status"] for rank in range(size)]
+    returncode = next((status for status in statuses if status != 0), 0)
+    return subprocess.CompletedProcess(outcomes[0]["argv"], returncode, streams["stdout"], streams["stderr"])
+
+
+def assert_train_run_ended_well(out, name, proc, size):
+    """Run ``name`` of a train_runs() launch ended with status 0 on each of the ``size`` ranks, as its own
+    launch's return code 0 said before; else what the ranks printed during it. Returns train_run_result()."""
+    result = train_run_result(out, name, proc, size)
+    if result.returncode != 0:
+        errors = [json.load(open(os.path.join(out, name, f"rank{rank}.json")))["error"] for rank in range(size)]
+        pytest.fail(f"{name}: exit status {result.returncode}; errors by rank: {errors}\n"
+                    f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result

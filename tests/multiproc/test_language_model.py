@@ -6,6 +6,9 @@ frequencies (a unigram model, 3.40 nats on this slice): below 0.85 of it (2.89),
 from context, not just which bytes are common. A run whose sparse embedding gradient were dropped or
 mis-averaged on some path stays above it, or its ranks disagree. After two epochs SyncAverage reaches
 about 2.1 and DiLoCo τ=4 (int8) about 2.7: DiLoCo's outer step lags early in a run this short.
+
+The Gloo run and its resume share one launch (issue 41 §4): scripts/train_runs.py calls train.py's main()
+for the one, then the other, on every rank, so the ranks import TensorFlow once for both.
 """
 import json
 import math
@@ -18,13 +21,14 @@ import pytest
 from hvd_easgd.app import data
 from hvd_easgd.app.transformer import parameter_count
 from tests.helpers import ROOT, launch
-from tests.multiproc.helpers import assert_same_state, stopped_at
+from tests.multiproc.helpers import assert_same_state, assert_train_run_ended_well, train_runs
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
 CORPUS_BYTES = 150_000
 CONTEXT = 32
-SMALL = ["--context", str(CONTEXT), "--layers", "1", "--width", "32", "--heads", "2", "--batch-size", "16",
+BATCH = 16
+SMALL = ["--context", str(CONTEXT), "--layers", "1", "--width", "32", "--heads", "2", "--batch-size", str(BATCH),
          "--lr", "0.003", "--threads-per-rank", "1"]
 FLOOR_SHARE = 0.85
 FINAL = re.compile(r"final validation loss: (\d+\.\d{4}) nats/token, perplexity (\d+\.\d{3})")
@@ -55,26 +59,56 @@ PATHS = {
 }
 
 
+RUN_SECONDS = 180  # each run's bound, as each had its own launch's
+
+
+def resume_start(corpus_path):
+    """The Gloo run's resume point: its first step checkpoint of the second epoch past its tenth micro-batch
+    and off DiLoCo's period of 4 (the ranks' inner weights differ there, and the outer step is pending).
+    Step checkpoints fall every 10 global micro-batches; the epochs hold ``steps`` (train.py's count)."""
+    steps = data.steps_per_epoch(len(data.text_file(corpus_path, CONTEXT).y_train), BATCH, 2)
+    mid = [step for step in range(11, steps) if (steps + step) % 10 == 0 and (steps + step) % 4]
+    assert mid, steps
+    return steps, f"epoch-000001-step-{mid[0]:06d}"
+
+
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory):
     """Each path's run, launched once and shared by the tests that read it: ``runs(path)`` is
-    ``(run directory, the launch's stdout)``."""
+    ``(run directory, what its ranks printed)``. The Gloo path's launch also resumes, in the same processes,
+    that run stopped at resume_start() (its checkpoints up to there copied): ``runs("resumed")``."""
     done = {}
+
+    def launch_gloo():
+        launcher, options = PATHS["horovod-gloo"]
+        out = str(tmp_path_factory.mktemp("horovod-gloo"))
+        straight, broken = os.path.join(out, "straight", "run"), os.path.join(out, "resumed", "run")
+        argv = ["--data", f"text:{corpus[0]}", *SMALL, *options, "--epochs", "2", "--run-dir", straight]
+        proc = train_runs(out, [{"name": "straight", "argv": argv},
+                                {"name": "resumed", "argv": ["--resume", broken],
+                                 "stopped_at": [straight, resume_start(corpus[0])[1], broken]}],
+                          launcher, step_seconds=RUN_SECONDS)
+        for name, run_dir in (("straight", straight), ("resumed", broken)):
+            done[name] = run_dir, assert_train_run_ended_well(out, name, proc, 2).stdout
+        done["horovod-gloo"] = done.pop("straight")
 
     def get(path):
         if path not in done:
-            launcher, options = PATHS[path]
-            run_dir = str(tmp_path_factory.mktemp(path) / "run")
-            proc = launch([TRAIN, "--data", f"text:{corpus[0]}", *SMALL, *options, "--epochs", "2",
-                           "--run-dir", run_dir], launcher, timeout=180)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-            done[path] = run_dir, proc.stdout
+            if path in ("horovod-gloo", "resumed"):
+                launch_gloo()
+            else:
+                launcher, options = PATHS[path]
+                run_dir = str(tmp_path_factory.mktemp(path) / "run")
+                proc = launch([TRAIN, "--data", f"text:{corpus[0]}", *SMALL, *options, "--epochs", "2",
+                               "--run-dir", run_dir], launcher, timeout=RUN_SECONDS)
+                assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+                done[path] = run_dir, proc.stdout
         return done[path]
 
     return get
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(2 * RUN_SECONDS + 120)  # the Gloo path's launch runs its resume too
 @pytest.mark.parametrize("path", list(PATHS))
 def test_a_small_language_model_learns_on_every_collective_path(path, corpus, runs):
     _, unigram = corpus
@@ -99,22 +133,17 @@ def test_a_small_language_model_learns_on_every_collective_path(path, corpus, ru
         assert rows[1]["bytes_sent_per_step"] == 4 * params
 
 
-@pytest.mark.timeout(300)
-def test_the_language_model_resumes_bit_identically_mid_epoch(runs, tmp_path):
+@pytest.mark.timeout(2 * RUN_SECONDS + 120)  # may set up the Gloo path's launch
+def test_the_language_model_resumes_bit_identically_mid_epoch(corpus, runs):
     """DiLoCo (an outer optimizer's state) over Adam (its moments) on the cosine schedule (a
     function of the update count): the Gloo run stopped mid-epoch, off the τ phase, and resumed
     ends with the uninterrupted run's state, bit for bit."""
     straight, _ = runs("horovod-gloo")
-    steps = json.load(open(os.path.join(straight, "checkpoints", "epoch-000001", "manifest.json")))["steps_per_epoch"]
-    # a step checkpoint of the second epoch past its first, off DiLoCo's period of 4 (the ranks'
-    # inner weights differ there, and the outer step is pending)
-    mid = [name for name in sorted(os.listdir(os.path.join(straight, "checkpoints")))
-           if name.startswith("epoch-000001-step-") and int(name[-6:]) > 10 and (steps + int(name[-6:])) % 4]
-    assert mid, steps
-    start = mid[0]
-    broken = stopped_at(straight, start, str(tmp_path / "broken"))
-    resumed = launch([TRAIN, "--resume", broken], "gloo", timeout=150)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    steps, start = resume_start(corpus[0])
+    assert json.load(open(os.path.join(straight, "checkpoints", "epoch-000001", "manifest.json")))[
+        "steps_per_epoch"] == steps
+    assert start in os.listdir(os.path.join(straight, "checkpoints"))
+    broken, _ = runs("resumed")  # stopped at start: that checkpoint and the ones before it, then --resume
     expected = assert_same_state(straight, broken, "epoch-000002")
     # the token table (256 x 32: sparse gradients) was among the arrays compared
     assert any(v.shape == (256, 32) for k, v in expected.items() if k.startswith("0:model/"))

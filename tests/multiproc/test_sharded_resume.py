@@ -5,6 +5,9 @@ horovodrun --gloo and on the direct path under mpirun; resumed at 6 ranks (3 gro
 the saved ones re-cut (``shards.ReCut``) and it trains on; resumed at 2 ranks (1 group of 2) it trains on
 (skipped while the library refuses that resize: the group-size mapping is another change's).
 
+Each configuration's uninterrupted run and its resume at 4 ranks share one launch (issue 41 §4):
+scripts/train_runs.py calls train.py's main() for one, then the other, on every rank.
+
 Checkpoints every 4 global micro-batches, τ = 10 (11 micro-batches an epoch at 4 ranks): the mid-epoch
 checkpoint at micro-batch 16 is off the τ phase (the local weights differ from the center), and after
 the epoch-1 checkpoint (update 11, last sync at 10) the first checkpoint of a resumed run, after update
@@ -22,8 +25,8 @@ from hvd_easgd import resize
 from hvd_easgd.strategies.easgd import EASGD
 from hvd_easgd.strategies.hierarchical import Hierarchical
 from hvd_easgd.strategies.shards import FlatShards, ReCut, ShardSpec
-from tests.helpers import ROOT, horovodrun, launch
-from tests.multiproc.helpers import stopped_at
+from tests.helpers import ROOT, horovodrun
+from tests.multiproc.helpers import assert_train_run_ended_well, stopped_at, train_runs
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -41,20 +44,44 @@ RUNS = {
 MID_EPOCH = "epoch-000001-step-000005"  # global micro-batch 16: 16 % 10 = 6
 
 
+# Per configuration, ONE launch runs the uninterrupted run, then (in the same processes: train.py's main()
+# again, scripts/train_runs.py) the run stopped at MID_EPOCH, made from the first's checkpoints, resumed:
+# a launch of 4 ranks on the 2-core machine spends about 20 s importing TensorFlow, as long as a run trains.
+STEP_SECONDS = 240  # each run's bound, as each had its own launch's
+
+
+def resumed_argv(launcher, broken):
+    # --auto-resume under Gloo, --resume on the direct path: both entries to a resume, each on one path
+    return ["--auto-resume", "--run-dir", broken] if launcher == "gloo" else ["--resume", broken]
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """One uninterrupted 2-epoch run per configuration at 4 ranks, every checkpoint kept."""
-    runs = {}
+def launches(tmp_path_factory):
+    """``launches(name)``: ``(OUT, the launch)`` of configuration ``name``'s uninterrupted 2-epoch run at 4
+    ranks, every checkpoint kept ("straight"), and its resume from MID_EPOCH ("resumed"), one launch."""
+    done = {}
 
     def get(name):
-        if name not in runs:
+        if name not in done:
             launcher, options = RUNS[name]
-            run_dir = str(tmp_path_factory.mktemp(f"straight-{name}") / "run")
-            proc = launch([TRAIN, *options, *COMMON, "--epochs", "2", "--run-dir", run_dir], launcher, np=SIZE,
-                          timeout=240)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-            runs[name] = run_dir
-        return runs[name]
+            out = str(tmp_path_factory.mktemp(f"launch-{name}"))
+            straight, broken = os.path.join(out, "straight", "run"), os.path.join(out, "resumed", "run")
+            runs = [{"name": "straight", "argv": [*options, *COMMON, "--epochs", "2", "--run-dir", straight]},
+                    {"name": "resumed", "argv": resumed_argv(launcher, broken),
+                     "stopped_at": [straight, MID_EPOCH, broken]}]
+            done[name] = out, train_runs(out, runs, launcher, np=SIZE, step_seconds=STEP_SECONDS)
+        return done[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(launches):
+    """``uninterrupted(name)``: configuration ``name``'s uninterrupted run directory, once it ended well."""
+    def get(name):
+        out, proc = launches(name)
+        assert_train_run_ended_well(out, "straight", proc, SIZE)
+        return os.path.join(out, "straight", "run")
 
     return get
 
@@ -82,10 +109,9 @@ def shard_keys(state):
             and np.issubdtype(v.dtype, np.floating)]
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(2 * STEP_SECONDS + 120)  # sets up its configuration's launch: its two runs' bounds
 @pytest.mark.parametrize("name", list(RUNS))
-def test_a_sharded_run_resumed_mid_epoch_ends_bit_for_bit_as_an_uninterrupted_one(name, uninterrupted, tmp_path):
-    launcher = RUNS[name][0]
+def test_a_sharded_run_resumed_mid_epoch_ends_bit_for_bit_as_an_uninterrupted_one(name, launches, uninterrupted):
     straight = uninterrupted(name)
     saved = shards(straight, MID_EPOCH)
     manifest = json.load(open(os.path.join(straight, "checkpoints", MID_EPOCH, "manifest.json")))
@@ -102,12 +128,11 @@ def test_a_sharded_run_resumed_mid_epoch_ends_bit_for_bit_as_an_uninterrupted_on
     model_keys = [k for k in saved[0] if k.startswith("model/")]
     assert any(not np.array_equal(saved[0][k], saved[2][k]) for k in model_keys)
 
-    broken = stopped_at(straight, MID_EPOCH, str(tmp_path / "b"))
-    if launcher == "gloo":
-        resumed = launch([TRAIN, "--auto-resume", "--run-dir", broken], launcher, np=SIZE, timeout=240)
-    else:
-        resumed = launch([TRAIN, "--resume", broken], launcher, np=SIZE, timeout=240)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # the resume: the run stopped at MID_EPOCH (that checkpoint and those before it), resumed in the launch
+    out, proc = launches(name)
+    resumed = assert_train_run_ended_well(out, "resumed", proc, SIZE)
+    broken = os.path.join(out, "resumed", "run")
+    assert resumed.args == resumed_argv(RUNS[name][0], broken)
     assert "resuming at" not in resumed.stdout  # the same size: no resize
     expected, got = shards(straight, "epoch-000002"), shards(broken, "epoch-000002")
     for rank in range(SIZE):
@@ -129,7 +154,7 @@ def re_cut(saved, key, ranks):
     return [rule([s[key] for s in saved], ranks, rank) for rank in range(ranks)]
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(2 * STEP_SECONDS + 400)  # may set up the easgd-gloo launch
 def test_a_sharded_easgd_run_resumes_at_6_ranks_on_its_re_cut_center_and_trains_on(uninterrupted, tmp_path):
     straight = uninterrupted("easgd-gloo")
     before = json.load(open(os.path.join(straight, "metrics.json")))["epochs"][0]
@@ -165,7 +190,7 @@ def _onto_one_group_refusal():
     return Hierarchical(inter=EASGD(period=5), ranks_per_group=N).resize_refusal(SIZE, N)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(2 * STEP_SECONDS + 400)  # may set up the easgd-gloo launch
 def test_a_sharded_easgd_run_resumes_at_2_ranks_as_one_group_and_trains_on(uninterrupted, tmp_path):
     # 2 groups of 2 -> 1 group of 2: the inter state leaves its shards (the group-size mapping is
     # Hierarchical's resize rule, unit-tested exactly; here the launch end to end)

@@ -14,7 +14,7 @@ import yaml
 
 from hvd_easgd import checkpoint
 from tests.helpers import PYTHON, ROOT, bounded, horovodrun, horovodrun_command, quiet_env, run, script
-from tests.multiproc.helpers import assert_same_state, stopped_at
+from tests.multiproc.helpers import assert_run_ended_well, assert_same_state, stopped_at
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -138,35 +138,78 @@ MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000
              "diloco": "epoch-000001-step-000003"}
 
 
+STRAIGHT_OPTIONS = {name: [*options, *COMMON, "--checkpoint-every-steps", "5", "--keep-checkpoints", "100",
+                           "--collectives", "horovod"] for name, options in RESUMED_OPTIONS.items()}
+WHERES = ("epoch-end", "mid-epoch")
+# A deadlock's bound: what the separate launches had between them (150 s each).
+STRAIGHT_LAUNCH_SECONDS = 150 * len(RESUMED_OPTIONS)
+RESUMED_LAUNCH_SECONDS = 150 * len(RESUMED_OPTIONS) * len(WHERES)
+# How far apart the ranks may end a run (scripts/every_strategy.py): rank 0 writes metrics.json and
+# model.keras after the last collective. Beyond, the script aborts the launch instead of waiting it out.
+AGREE_SECONDS = 120
+
+
+def shared_launch(out, runs, timeout):
+    """``runs`` ({name: train.py argv}) in ONE `horovodrun -np 2 --mpi` launch, train.py's main() once per run
+    on each rank (scripts/every_strategy.py). Why: each launch of 2 ranks spends 8-12 s of the 2 cores importing
+    TensorFlow, as long as a 2-epoch run trains; 15 launches became 2 (issue 41 section 4). ``--collectives
+    horovod`` in every run keeps the Horovod path these runs took under their own Gloo launches."""
+    return horovodrun([script("every_strategy.py"), out, json.dumps(runs), str(bounded(AGREE_SECONDS))],
+                      controller="mpi", timeout=timeout)
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """One uninterrupted 2-epoch run per configuration, shared by the resume tests; a
-    checkpoint every 5 micro-batches, all kept: the states a stopped run leaves on disk."""
-    runs = {}
-
-    def get(name):
-        if name not in runs:
-            run_dir = str(tmp_path_factory.mktemp(f"straight-{name}") / "run")
-            proc = horovodrun([TRAIN, *RESUMED_OPTIONS[name], *COMMON, "--checkpoint-every-steps", "5",
-                               "--keep-checkpoints", "100", "--run-dir", run_dir], timeout=150)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-            runs[name] = run_dir
-        return runs[name]
-
-    return get
+def straight_launch(tmp_path_factory):
+    """``(OUT, the launch)``: one uninterrupted 2-epoch run per configuration, in one launch, shared by the resume
+    tests; a checkpoint every 5 micro-batches, all kept: the states a stopped run leaves on disk."""
+    out = str(tmp_path_factory.mktemp("straight"))
+    return out, shared_launch(out, STRAIGHT_OPTIONS, STRAIGHT_LAUNCH_SECONDS)
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("where", ["epoch-end", "mid-epoch"])
+@pytest.fixture(scope="module")
+def uninterrupted(straight_launch):
+    """``uninterrupted(name)``: the run directory of configuration ``name``'s uninterrupted run, which ended well."""
+    out, proc = straight_launch
+    return lambda name: assert_run_ended_well(out, name, STRAIGHT_OPTIONS[name], proc, 2)
+
+
+def stop_point(name, where):
+    return "epoch-000001" if where == "epoch-end" else MID_EPOCH[name]
+
+
+@pytest.fixture(scope="module")
+def resumed_launch(straight_launch, tmp_path_factory):
+    """``(OUT, {run: its stop checkpoint's manifest, read before the resume}, {run: its train.py argv}, the
+    launch)``: per configuration
+    whose uninterrupted run ended well, and per stop point, a run stopped there (its checkpoints copied from the
+    uninterrupted run's) and resumed with `train.py --resume`, every resume in one launch. The stop checkpoint
+    stays in place, so a resume that does not find it fails as its own launch did."""
+    out, manifests, runs = str(tmp_path_factory.mktemp("resumed")), {}, {}
+    straight_out, _ = straight_launch
+    for name in RESUMED_OPTIONS:
+        straight = os.path.join(straight_out, name, "run")
+        if not os.path.isfile(os.path.join(straight, "metrics.json")):  # its own test says why
+            continue
+        for where in WHERES:
+            key = f"{name}-{where}"
+            broken = stopped_at(straight, stop_point(name, where), os.path.join(out, key, "run"))
+            with open(os.path.join(broken, "checkpoints", stop_point(name, where), "manifest.json")) as f:
+                manifests[key] = json.load(f)
+            runs[key] = ["--resume", broken]
+    return out, manifests, runs, shared_launch(out, runs, RESUMED_LAUNCH_SECONDS)
+
+
+# The first test sets up both launches: their bounds, and a margin.
+@pytest.mark.timeout(STRAIGHT_LAUNCH_SECONDS + RESUMED_LAUNCH_SECONDS + 60)
+@pytest.mark.parametrize("where", WHERES)
 @pytest.mark.parametrize("name", list(RESUMED_OPTIONS))
-def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrupted, tmp_path):
+def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrupted, resumed_launch):
     straight = uninterrupted(name)
-    start = "epoch-000001" if where == "epoch-end" else MID_EPOCH[name]
-    broken = stopped_at(straight, start, str(tmp_path / "b"))
-    manifest = json.load(open(os.path.join(broken, "checkpoints", start, "manifest.json")))
+    out, manifests, runs, proc = resumed_launch
+    key = f"{name}-{where}"
+    manifest = manifests[key]
     assert manifest["global_step"] == (manifest["steps_per_epoch"] if where == "epoch-end" else 25)
-    resumed = horovodrun([TRAIN, "--resume", broken], timeout=150)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    broken = assert_run_ended_well(out, key, runs[key], proc, 2)
     # weights, optimizer slots, strategy state (accumulators, EASGD's center and step counter)
     expected = assert_same_state(straight, broken, "epoch-000002")
     # under EASGD the local weights really differ per rank: a rank-0-only checkpoint would lose them

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import PYTHON, ROOT, run
+from tests.multiproc.helpers import assert_train_run_ended_well, train_run_result, train_runs
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -52,13 +53,20 @@ def test_npz_data_learns_a_separable_problem(tmp_path):
 
 
 def test_resume_continues_from_the_last_checkpoint(tmp_path):
-    _, _, run_dir = train(tmp_path, "--epochs", "2", "--strategy", "easgd", "--tau", "5")
-    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "3"], timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
+    # The three runs share one process (issue 41 §4: a start imports TensorFlow, 4-5 s of CPU):
+    # scripts/train_runs.py calls train.py's main() for each, in order; test_a_real_process_exits_2
+    # keeps a usage error's path through a process of its own.
+    out, run_dir = str(tmp_path), str(tmp_path / "run")
+    first = ["--run-dir", run_dir, "--threads-per-rank", "2", "--epochs", "2", "--strategy", "easgd", "--tau", "5"]
+    proc = train_runs(out, [{"name": "first", "argv": first},
+                            {"name": "resumed", "argv": ["--resume", run_dir, "--epochs", "3"]},
+                            {"name": "again", "argv": ["--run-dir", run_dir]}], launcher=None, np=1, step_seconds=180)
+    assert_train_run_ended_well(out, "first", proc, 1)
+    resumed = assert_train_run_ended_well(out, "resumed", proc, 1)
     with open(os.path.join(run_dir, "metrics.json")) as f:
         epochs = [row["epoch"] for row in json.load(f)["epochs"]]
     assert epochs == [1, 2, 3]
-    assert "Epoch 3/3" in out.stdout and "Epoch 1/3" not in out.stdout
+    assert "Epoch 3/3" in resumed.stdout and "Epoch 1/3" not in resumed.stdout
     # model.keras is the EASGD center: it reproduces the final (center) test accuracy
     import keras
 
@@ -69,7 +77,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     with open(os.path.join(run_dir, "metrics.json")) as f:
         final = json.load(f)["final"]["test_accuracy"]
     assert saved.evaluate(digits.x_test, digits.y_test, verbose=0)[1] == pytest.approx(final, abs=1e-6)
-    again = run([PYTHON, TRAIN, "--run-dir", run_dir], timeout=120)
+    again = train_run_result(out, "again", proc, 1)
     assert again.returncode == 2 and "already holds checkpoints; continue it with --resume" in again.stderr
 
 

@@ -1,6 +1,7 @@
 """Runs under `horovodrun -np N --mpi`: train.py's own entry (hvd_easgd.app.cli.main) once per
 configuration, in sequence, in one launch; tests/multiproc/test_every_strategy_at_np8.py asserts on
-what each run wrote.
+what each run wrote, and test_train.py's resume tests on their uninterrupted runs (one launch) and on
+their resumed ones (a second launch, `--resume` of stopped runs made from the first's checkpoints).
 
 Usage: every_strategy.py OUT RUNS_JSON AGREE_SECONDS; RUNS_JSON a mapping {name: train.py argv},
 run in its order.
