@@ -116,7 +116,7 @@ def main(argv=None, prog="python -m benchmarks accuracy"):
     return 1 if failures else 0
 
 
-def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(), launch=None):
+def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(), launch=None, on_run=None):
     """Launches every (variant, seed) once, seeds 0..``seeds``-1, one after the other, each bounded by
     ``timeout`` seconds, and keeps each run's config.yaml and metrics.json in ``out/<variant>-seed<S>/``
     (its log in ``out/logs/``).
@@ -129,6 +129,7 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(),
         test accuracy).
       done: labels (``<variant>-seed<S>``) already kept in ``out`` by an earlier invocation: not run again.
       launch: how a run starts (``command``, ``shown``, ``run``); default ``LocalLaunch(np_)``.
+      on_run: called with ``(runs, failures)`` so far after every launch, kept or failed.
 
     Returns:
       ``(runs, failures)``: one entry per kept run (``run``, ``variant``, ``twin``, ``seed``, ``command``),
@@ -150,6 +151,8 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(),
             if not outcome.ok:
                 failures.append(f"{label}: {outcome.why}")
                 print(f"[{tag}] {label}: {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
+                if on_run:
+                    on_run(runs, failures)
                 continue
             kept = os.path.join(out, label)
             os.makedirs(kept, exist_ok=True)
@@ -161,6 +164,8 @@ def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(),
             runs.append({"run": label, "variant": variant.name, "twin": variant.twin, "seed": seed,
                          "command": launch.shown(variant, seed)})
             print(f"[{tag}] {label}: {shown(metrics)} ({outcome.seconds:.0f} s)", flush=True)
+            if on_run:
+                on_run(runs, failures)
     return runs, failures
 
 
@@ -169,12 +174,18 @@ def continue_runs(out, index, variants, np_, seeds, timeout, tag, shown=None, la
     runs.json, made with the same ``index``: a long benchmark can be run in parts), then ``out/runs.json``:
     ``index``, the seeds, every kept run and the failures. Returns the failures."""
     earlier = earlier_runs(out, index)
+
+    def write_index(runs, failures):
+        # After every launch, not only at the end: a benchmark of hours that is stopped keeps the
+        # index of the runs it made, and the next invocation continues from them.
+        kept = earlier + runs
+        with open(os.path.join(out, "runs.json"), "w") as f:
+            json.dump({**index, "seeds": max(run["seed"] for run in kept) + 1 if kept else 0, "runs": kept,
+                       "failures": failures}, f, indent=1)
+
     runs, failures = run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=shown,
-                                    done={run["run"] for run in earlier}, launch=launch)
-    runs = earlier + runs
-    with open(os.path.join(out, "runs.json"), "w") as f:
-        json.dump({**index, "seeds": max(run["seed"] for run in runs) + 1 if runs else 0, "runs": runs,
-                   "failures": failures}, f, indent=1)
+                                    done={run["run"] for run in earlier}, launch=launch, on_run=write_index)
+    write_index(runs, failures)
     return failures
 
 
@@ -195,7 +206,11 @@ def earlier_runs(out, index):
 
 def kept_runs(directory):
     """``(runs.json, [(its run entry, that run's metrics.json)])`` of a results folder, in run order."""
-    with open(os.path.join(directory, "runs.json")) as f:
+    path = os.path.join(directory, "runs.json")
+    if not os.path.isfile(path):
+        raise SystemExit(f"{directory} holds no runs.json: not a results folder of this benchmark (or no run "
+                         "of it has finished yet)")
+    with open(path) as f:
         index = json.load(f)
     found = []
     for run in index["runs"]:

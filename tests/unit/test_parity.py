@@ -7,7 +7,7 @@ import os
 import pytest
 
 from benchmarks.accuracy import accuracy, parity
-from benchmarks.suite.runner import REPO_ROOT
+from benchmarks.suite.runner import REPO_ROOT, Outcome
 
 pytestmark = pytest.mark.unit
 LM = parity.WORKLOADS["language_model"]
@@ -113,3 +113,54 @@ def test_the_summary_names_what_meets_every_goal_what_misses_and_what_is_not_jud
     # sync meets its floor, easgd its floor and 0.5 pp; periodic has 2 seeds
     assert text == ("**Within every goal** (means over 3 seeds): `sync`, `easgd_tau10`. Not judged yet (fewer "
                     "than 3 seeds): `periodic_tau10`.")
+
+
+class _FakeLaunch:
+    """A launch that writes a run's config.yaml and metrics.json at once, and fails the seeds in ``failing``;
+    it stops the benchmark (as a user's Ctrl-C would) when asked for the seed ``interrupt_at``."""
+
+    def __init__(self, failing=(), interrupt_at=None):
+        self.failing, self.interrupt_at = failing, interrupt_at
+
+    def command(self, variant, seed, run_dir):
+        return (variant, seed, run_dir)
+
+    def shown(self, variant, seed):
+        return f"train.py {' '.join(variant.flags)} --seed {seed}"
+
+    def run(self, cmd, log, timeout):
+        variant, seed, run_dir = cmd
+        if seed == self.interrupt_at:
+            raise KeyboardInterrupt
+        if seed in self.failing:
+            return Outcome(1, 1.0, log)
+        os.makedirs(run_dir, exist_ok=True)
+        open(os.path.join(run_dir, "config.yaml"), "w").close()
+        with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+            json.dump({"epochs": [], "final": {"test_accuracy": 0.9 - seed / 100}}, f)
+        return Outcome(0, 1.0, log)
+
+
+def test_a_stopped_benchmark_keeps_the_index_of_its_runs_and_the_next_one_continues_from_them(tmp_path):
+    out, index = str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""}
+    sync = [accuracy.Variant("sync", ("--strategy", "sync"), None)]
+    # Seed 1 fails, seed 2 is interrupted: runs.json already names seed 0 and the failure.
+    with pytest.raises(KeyboardInterrupt):
+        accuracy.continue_runs(out, index, sync, 2, 3, 60, "t", launch=_FakeLaunch(failing=(1,), interrupt_at=2))
+    kept = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["run"] for r in kept["runs"]] == ["sync-seed0"] and kept["failures"] == ["sync-seed1: exit status 1"]
+    # The next invocation runs only what is not kept, and the index ends with all three.
+    launched = []
+    launch = _FakeLaunch()
+    launch.run = lambda cmd, log, timeout, run=launch.run: launched.append(cmd[1]) or run(cmd, log, timeout)
+    assert accuracy.continue_runs(out, index, sync, 2, 3, 60, "t", launch=launch) == []
+    assert launched == [1, 2]
+    kept = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["run"] for r in kept["runs"]] == ["sync-seed0", "sync-seed1", "sync-seed2"] and kept["seeds"] == 3
+
+
+def test_rendering_a_folder_without_runs_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        parity.main(["--render", str(tmp_path)])
+    assert str(refused.value) == f"{tmp_path} holds no runs.json: not a results folder of this benchmark (or no run " \
+                                 "of it has finished yet)"
