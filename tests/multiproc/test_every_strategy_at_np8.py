@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from tests.helpers import bounded, horovodrun, script
+from tests.multiproc.helpers import assert_run_ended_well
 
 pytestmark = pytest.mark.multiproc
 NP = 8
@@ -53,43 +54,11 @@ def every_run(tmp_path_factory):
     return out, proc
 
 
-def tail(path, chars=3000):
-    if not os.path.isfile(path):
-        return f"({path}: none)"
-    with open(path, errors="replace") as f:
-        return f.read()[-chars:]
-
-
-def assert_run_ended_well(out, name, proc):
-    """``name``'s run ended with status 0 on every rank (as its own launch's return code 0 said before),
-    and the launch itself ended with 0; else what the ranks printed during that run."""
-    directory = os.path.join(out, name)
-    outcomes = {}
-    for rank in range(NP):
-        path = os.path.join(directory, f"rank{rank}.json")
-        outcomes[rank] = json.load(open(path)) if os.path.isfile(path) else None
-    unfinished = [rank for rank, outcome in outcomes.items() if outcome is None]
-    assert not unfinished, (
-        f"the launch ended (return code {proc.returncode}) before {name} ended on ranks {unfinished}\n"
-        f"rank {unfinished[0]} during {name}:\n{tail(os.path.join(directory, f'rank{unfinished[0]}.log'))}\n"
-        f"the launch:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    failed = {rank: outcome for rank, outcome in outcomes.items() if outcome["status"] != 0}
-    if failed:
-        rank, outcome = next(iter(failed.items()))
-        pytest.fail(f"{name}: exit status {[o['status'] for o in outcomes.values()]} by rank; rank {rank}: "
-                    f"{outcome['error']}\nrank 0 during {name}:\n{tail(os.path.join(directory, 'rank0.log'))}\n"
-                    f"rank {rank} during {name}:\n{tail(os.path.join(directory, f'rank{rank}.log'))}")
-    # The run is the one named: its own argv, as its own launch had it.
-    assert {json.dumps(o["argv"]) for o in outcomes.values()} == {
-        json.dumps([*RUNS[name], "--run-dir", os.path.join(directory, "run")])}
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 @pytest.mark.timeout(LAUNCH_SECONDS + 60)  # the first test sets up the launch: its bound, and a margin
 @pytest.mark.parametrize("name", list(RUNS))
 def test_every_strategy_reaches_095_at_its_defaults_on_8_ranks(name, every_run):
     out, proc = every_run
-    assert_run_ended_well(out, name, proc)
+    assert_run_ended_well(out, name, RUNS[name], proc, NP)
     run_dir = os.path.join(out, name, "run")
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     run = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
