@@ -18,10 +18,14 @@ seconds of start-up.
 import importlib
 
 from . import _compat
+from .validation import ConfigurationWarning, say_configuration_warnings_once
 from .version import __version__
 
 # Before anything can import TensorFlow: its C++ log level is read once, at load.
 _compat.quiet_tensorflow()
+# The launcher numbers the ranks before any collective starts: a warning about the arguments they
+# share is said by rank 0 alone, not once per rank.
+say_configuration_warnings_once(_compat.launcher_rank())
 
 # Public name -> the module that defines it (a submodule when the two are the same).
 _LAZY = {
@@ -54,7 +58,7 @@ _LAZY = {
     "models": ".app.models",
 }
 
-__all__ = sorted([*_LAZY, "__version__"])
+__all__ = sorted([*_LAZY, "ConfigurationWarning", "__version__"])
 
 
 def __getattr__(name):

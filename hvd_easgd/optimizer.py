@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 from keras.saving import deserialize_keras_object, register_keras_serializable, serialize_keras_object
 
+from . import validation
 from .comm import RanksDisagreeError
 from .runtime import communicator as default_communicator
 from .strategies import SyncAverage
@@ -132,7 +133,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if getattr(model, "compiled", False):
             if model.jit_compile:
                 warnings.warn("hvd_easgd: XLA (jit_compile) is turned off for the training step: "
-                              "Horovod collectives cannot be XLA-compiled", stacklevel=2)
+                              "Horovod collectives cannot be XLA-compiled",
+                              validation.ConfigurationWarning, stacklevel=2)
                 model.jit_compile = False
                 if model.train_function is not None:
                     model.make_train_function(force=True)

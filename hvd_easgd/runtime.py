@@ -6,7 +6,7 @@ and comm/mpi_direct.py (with the build of its ops) the only one that imports mpi
 import os
 import warnings
 
-from . import _compat, tuning
+from . import _compat, tuning, validation
 
 _STATE = {"comm": None, "horovod_settings": None, "collectives": None, "collectives_reason": None}
 
@@ -67,7 +67,7 @@ def _configure_threads(local_size, override):
         tf.config.threading.set_inter_op_parallelism_threads(threads if threads > 1 else 1)
     except RuntimeError:
         warnings.warn("TensorFlow was initialised before hvd_easgd.init(); thread counts left as they are",
-                      stacklevel=3)
+                      validation.ConfigurationWarning, stacklevel=3)
     return threads
 
 

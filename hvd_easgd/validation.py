@@ -14,6 +14,27 @@ Example::
     self.rho = validation.number("rho", rho, minimum=0)
 """
 import numbers
+import warnings
+
+
+class ConfigurationWarning(UserWarning):
+    """A warning about arguments every rank shares (a strategy's hyperparameters, a Keras setting).
+
+    Every rank would say the same words, so rank 0 alone says them: importing hvd_easgd on a rank
+    that the launcher numbers 1 or above ignores this category (``say_configuration_warnings_once``).
+    A user who wants them from every rank asks after the import:
+    ``warnings.simplefilter("default", hvd_easgd.ConfigurationWarning)``.
+    """
+
+
+def say_configuration_warnings_once(rank):
+    """Ignores ``ConfigurationWarning`` in this process unless it is rank 0.
+
+    Only this category: a warning about one rank's own state (its disk, its data, a library's
+    notice) still reaches the console from whichever rank has it, and errors are never filtered.
+    """
+    if rank != 0:
+        warnings.filterwarnings("ignore", category=ConfigurationWarning)
 
 
 def is_integer(value):

@@ -11,10 +11,11 @@ import inspect
 import json
 import os
 import sys
+import warnings
 
 import yaml
 
-from .. import _compat, auto_strategy, checkpoint
+from .. import _compat, auto_strategy, checkpoint, validation
 from . import data
 from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, \
     TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
@@ -588,7 +589,20 @@ def effective_config(config):
 
 
 # --- entry point -------------------------------------------------------------------------
+_PYTHON_FORMATWARNING = warnings.formatwarning
+
+
+def format_warning(message, category, filename, lineno, line=None):
+    """One console line for a warning about the run's arguments (rank 0's alone, see
+    ``validation.ConfigurationWarning``): the line of library source Python would print under it says
+    nothing to a user of train.py. Any other warning keeps Python's form, with its source."""
+    if issubclass(category, validation.ConfigurationWarning):
+        return f"train.py: warning: {message}\n"
+    return _PYTHON_FORMATWARNING(message, category, filename, lineno, line)
+
+
 def main(argv=None):
+    warnings.formatwarning = format_warning
     try:
         config = parse_args(argv)
         strategy = make_strategy(config)  # bad hyperparameters fail before Horovod starts

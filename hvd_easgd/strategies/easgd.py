@@ -180,7 +180,7 @@ class EASGD(MergesOnDrain, SyncStrategy):
         self.period, self.schedule = make_schedule(given, max_period, name)
         if self.period == 1:
             warnings.warn(f"EASGD with {name}=1 takes an elastic step every step: "
-                          "it communicates as often as SyncAverage", stacklevel=2)
+                          "it communicates as often as SyncAverage", validation.ConfigurationWarning, stacklevel=2)
         self._moving_rate_arg = validation.number("moving_rate", moving_rate, minimum=0, min_inclusive=False,
                                                   allow_none=True, gloss="(alpha)", condition=" or None (then beta/p)")
         self.beta = validation.number("beta", beta, minimum=0, min_inclusive=False, gloss="(p * alpha)")
@@ -231,13 +231,15 @@ class EASGD(MergesOnDrain, SyncStrategy):
         if at_stability_bound(alpha, p):
             warnings.warn(f"EASGD with alpha = 2/(p+1) = {bound:.6g} at p={p}: the gap between the workers' mean "
                           "and the center oscillates (it changes sign every elastic step and never shrinks)"
-                          + ("; at p=1 the local weights and the center swap" if p == 1 else ""), stacklevel=3)
+                          + ("; at p=1 the local weights and the center swap" if p == 1 else ""),
+                          validation.ConfigurationWarning, stacklevel=3)
         elif diverges(alpha, p):
             raise ValueError(f"{given} with p={p} ranks, else the elastic step diverges. Received: {received}")
         elif p * alpha >= 1:
             warnings.warn(f"EASGD with p * alpha = {p * alpha:.6g} >= 1 at p={p}: each elastic step moves the center "
                           "onto or past the workers' mean, so it no longer averages over time "
-                          "(stable up to alpha < 2/(p+1); the default beta = 0.9 gives p * alpha = 0.9)", stacklevel=3)
+                          "(stable up to alpha < 2/(p+1); the default beta = 0.9 gives p * alpha = 0.9)",
+                          validation.ConfigurationWarning, stacklevel=3)
 
     def _build_state(self, trainable_variables, non_trainable_variables):
         self.warmup_strategy.build(trainable_variables)

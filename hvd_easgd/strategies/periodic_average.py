@@ -136,7 +136,8 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         self.period, self.schedule = make_schedule(period, max_period)
         if period == 1:
             warnings.warn("PeriodicAverage with period=1 averages the weights every step: it communicates as often "
-                          "as SyncAverage (and with plain SGD computes the same)", stacklevel=2)
+                          "as SyncAverage (and with plain SGD computes the same)",
+                          validation.ConfigurationWarning, stacklevel=2)
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         self.overlap = check_overlap(overlap, self.period)
         check_overlap_schedule(self.overlap, self.schedule)

@@ -1,4 +1,10 @@
-"""hvd_easgd.validation: the one set of argument checks, each in Keras's message form."""
+"""hvd_easgd.validation: the one set of argument checks, each in Keras's message form, and the
+warnings about arguments every rank shares, said by rank 0 alone."""
+import os
+import subprocess
+import sys
+import warnings
+
 import numpy as np
 import pytest
 
@@ -47,3 +53,37 @@ def test_one_of_and_refusal():
         validation.one_of("op", "max", ("sum", "average"))
     err = validation.refusal("optimizer", "a Keras optimizer", 3, error=TypeError)
     assert isinstance(err, TypeError) and str(err) == "`optimizer` must be a Keras optimizer. Received: optimizer=3"
+
+
+@pytest.mark.parametrize("rank, said", [(0, 1), (1, 0), (2, 0)])
+def test_a_warning_about_shared_arguments_is_said_by_rank_0_alone(rank, said):
+    import hvd_easgd
+    from hvd_easgd.app import cli
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        validation.say_configuration_warnings_once(rank)
+        hvd_easgd.PeriodicAverage(period=1)
+        hvd_easgd.EASGD(period=1)
+        warnings.warn("this rank's own disk is nearly full", ResourceWarning)  # not shared: every rank says it
+    shared = [w for w in caught if issubclass(w.category, hvd_easgd.ConfigurationWarning)]
+    assert len(shared) == 2 * said
+    assert [str(w.message) for w in caught if w.category is ResourceWarning] == ["this rank's own disk is nearly full"]
+    for w in shared:  # train.py prints each on one line, without the library's source line under it
+        line = cli.format_warning(w.message, w.category, w.filename, w.lineno, "return get(name)(**kwargs)")
+        assert line == f"train.py: warning: {w.message}\n"
+    other = cli.format_warning("deprecated", DeprecationWarning, "user.py", 3, "old()")
+    assert other.startswith("user.py:3: DeprecationWarning: deprecated") and "old()" in other
+
+
+def test_importing_hvd_easgd_on_a_rank_above_0_ignores_the_shared_warnings():
+    # the launcher's rank variable is all the import reads: no TensorFlow, no collective
+    code = ("import warnings, hvd_easgd; "
+            "print([f for f in warnings.filters if f[2] is hvd_easgd.ConfigurationWarning and f[0] == 'ignore'] != [])")
+    seen = {}
+    for rank in ("0", "1"):
+        env = {k: v for k, v in os.environ.items() if not k.endswith("RANK") and k != "SLURM_PROCID"}
+        env["OMPI_COMM_WORLD_RANK"] = rank
+        seen[rank] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                    timeout=60, check=True).stdout.strip()
+    assert seen == {"0": "False", "1": "True"}
