@@ -166,3 +166,58 @@ def mission_scale_launch(tmp_path_factory):
         _MISSION_SCALE["launch"] = out, train_runs(out, runs, "mpi", np=MISSION_SCALE_SIZE,
                                                    step_seconds=MISSION_SCALE_STEP_SECONDS)
     return _MISSION_SCALE["launch"]
+
+
+# `horovodrun -np 2 --gloo python train.py OPTIONS` runs that need no launch of their own (no environment of
+# their own, nothing read from the launcher's output, a usage error's exit nowhere), from three modules:
+# test_train.py's low-communication strategies at their defaults, test_adaptive_period.py's and
+# test_variable_size_images.py's. name: train.py's options, before the run directory; "{images}" stands for
+# the folder pair_launch() writes with write_image_folder(), OUT/image-data.
+PAIR_RUNS = {
+    "periodic": ["--strategy", "periodic"],
+    "diloco": ["--strategy", "diloco"],
+    "adaptive-period": ["--strategy", "periodic", "--tau", "adaptive", "--tau-max", "40", "--epochs", "3"],
+    "images": ["--data", "images:{images}", "--batch-size", "1", "--accumulate", "4", "--epochs", "6", "--lr",
+               "0.05"],
+}
+# A deadlock's bound per run: the longest any of them had in its own launch (280 s); the launch's is every
+# run's together.
+PAIR_STEP_SECONDS = 280
+PAIR_LAUNCH_SECONDS = PAIR_STEP_SECONDS * len(PAIR_RUNS) + 60
+_PAIR = {}
+
+
+def write_image_folder(root, per_class=24):
+    """Two classes that a fully convolutional net can tell apart at any size:
+    bright-centred blobs against dark-centred ones, in random sizes."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for label, cls in enumerate(["bright", "dark"]):
+        os.makedirs(os.path.join(root, cls))
+        for i in range(per_class):
+            h, w = rng.integers(12, 33, size=2)
+            img = rng.integers(0, 60, (h, w, 3)).astype(np.uint8)
+            if label == 0:
+                img[h // 4: 3 * h // 4, w // 4: 3 * w // 4] += 180
+            encode = tf.io.encode_png if i % 2 else (lambda x: tf.io.encode_jpeg(x, quality=95))
+            ext = "png" if i % 2 else "jpg"
+            tf.io.write_file(os.path.join(root, cls, f"{i}.{ext}"), encode(img))
+
+
+def pair_argv(out, name):
+    """Run ``name``'s train.py argv in pair_launch(): its options, then its run directory OUT/NAME/run."""
+    options = [option.format(images=os.path.join(out, "image-data")) for option in PAIR_RUNS[name]]
+    return [*options, "--run-dir", os.path.join(out, name, "run")]
+
+
+def pair_launch(tmp_path_factory):
+    """``(OUT, the launch's CompletedProcess)``: every PAIR_RUNS run, one after the other in ONE train_runs()
+    launch of 2 ranks under horovodrun --gloo, launched once per session, whichever module asks first. Why: a
+    launch of 2 ranks spends 8-12 s of the 2 cores importing TensorFlow, as long as a short run trains."""
+    if not _PAIR:
+        out = str(tmp_path_factory.mktemp("pair"))
+        write_image_folder(os.path.join(out, "image-data"))
+        runs = [{"name": name, "argv": pair_argv(out, name)} for name in PAIR_RUNS]
+        _PAIR["launch"] = out, train_runs(out, runs, "gloo", step_seconds=PAIR_STEP_SECONDS)
+    return _PAIR["launch"]

@@ -14,7 +14,8 @@ import yaml
 
 from hvd_easgd import checkpoint
 from tests.helpers import PYTHON, ROOT, bounded, horovodrun, horovodrun_command, quiet_env, run, script
-from tests.multiproc.helpers import assert_run_ended_well, assert_same_state, stopped_at, train_runs
+from tests.multiproc.helpers import (PAIR_LAUNCH_SECONDS, assert_run_ended_well, assert_same_state, pair_launch,
+                                     stopped_at, train_runs)
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -225,27 +226,13 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrup
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
 
 
-LOW_COMMUNICATION = ["periodic", "diloco"]
-LOW_COMMUNICATION_RUN_SECONDS = 280  # each run's own launch's bound
-
-
-@pytest.fixture(scope="module")
-def low_communication_launch(tmp_path_factory):
-    """``(OUT, the launch)``: `train.py --strategy S` for each low-communication strategy S, one after the other in
-    ONE `horovodrun -np 2 --gloo` launch (scripts/train_runs.py): one launch of 2 ranks importing TensorFlow, not
-    two. Each run's directory is OUT/S/run."""
-    out = str(tmp_path_factory.mktemp("low_communication"))
-    runs = [{"name": strategy, "argv": ["--strategy", strategy, "--run-dir", os.path.join(out, strategy, "run")]}
-            for strategy in LOW_COMMUNICATION]
-    return out, train_runs(out, runs, "gloo", step_seconds=LOW_COMMUNICATION_RUN_SECONDS)
-
-
-# The first test sets up the launch: its bound, and a margin.
-@pytest.mark.timeout(LOW_COMMUNICATION_RUN_SECONDS * len(LOW_COMMUNICATION) + 80)
-@pytest.mark.parametrize("strategy", LOW_COMMUNICATION)
-def test_low_communication_strategies_reach_095_with_their_defaults(strategy, low_communication_launch):
-    # tau = 10: one grouped call every 10 steps, the 38282 weights (or pseudo-gradients) and the flag
-    out, proc = low_communication_launch
+# The first test may set up the shared launch: its bound, and a margin.
+@pytest.mark.timeout(PAIR_LAUNCH_SECONDS + 60)
+@pytest.mark.parametrize("strategy", ["periodic", "diloco"])
+def test_low_communication_strategies_reach_095_with_their_defaults(strategy, tmp_path_factory):
+    # tau = 10: one grouped call every 10 steps, the 38282 weights (or pseudo-gradients) and the flag.
+    # The run: `train.py --strategy S` in helpers.pair_launch(), one Gloo launch of 2 ranks shared with other runs.
+    out, proc = pair_launch(tmp_path_factory)
     run_dir = os.path.join(out, strategy, "run")
     assert_run_ended_well(out, strategy, ["--strategy", strategy, "--run-dir", run_dir], proc, 2)
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
