@@ -1,7 +1,7 @@
 """Helpers of the multiproc tier: the core checks' launches, shared by the modules that assert on
 them; and for the resume tests, a stopped run made from an uninterrupted one's checkpoints, two
-runs' checkpoint states compared array by array, and a run of a shared launch
-(scripts/every_strategy.py, scripts/train_runs.py) checked as its own launch's return code was."""
+runs' checkpoint states compared array by array, and a run of a shared launch (scripts/train_runs.py)
+checked as its own launch's return code was."""
 import json
 import os
 import shutil
@@ -69,31 +69,16 @@ def tail(path, chars=3000):
 
 
 def assert_run_ended_well(out, name, argv, proc, size):
-    """Run ``name`` of a shared launch (scripts/every_strategy.py, writing under ``out``) ended with status 0
-    on each of the ``size`` ranks, as its own launch's return code 0 said before, with ``argv`` (train.py's
-    arguments before the ``--run-dir`` the script adds), and the launch ``proc`` ended with 0; else what the
-    ranks printed during that run. Returns the run's directory."""
-    directory = os.path.join(out, name)
-    outcomes = {}
-    for rank in range(size):
-        path = os.path.join(directory, f"rank{rank}.json")
-        outcomes[rank] = json.load(open(path)) if os.path.isfile(path) else None
-    unfinished = [rank for rank, outcome in outcomes.items() if outcome is None]
-    assert not unfinished, (
-        f"the launch ended (return code {proc.returncode}) before {name} ended on ranks {unfinished}\n"
-        f"rank {unfinished[0]} during {name}:\n{tail(os.path.join(directory, f'rank{unfinished[0]}.log'))}\n"
-        f"the launch:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    failed = {rank: outcome for rank, outcome in outcomes.items() if outcome["status"] != 0}
-    if failed:
-        rank, outcome = next(iter(failed.items()))
-        pytest.fail(f"{name}: exit status {[o['status'] for o in outcomes.values()]} by rank; rank {rank}: "
-                    f"{outcome['error']}\nrank 0 during {name}:\n{tail(os.path.join(directory, 'rank0.log'))}\n"
-                    f"rank {rank} during {name}:\n{tail(os.path.join(directory, f'rank{rank}.log'))}")
+    """Run ``name`` of a train_runs() launch ``proc`` (writing under ``out``) ended with status 0 on each of the
+    ``size`` ranks, as its own launch's return code 0 said before, with ``argv`` (train.py's arguments) on every
+    rank, and the launch itself ended with 0 (a crash of the launch after the run fails it too, as it failed the
+    run's own launch before it was shared); else what the ranks printed. Returns train_run_result()."""
+    result = assert_train_run_ended_well(out, name, proc, size)
     # The run is the one named: its own argv, as its own launch had it.
-    run_dir = os.path.join(directory, "run")
-    assert {json.dumps(o["argv"]) for o in outcomes.values()} == {json.dumps([*argv, "--run-dir", run_dir])}
+    argvs = [json.load(open(os.path.join(out, name, f"rank{rank}.json")))["argv"] for rank in range(size)]
+    assert argvs == [argv] * size, (name, argvs)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir
+    return result
 
 
 def train_runs(out, runs, launcher="gloo", np=2, step_seconds=240):
@@ -145,3 +130,94 @@ def assert_train_run_ended_well(out, name, proc, size):
         pytest.fail(f"{name}: exit status {result.returncode}; errors by rank: {errors}\n"
                     f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+# The mission's scale (issue 26 section 5): `horovodrun -np 8 --mpi python train.py` at its defaults, per
+# strategy; test_every_strategy_at_np8.py asserts on each run, test_default_schedule.py on "sync" (no option
+# at all: the mission's own command). name: train.py's options, before the run directory.
+MISSION_SCALE_SIZE = 8
+MISSION_SCALE_RUNS = {
+    "easgd": ["--strategy", "easgd"],
+    "periodic": ["--strategy", "periodic"],
+    "diloco": ["--strategy", "diloco"],
+    "hierarchical": ["--strategy", "hierarchical", "--ranks-per-group", "4", "--inter", "easgd"],
+    "accumulate": ["--accumulate", "4"],
+    "sync": [],
+}
+# A deadlock's bound per run: what each run's own launch had (420 s: 50-90 s idle, 260 s measured with the
+# shared machine at load 13); the launch's is every run's together.
+MISSION_SCALE_STEP_SECONDS = 420
+MISSION_SCALE_LAUNCH_SECONDS = MISSION_SCALE_STEP_SECONDS * len(MISSION_SCALE_RUNS) + 60
+_MISSION_SCALE = {}
+
+
+def mission_scale_argv(out, name):
+    """Run ``name``'s train.py argv in mission_scale_launch(): its options, then its run directory."""
+    return [*MISSION_SCALE_RUNS[name], "--run-dir", os.path.join(out, name, "run")]
+
+
+def mission_scale_launch(tmp_path_factory):
+    """``(OUT, the launch's CompletedProcess)``: every MISSION_SCALE_RUNS run in ONE train_runs() launch of 8
+    ranks under horovodrun --mpi, launched once per session, whichever module asks first. Why: a launch of 8
+    ranks on 2 cores spends 35-40 s importing TensorFlow, about twice a run's training."""
+    if not _MISSION_SCALE:
+        out = str(tmp_path_factory.mktemp("mission_scale"))
+        runs = [{"name": name, "argv": mission_scale_argv(out, name)} for name in MISSION_SCALE_RUNS]
+        _MISSION_SCALE["launch"] = out, train_runs(out, runs, "mpi", np=MISSION_SCALE_SIZE,
+                                                   step_seconds=MISSION_SCALE_STEP_SECONDS)
+    return _MISSION_SCALE["launch"]
+
+
+# `horovodrun -np 2 --gloo python train.py OPTIONS` runs that need no launch of their own (no environment of
+# their own, nothing read from the launcher's output, a usage error's exit nowhere), from three modules:
+# test_train.py's low-communication strategies at their defaults, test_adaptive_period.py's and
+# test_variable_size_images.py's. name: train.py's options, before the run directory; "{images}" stands for
+# the folder pair_launch() writes with write_image_folder(), OUT/image-data.
+PAIR_RUNS = {
+    "periodic": ["--strategy", "periodic"],
+    "diloco": ["--strategy", "diloco"],
+    "adaptive-period": ["--strategy", "periodic", "--tau", "adaptive", "--tau-max", "40", "--epochs", "3"],
+    "images": ["--data", "images:{images}", "--batch-size", "1", "--accumulate", "4", "--epochs", "6", "--lr",
+               "0.05"],
+}
+# A deadlock's bound per run: the longest any of them had in its own launch (280 s); the launch's is every
+# run's together.
+PAIR_STEP_SECONDS = 280
+PAIR_LAUNCH_SECONDS = PAIR_STEP_SECONDS * len(PAIR_RUNS) + 60
+_PAIR = {}
+
+
+def write_image_folder(root, per_class=24):
+    """Two classes that a fully convolutional net can tell apart at any size:
+    bright-centred blobs against dark-centred ones, in random sizes."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    for label, cls in enumerate(["bright", "dark"]):
+        os.makedirs(os.path.join(root, cls))
+        for i in range(per_class):
+            h, w = rng.integers(12, 33, size=2)
+            img = rng.integers(0, 60, (h, w, 3)).astype(np.uint8)
+            if label == 0:
+                img[h // 4: 3 * h // 4, w // 4: 3 * w // 4] += 180
+            encode = tf.io.encode_png if i % 2 else (lambda x: tf.io.encode_jpeg(x, quality=95))
+            ext = "png" if i % 2 else "jpg"
+            tf.io.write_file(os.path.join(root, cls, f"{i}.{ext}"), encode(img))
+
+
+def pair_argv(out, name):
+    """Run ``name``'s train.py argv in pair_launch(): its options, then its run directory OUT/NAME/run."""
+    options = [option.format(images=os.path.join(out, "image-data")) for option in PAIR_RUNS[name]]
+    return [*options, "--run-dir", os.path.join(out, name, "run")]
+
+
+def pair_launch(tmp_path_factory):
+    """``(OUT, the launch's CompletedProcess)``: every PAIR_RUNS run, one after the other in ONE train_runs()
+    launch of 2 ranks under horovodrun --gloo, launched once per session, whichever module asks first. Why: a
+    launch of 2 ranks spends 8-12 s of the 2 cores importing TensorFlow, as long as a short run trains."""
+    if not _PAIR:
+        out = str(tmp_path_factory.mktemp("pair"))
+        write_image_folder(os.path.join(out, "image-data"))
+        runs = [{"name": name, "argv": pair_argv(out, name)} for name in PAIR_RUNS]
+        _PAIR["launch"] = out, train_runs(out, runs, "gloo", step_seconds=PAIR_STEP_SECONDS)
+    return _PAIR["launch"]

@@ -1,24 +1,28 @@
 """train.py --tau adaptive under horovodrun --gloo -np 2: every epoch row of metrics.json
-records the period in force and the epoch's synchronisations, and the run learns."""
+records the period in force and the epoch's synchronisations, and the run learns.
+
+The run is "adaptive-period" of tests/multiproc/helpers.py's pair_launch(): one Gloo launch of 2 ranks
+shared with other modules' runs (scripts/train_runs.py calls train.py's main() for each on every rank)."""
 import json
 import os
 import re
 
 import pytest
 
-from tests.helpers import ROOT, horovodrun
+from tests.multiproc.helpers import PAIR_LAUNCH_SECONDS, assert_run_ended_well, pair_argv, pair_launch
 
 pytestmark = pytest.mark.multiproc
-TRAIN = os.path.join(ROOT, "train.py")
 FINAL = re.compile(r"final test accuracy: (\d\.\d{4})")
 
 
-@pytest.mark.timeout(120)
-def test_periodic_with_an_adaptive_period_records_tau_per_epoch(tmp_path):
-    run_dir = str(tmp_path / "run")
-    proc = horovodrun([TRAIN, "--strategy", "periodic", "--tau", "adaptive", "--tau-max", "40", "--epochs", "3",
-                       "--run-dir", run_dir], controller="gloo", timeout=100)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+@pytest.mark.timeout(PAIR_LAUNCH_SECONDS + 60)  # may set up the shared launch: its bound, and a margin
+def test_periodic_with_an_adaptive_period_records_tau_per_epoch(tmp_path_factory):
+    out, launch = pair_launch(tmp_path_factory)
+    argv = pair_argv(out, "adaptive-period")
+    assert argv == ["--strategy", "periodic", "--tau", "adaptive", "--tau-max", "40", "--epochs", "3", "--run-dir",
+                    os.path.join(out, "adaptive-period", "run")]
+    proc = assert_run_ended_well(out, "adaptive-period", argv, launch, 2)
+    run_dir = argv[-1]
     rows = json.load(open(os.path.join(run_dir, "metrics.json")))["epochs"]
     assert len(rows) == 3
     for row in rows:

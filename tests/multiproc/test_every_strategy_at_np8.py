@@ -6,16 +6,16 @@ Horovodrun --mpi (the mission's launcher; --gloo at 8 ranks is the stack issue's
 n = 4 ranks: EASGD's 2*sqrt(4) = 4, lr 0.08) needs its options, so train.py asks the strategy it built
 (an instance's rule): it ends at 0.978 (seed 0; at lr 0.02, without the rule, 0.944).
 
-The five runs share ONE launch (issue 41 §4): tests/multiproc/scripts/every_strategy.py calls train.py's own
-entry (hvd_easgd.app.cli.main) once per run on every rank, each with its own --run-dir, and the tests read
-what each run wrote. Why: a launch of 8 ranks on 2 cores spends 35-40 s importing TensorFlow, about twice a
-run's training (17 s; --accumulate 4 is 100 epochs of 1 update): back to back on 2026-12-04, five launches
-took 252 s and the one launch 150 s (load 0.2-6, mostly the ranks' own), half the CPU time. A run inside the
-shared launch trains exactly as it does alone: every run seeds every random source itself, and the five
-runs' metrics.json (loss, accuracy, test loss and accuracy, bytes and calls, epoch by epoch) and config.yaml
-were found identical to five separate launches' (2026-12-04; only rss_mb, the process's memory, differs). A
-run that fails on every rank alike fails its own test only; one that leaves the ranks out of step stops the
-runs after it, and a crash of the launch fails all five.
+The five runs share ONE launch (issue 41 §4), with test_default_schedule.py's run at 8 ranks (the sixth, "sync"):
+tests/multiproc/helpers.py's mission_scale_launch() has scripts/train_runs.py call train.py's own entry
+(hvd_easgd.app.cli.main) once per run on every rank, each with its own --run-dir, and the tests read what each run
+wrote. Why: a launch of 8 ranks on 2 cores spends 35-40 s importing TensorFlow, about twice a run's training (17 s;
+--accumulate 4 is 100 epochs of 1 update): back to back on 2026-12-04, five launches took 252 s and the one launch
+150 s (load 0.2-6, mostly the ranks' own), half the CPU time. A run inside the shared launch trains exactly as it
+does alone: every run seeds every random source itself, and the five runs' metrics.json (loss, accuracy, test loss
+and accuracy, bytes and calls, epoch by epoch) and config.yaml were found identical to five separate launches'
+(2026-12-04; only rss_mb, the process's memory, differs). A run that fails on every rank alike fails its own test
+only; one that leaves the ranks out of step stops the runs after it, and a crash of the launch fails them all.
 """
 import json
 import math
@@ -24,41 +24,19 @@ import os
 import pytest
 import yaml
 
-from tests.helpers import bounded, horovodrun, script
-from tests.multiproc.helpers import assert_run_ended_well
+from tests.multiproc.helpers import (MISSION_SCALE_LAUNCH_SECONDS, MISSION_SCALE_SIZE, assert_run_ended_well,
+                                     mission_scale_argv, mission_scale_launch)
 
 pytestmark = pytest.mark.multiproc
-NP = 8
-RUNS = {
-    "easgd": ["--strategy", "easgd"],
-    "periodic": ["--strategy", "periodic"],
-    "diloco": ["--strategy", "diloco"],
-    "hierarchical": ["--strategy", "hierarchical", "--ranks-per-group", "4", "--inter", "easgd"],
-    "accumulate": ["--accumulate", "4"],
-}
-# A deadlock's bound: what the five launches had between them (420 s each: 50-90 s idle,
-# 260 s measured with the shared machine at load 13).
-LAUNCH_SECONDS = 420 * len(RUNS)
-# How far apart the ranks may end a run: rank 0 writes metrics.json and model.keras after the last
-# collective, and a usage error holds the other ranks 15 s (hvd_easgd/app/errors.py). Beyond, the
-# ranks are out of step and the script aborts the launch instead of waiting out LAUNCH_SECONDS.
-AGREE_SECONDS = 120
+NP = MISSION_SCALE_SIZE
+STRATEGIES = ["easgd", "periodic", "diloco", "hierarchical", "accumulate"]
 
 
-@pytest.fixture(scope="module")
-def every_run(tmp_path_factory):
-    """``(OUT, the launch's CompletedProcess)``: the five runs, in one launch (every_strategy.py's docstring)."""
-    out = str(tmp_path_factory.mktemp("every_strategy"))
-    proc = horovodrun([script("every_strategy.py"), out, json.dumps(RUNS), str(bounded(AGREE_SECONDS))], np=NP,
-                      controller="mpi", timeout=LAUNCH_SECONDS)
-    return out, proc
-
-
-@pytest.mark.timeout(LAUNCH_SECONDS + 60)  # the first test sets up the launch: its bound, and a margin
-@pytest.mark.parametrize("name", list(RUNS))
-def test_every_strategy_reaches_095_at_its_defaults_on_8_ranks(name, every_run):
-    out, proc = every_run
-    assert_run_ended_well(out, name, RUNS[name], proc, NP)
+@pytest.mark.timeout(MISSION_SCALE_LAUNCH_SECONDS + 60)  # the first test may launch: its bound, a margin
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_reaches_095_at_its_defaults_on_8_ranks(name, tmp_path_factory):
+    out, proc = mission_scale_launch(tmp_path_factory)
+    assert_run_ended_well(out, name, mission_scale_argv(out, name), proc, NP)
     run_dir = os.path.join(out, name, "run")
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     run = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))

@@ -2,43 +2,68 @@
 
 Each script (tests/multiproc/scripts/guide_*.py) follows one Keras guide's
 pattern, changed only as docs/keras.md says (init, wrap the optimizers, add the
-callbacks, shard the data); one launch per script, alternating --gloo and
---mpi. The assertions read what each rank recorded.
+callbacks, shard the data), under --gloo or --mpi. The assertions read what
+each rank recorded.
+
+The guides under one launcher share ONE launch (scripts/guides.py runs one,
+then the other, on every rank, Keras cleared between them): two launches of 2
+ranks importing TensorFlow, not four. A guide that fails ends its launch with
+a line naming it, and fails the tests of every guide in that launch.
 """
+import os
+
 import numpy as np
 import pytest
 
 from tests.helpers import horovodrun, read_rank_results, script
 
-pytestmark = pytest.mark.multiproc
 SIZE = 2
+GUIDE_SECONDS = 240  # each guide's bound, as each had its own launch's
+# The guides of each launcher, in the order they run.
+GUIDES = {"gloo": ["guide_gan", "guide_custom_model"], "mpi": ["guide_embedding", "guide_mixed_precision"]}
+# A test that sets up a launch: that launch's bound, and a margin.
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(GUIDE_SECONDS * max(map(len, GUIDES.values())) + 60)]
 
 
-def launch(name, controller, tmp_path_factory):
-    out = tmp_path_factory.mktemp(name)
-    proc = horovodrun([script(f"{name}.py"), str(out)], np=SIZE, controller=controller, timeout=240)
-    assert proc.returncode == 0, f"{name} failed under --{controller}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return read_rank_results(out, SIZE)
-
-
-@pytest.fixture(scope="module")
-def gan(tmp_path_factory):
-    return launch("guide_gan", "gloo", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
-    return launch("guide_mixed_precision", "mpi", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def custom(tmp_path_factory):
-    return launch("guide_custom_model", "gloo", tmp_path_factory)
+def launch(controller, tmp_path_factory):
+    """Every rank's results of each guide of ``controller``, by guide: its guides in one launch."""
+    out = tmp_path_factory.mktemp(f"guides-{controller}")
+    names = GUIDES[controller]
+    proc = horovodrun([script("guides.py"), str(out), *names], np=SIZE, controller=controller,
+                      timeout=GUIDE_SECONDS * len(names))
+    assert proc.returncode == 0, (f"the launch of {names} failed under --{controller} (the guide that failed: "
+                                  f"'guides.py: rank R: NAME failed'):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return {name: read_rank_results(os.path.join(out, name), SIZE) for name in names}
 
 
 @pytest.fixture(scope="module")
-def embedding(tmp_path_factory):
-    return launch("guide_embedding", "mpi", tmp_path_factory)
+def gloo_guides(tmp_path_factory):
+    return launch("gloo", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def mpi_guides(tmp_path_factory):
+    return launch("mpi", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gan(gloo_guides):
+    return gloo_guides["guide_gan"]
+
+
+@pytest.fixture(scope="module")
+def custom(gloo_guides):
+    return gloo_guides["guide_custom_model"]
+
+
+@pytest.fixture(scope="module")
+def mixed(mpi_guides):
+    return mpi_guides["guide_mixed_precision"]
+
+
+@pytest.fixture(scope="module")
+def embedding(mpi_guides):
+    return mpi_guides["guide_embedding"]
 
 
 def max_rel_err(a, b):

@@ -14,7 +14,8 @@ import yaml
 
 from hvd_easgd import checkpoint
 from tests.helpers import PYTHON, ROOT, bounded, horovodrun, horovodrun_command, quiet_env, run, script
-from tests.multiproc.helpers import assert_run_ended_well, assert_same_state, stopped_at
+from tests.multiproc.helpers import (PAIR_LAUNCH_SECONDS, assert_run_ended_well, assert_same_state, pair_launch,
+                                     stopped_at, train_runs)
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -141,75 +142,77 @@ MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000
 STRAIGHT_OPTIONS = {name: [*options, *COMMON, "--checkpoint-every-steps", "5", "--keep-checkpoints", "100",
                            "--collectives", "horovod"] for name, options in RESUMED_OPTIONS.items()}
 WHERES = ("epoch-end", "mid-epoch")
-# A deadlock's bound: what the separate launches had between them (150 s each).
-STRAIGHT_LAUNCH_SECONDS = 150 * len(RESUMED_OPTIONS)
-RESUMED_LAUNCH_SECONDS = 150 * len(RESUMED_OPTIONS) * len(WHERES)
-# How far apart the ranks may end a run (scripts/every_strategy.py): rank 0 writes metrics.json and
-# model.keras after the last collective. Beyond, the script aborts the launch instead of waiting it out.
-AGREE_SECONDS = 120
-
-
-def shared_launch(out, runs, timeout):
-    """``runs`` ({name: train.py argv}) in ONE `horovodrun -np 2 --mpi` launch, train.py's main() once per run
-    on each rank (scripts/every_strategy.py). Why: each launch of 2 ranks spends 8-12 s of the 2 cores importing
-    TensorFlow, as long as a 2-epoch run trains; 15 launches became 2 (issue 41 section 4). ``--collectives
-    horovod`` in every run keeps the Horovod path these runs took under their own Gloo launches."""
-    return horovodrun([script("every_strategy.py"), out, json.dumps(runs), str(bounded(AGREE_SECONDS))],
-                      controller="mpi", timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def straight_launch(tmp_path_factory):
-    """``(OUT, the launch)``: one uninterrupted 2-epoch run per configuration, in one launch, shared by the resume
-    tests; a checkpoint every 5 micro-batches, all kept: the states a stopped run leaves on disk."""
-    out = str(tmp_path_factory.mktemp("straight"))
-    return out, shared_launch(out, STRAIGHT_OPTIONS, STRAIGHT_LAUNCH_SECONDS)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(straight_launch):
-    """``uninterrupted(name)``: the run directory of configuration ``name``'s uninterrupted run, which ended well."""
-    out, proc = straight_launch
-    return lambda name: assert_run_ended_well(out, name, STRAIGHT_OPTIONS[name], proc, 2)
+# A deadlock's bound: what each run's own launch had (150 s); the shared launch's is every run's together.
+RUN_SECONDS = 150
+RESUME_LAUNCH_SECONDS = RUN_SECONDS * len(RESUMED_OPTIONS) * (1 + len(WHERES)) + 60
 
 
 def stop_point(name, where):
     return "epoch-000001" if where == "epoch-end" else MID_EPOCH[name]
 
 
-@pytest.fixture(scope="module")
-def resumed_launch(straight_launch, tmp_path_factory):
-    """``(OUT, {run: its stop checkpoint's manifest, read before the resume}, {run: its train.py argv}, the
-    launch)``: per configuration
-    whose uninterrupted run ended well, and per stop point, a run stopped there (its checkpoints copied from the
-    uninterrupted run's) and resumed with `train.py --resume`, every resume in one launch. The stop checkpoint
-    stays in place, so a resume that does not find it fails as its own launch did."""
-    out, manifests, runs = str(tmp_path_factory.mktemp("resumed")), {}, {}
-    straight_out, _ = straight_launch
+def straight_dir(out, name):
+    return os.path.join(out, name, "run")
+
+
+def resumed_key(name, where):
+    return f"{name}-{where}"
+
+
+def resume_runs(out):
+    """The resume launch's runs, in order: per configuration, its uninterrupted 2-epoch run (OUT/NAME/run; a
+    checkpoint every 5 micro-batches, all kept: the states a stopped run leaves on disk); then per configuration
+    and stop point, a run stopped there (rank 0 copies the uninterrupted run's checkpoints up to it, to
+    OUT/NAME-WHERE/run) and resumed with `train.py --resume`. The stop checkpoint stays in place, so a resume that
+    does not find it fails as its own launch did; a stopped run that cannot be made (its uninterrupted run failed)
+    is recorded as not run."""
+    runs = [{"name": name, "argv": [*STRAIGHT_OPTIONS[name], "--run-dir", straight_dir(out, name)]}
+            for name in RESUMED_OPTIONS]
     for name in RESUMED_OPTIONS:
-        straight = os.path.join(straight_out, name, "run")
-        if not os.path.isfile(os.path.join(straight, "metrics.json")):  # its own test says why
-            continue
         for where in WHERES:
-            key = f"{name}-{where}"
-            broken = stopped_at(straight, stop_point(name, where), os.path.join(out, key, "run"))
-            with open(os.path.join(broken, "checkpoints", stop_point(name, where), "manifest.json")) as f:
-                manifests[key] = json.load(f)
-            runs[key] = ["--resume", broken]
-    return out, manifests, runs, shared_launch(out, runs, RESUMED_LAUNCH_SECONDS)
+            broken = os.path.join(out, resumed_key(name, where), "run")
+            runs.append({"name": resumed_key(name, where), "argv": ["--resume", broken, "--run-dir", broken],
+                         "stopped_at": [straight_dir(out, name), stop_point(name, where), broken]})
+    return runs
 
 
-# The first test sets up both launches: their bounds, and a margin.
-@pytest.mark.timeout(STRAIGHT_LAUNCH_SECONDS + RESUMED_LAUNCH_SECONDS + 60)
+@pytest.fixture(scope="module")
+def resume_launch(tmp_path_factory):
+    """``(OUT, {run: its train.py argv}, the launch)``: resume_runs() in ONE `horovodrun -np 2 --mpi` launch,
+    train.py's main() once per run on each rank (scripts/train_runs.py). Why: each launch of 2 ranks spends
+    8-12 s of the 2 cores importing TensorFlow, as long as a 2-epoch run trains; 15 launches became 1 (issue 41
+    section 4). ``--collectives horovod`` in every run keeps the Horovod path these runs took under their own
+    Gloo launches."""
+    out = str(tmp_path_factory.mktemp("resume"))
+    runs = resume_runs(out)
+    return out, {run["name"]: run["argv"] for run in runs}, train_runs(out, runs, "mpi", step_seconds=RUN_SECONDS)
+
+
+def resume_run_ended_well(resume_launch, key):
+    """Run ``key`` of the resume launch ended well on both ranks (helpers.assert_run_ended_well); returns its
+    run directory."""
+    out, argvs, proc = resume_launch
+    assert_run_ended_well(out, key, argvs[key], proc, 2)
+    return os.path.join(out, key, "run")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(resume_launch):
+    """``uninterrupted(name)``: the run directory of configuration ``name``'s uninterrupted run, which ended well."""
+    return lambda name: resume_run_ended_well(resume_launch, name)
+
+
+# The first test sets up the launch: its bound, and a margin.
+@pytest.mark.timeout(RESUME_LAUNCH_SECONDS + 60)
 @pytest.mark.parametrize("where", WHERES)
 @pytest.mark.parametrize("name", list(RESUMED_OPTIONS))
-def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrupted, resumed_launch):
+def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrupted, resume_launch):
     straight = uninterrupted(name)
-    out, manifests, runs, proc = resumed_launch
-    key = f"{name}-{where}"
-    manifest = manifests[key]
+    # the stop checkpoint, as the uninterrupted run left it and the stopped run got it
+    with open(os.path.join(straight, "checkpoints", stop_point(name, where), "manifest.json")) as f:
+        manifest = json.load(f)
     assert manifest["global_step"] == (manifest["steps_per_epoch"] if where == "epoch-end" else 25)
-    broken = assert_run_ended_well(out, key, runs[key], proc, 2)
+    broken = resume_run_ended_well(resume_launch, resumed_key(name, where))
     # weights, optimizer slots, strategy state (accumulators, EASGD's center and step counter)
     expected = assert_same_state(straight, broken, "epoch-000002")
     # under EASGD the local weights really differ per rank: a rank-0-only checkpoint would lose them
@@ -223,13 +226,15 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrup
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2]
 
 
-@pytest.mark.timeout(300)
+# The first test may set up the shared launch: its bound, and a margin.
+@pytest.mark.timeout(PAIR_LAUNCH_SECONDS + 60)
 @pytest.mark.parametrize("strategy", ["periodic", "diloco"])
-def test_low_communication_strategies_reach_095_with_their_defaults(strategy, tmp_path):
-    # tau = 10: one grouped call every 10 steps, the 38282 weights (or pseudo-gradients) and the flag
-    run_dir = str(tmp_path / "run")
-    proc = horovodrun([TRAIN, "--strategy", strategy, "--run-dir", run_dir], timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_low_communication_strategies_reach_095_with_their_defaults(strategy, tmp_path_factory):
+    # tau = 10: one grouped call every 10 steps, the 38282 weights (or pseudo-gradients) and the flag.
+    # The run: `train.py --strategy S` in helpers.pair_launch(), one Gloo launch of 2 ranks shared with other runs.
+    out, proc = pair_launch(tmp_path_factory)
+    run_dir = os.path.join(out, strategy, "run")
+    assert_run_ended_well(out, strategy, ["--strategy", strategy, "--run-dir", run_dir], proc, 2)
     metrics = json.load(open(os.path.join(run_dir, "metrics.json")))
     print(f"{strategy}: final test accuracy {metrics['final']['test_accuracy']:.4f}")
     assert len(metrics["epochs"]) == 10 and metrics["final"]["test_accuracy"] >= 0.95
@@ -355,16 +360,69 @@ def iterations(run_dir, name, rank=0):
                    if k.startswith("optimizer/") and shard[k].ndim == 0 and shard[k].dtype == np.int64)
 
 
-@pytest.mark.timeout(300)
+def strategy_steps(run_dir, name, rank=0):
+    """EASGD's step counter (the tau counter's source) in a checkpoint's shard: the strategy group's first array."""
+    with np.load(os.path.join(run_dir, "checkpoints", name, f"rank-{rank:05d}.npz")) as shard:
+        return int(shard["strategy/00000"])
+
+
+# The resumes at another number of ranks: name: (that number, the configuration whose uninterrupted run is
+# stopped, the checkpoint it is stopped after, train.py's options after `--resume DIR`).
+RESIZED = {
+    "sync-at-1": (1, "sync", "epoch-000002", ["--epochs", "8"]),
+    "easgd-at-1": (1, "easgd", "epoch-000002", ["--epochs", "10"]),
+    "diloco-at-1": (1, "diloco", MID_EPOCH["diloco"], ["--epochs", "3", "--checkpoint-every-steps", "16"]),
+    "sync-at-3": (3, "sync", "epoch-000002", ["--epochs", "8"]),
+    "periodic-at-3": (3, "periodic", MID_EPOCH["periodic"], []),
+}
+RESIZED_RUN_SECONDS = 200  # each run's own launch's bound
+# The first test of a size sets up that size's launch: every run's bound at that size, and a margin.
+RESIZED_TIMEOUT = RESIZED_RUN_SECONDS * max(sum(size == s for size, *_ in RESIZED.values()) for s in (1, 3)) + 100
+
+
+@pytest.fixture(scope="module")
+def resized_launch(resume_launch, tmp_path_factory):
+    """``resized_launch(size)``: ``(OUT, {run: (its stop checkpoint's update count, EASGD's step count), read
+    before the resume}, the launch)``, the RESIZED runs of ``size`` ranks whose uninterrupted run ended well, each
+    a run stopped (its checkpoints copied from the uninterrupted run's, in OUT/NAME/run) and resumed there, one
+    after the other in ONE launch: plain python at 1 rank, `horovodrun -np 3 --gloo` at 3 (scripts/train_runs.py).
+    Why: one process start of TensorFlow per size, not one per run. Launched at the first test that asks."""
+    straight_out, _, _ = resume_launch
+    launches = {}
+
+    def launched(size):
+        if size not in launches:
+            out, before, runs = str(tmp_path_factory.mktemp(f"resized-{size}")), {}, []
+            for name, (run_size, source, checkpoint_name, options) in RESIZED.items():
+                straight = straight_dir(straight_out, source)
+                if run_size != size or not os.path.isfile(os.path.join(straight, "metrics.json")):
+                    continue  # another size's, or its own test says why
+                run_dir = stopped_at(straight, checkpoint_name, os.path.join(out, name, "run"))
+                steps = strategy_steps(run_dir, checkpoint_name) if source == "easgd" else None
+                before[name] = iterations(run_dir, checkpoint_name), steps
+                runs.append({"name": name, "argv": ["--resume", run_dir, *options]})
+            proc = train_runs(out, runs, None if size == 1 else "gloo", np=size, step_seconds=RESIZED_RUN_SECONDS)
+            launches[size] = out, before, proc
+        return launches[size]
+    return launched
+
+
+def resumed_at_another_size(name, uninterrupted, resized_launch):
+    """Run ``name`` of RESIZED, ended well on each rank: ``(its run directory, (the update count, EASGD's step
+    count) of its stop checkpoint before the resume, the run as its own launch would have returned it)``."""
+    size, source, _, options = RESIZED[name]
+    uninterrupted(source)  # ended well, else says why
+    out, before, proc = resized_launch(size)
+    run_dir = os.path.join(out, name, "run")
+    return run_dir, before[name], assert_run_ended_well(out, name, ["--resume", run_dir, *options], proc, size)
+
+
+@pytest.mark.timeout(RESIZED_TIMEOUT)
 @pytest.mark.parametrize("size, steps_per_epoch", [(1, 44), (3, 14)])
-def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterrupted, tmp_path):
+def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterrupted, resized_launch):
     # saved at np=2 after 2 epochs of 22 updates; continued to epoch 8 at np=1 (44 per epoch) or np=3 (14)
-    straight = uninterrupted("sync")
-    run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
-    assert iterations(run_dir, "epoch-000002") == 2 * 22
-    cmd = [TRAIN, "--resume", run_dir, "--epochs", "8"]
-    out = run([PYTHON, *cmd], timeout=200) if size == 1 else horovodrun(cmd, np=3, timeout=200)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    run_dir, (saved, _), _ = resumed_at_another_size(f"sync-at-{size}", uninterrupted, resized_launch)
+    assert saved == 2 * 22
     manifest, _ = checkpoint.latest(run_dir)
     assert (manifest["epoch"], manifest["num_ranks"], manifest["steps_per_epoch"]) == (8, size, steps_per_epoch)
     for rank in range(size):  # the update count continues: 44 saved, then 6 epochs at this size
@@ -374,20 +432,11 @@ def test_sync_resumes_at_another_number_of_ranks(size, steps_per_epoch, uninterr
     assert metrics["final"]["test_accuracy"] >= 0.95
 
 
-def strategy_steps(run_dir, name, rank=0):
-    """EASGD's step counter (the tau counter's source) in a checkpoint's shard: the strategy group's first array."""
-    with np.load(os.path.join(run_dir, "checkpoints", name, f"rank-{rank:05d}.npz")) as shard:
-        return int(shard["strategy/00000"])
-
-
-@pytest.mark.timeout(300)
-def test_easgd_resumes_at_another_number_of_ranks_from_the_center(uninterrupted, tmp_path):
+@pytest.mark.timeout(RESIZED_TIMEOUT)
+def test_easgd_resumes_at_another_number_of_ranks_from_the_center(uninterrupted, resized_launch):
     # saved at np=2 after 2 epochs of 22 updates (tau 4); continued to epoch 10 at np=1 (44 updates per epoch)
-    straight = uninterrupted("easgd")
-    run_dir = stopped_at(straight, "epoch-000002", str(tmp_path / "run"))
-    assert iterations(run_dir, "epoch-000002") == strategy_steps(run_dir, "epoch-000002") == 2 * 22
-    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "10"], timeout=200)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    run_dir, (saved, saved_steps), out = resumed_at_another_size("easgd-at-1", uninterrupted, resized_launch)
+    assert saved == saved_steps == 2 * 22
     assert ("train.py: resuming at 1 ranks from a checkpoint of 2 (epoch 2): the update count continues, the data "
             "are resharded for 1 ranks; every rank's local weights restart from the center, optimizer slots are the "
             "mean of the 2 saved ranks', moving rate alpha = 0.9") in out.stdout, out.stdout[-2000:]
@@ -416,14 +465,12 @@ def test_a_resume_at_another_size_that_cannot_be_exact_is_refused_naming_the_rea
             "diverges. Received: moving_rate=0.6") in messages[0], messages
 
 
-@pytest.mark.timeout(300)
-def test_diloco_resumes_mid_epoch_at_another_number_of_ranks_without_a_launcher(uninterrupted, tmp_path):
+@pytest.mark.timeout(RESIZED_TIMEOUT)
+def test_diloco_resumes_mid_epoch_at_another_number_of_ranks_without_a_launcher(uninterrupted, resized_launch):
     # saved at np=2 after 22 + 3 micro-batches of 32 (tau 4: mid-period, the local weights differ): at np=1
     # the rest of epoch 2 is its order from sample 2 * 3 * 32 = 192 on, (1437 - 192) // 32 = 38 micro-batches,
     # counted as steps 6..43 of an epoch of 44; then epoch 3 holds 44
-    run_dir = stopped_at(uninterrupted("diloco"), MID_EPOCH["diloco"], str(tmp_path / "run"))
-    out = run([PYTHON, TRAIN, "--resume", run_dir, "--epochs", "3", "--checkpoint-every-steps", "16"], timeout=200)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    run_dir, _, out = resumed_at_another_size("diloco-at-1", uninterrupted, resized_launch)
     assert ("train.py: resuming at 1 ranks from a checkpoint of 2 (epoch 1): the update count continues, the data "
             "are resharded for 1 ranks; the synced weights and the outer optimizer are kept, the local weights and "
             "inner slots are the mean of the 2 saved ranks'; the tau phase continues") in out.stdout, out.stdout[-2000:]
@@ -439,13 +486,11 @@ def test_diloco_resumes_mid_epoch_at_another_number_of_ranks_without_a_launcher(
     assert [row["epoch"] for row in metrics["epochs"]] == [1, 2, 3]
 
 
-@pytest.mark.timeout(300)
-def test_periodic_resumes_mid_epoch_at_more_ranks(uninterrupted, tmp_path):
+@pytest.mark.timeout(RESIZED_TIMEOUT)
+def test_periodic_resumes_mid_epoch_at_more_ranks(uninterrupted, resized_launch):
     # saved at np=2 after 22 + 3 micro-batches (tau 4: mid-period); at np=3 the rest of epoch 2 is
     # (1437 - 192) // 3 // 32 = 12 micro-batches per rank, steps 2..13 of an epoch of 14
-    run_dir = stopped_at(uninterrupted("periodic"), MID_EPOCH["periodic"], str(tmp_path / "run"))
-    out = horovodrun([TRAIN, "--resume", run_dir], np=3, timeout=200)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    run_dir, _, out = resumed_at_another_size("periodic-at-3", uninterrupted, resized_launch)
     assert ("resuming at 3 ranks from a checkpoint of 2 (epoch 1): the update count continues, the data are "
             "resharded for 3 ranks; the weights are the mean of the 2 saved ranks' (their last average, at an "
             "average), optimizer slots too; the tau phase continues") in out.stdout, out.stdout[-2000:]

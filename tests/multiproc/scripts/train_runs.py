@@ -10,10 +10,10 @@ with ``--resume DIR``. SIZE is the launch's number of ranks.
 
 main() runs again in the same process as it ran the first time: hvd_easgd.init() returns the
 communicator it made, and every run seeds every random source itself and builds its own model,
-optimizer and callbacks. Its limits (as in scripts/every_strategy.py, the same re-entry under MPI
-alone): signal handlers of --checkpoint-on-signal are never uninstalled, --threads-per-rank applies on
-the first call only, the Horovod path cannot switch to hierarchical after another strategy, and a
-module a run imports (a --plugin) is not imported again by the next.
+optimizer and callbacks. Its limits: signal handlers of --checkpoint-on-signal are never
+uninstalled, --threads-per-rank applies on the first call only, the Horovod path cannot switch to
+hierarchical after another strategy, and a module a run imports (a --plugin) is not imported again
+by the next.
 
 Each rank writes, per run NAME: OUT/NAME/rank<r>.stdout and .stderr (what the rank printed during that
 run, file descriptors 1 and 2) and OUT/NAME/rank<r>.json (its argv and exit status, as train.py's process
