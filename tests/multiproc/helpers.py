@@ -179,6 +179,7 @@ PAIR_RUNS = {
     "adaptive-period": ["--strategy", "periodic", "--tau", "adaptive", "--tau-max", "40", "--epochs", "3"],
     "images": ["--data", "images:{images}", "--batch-size", "1", "--accumulate", "4", "--epochs", "6", "--lr",
                "0.05"],
+    "tau-1": ["--strategy", "periodic", "--tau", "1", "--epochs", "1"],
 }
 # A deadlock's bound per run: the longest any of them had in its own launch (280 s); the launch's is every
 # run's together.

@@ -14,8 +14,8 @@ import yaml
 
 from hvd_easgd import checkpoint
 from tests.helpers import PYTHON, ROOT, bounded, horovodrun, horovodrun_command, quiet_env, run, script
-from tests.multiproc.helpers import (PAIR_LAUNCH_SECONDS, assert_run_ended_well, assert_same_state, pair_launch,
-                                     stopped_at, train_runs)
+from tests.multiproc.helpers import (PAIR_LAUNCH_SECONDS, assert_run_ended_well, assert_same_state, pair_argv,
+                                     pair_launch, stopped_at, train_runs)
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -241,6 +241,18 @@ def test_low_communication_strategies_reach_095_with_their_defaults(strategy, tm
     steps = 22  # per epoch at np=2: 220 steps, 22 synchronisations
     assert sum(row["bytes_sent_per_step"] * steps for row in metrics["epochs"]) == pytest.approx(22 * 4 * 38283)
     assert sum(row["collective_calls_per_step"] * steps for row in metrics["epochs"]) == pytest.approx(22)
+
+
+@pytest.mark.timeout(PAIR_LAUNCH_SECONDS + 60)
+def test_a_warning_about_the_shared_arguments_is_printed_once_by_rank_0_on_one_line(tmp_path_factory):
+    # `--tau 1` under PeriodicAverage warns (it communicates as often as sync). Every rank builds the strategy,
+    # but the ranks share their arguments: rank 0 says it, once, and rank 1 says nothing (it used to repeat it).
+    out, proc = pair_launch(tmp_path_factory)
+    assert_run_ended_well(out, "tau-1", pair_argv(out, "tau-1"), proc, 2)
+    said = {rank: [line for line in open(os.path.join(out, "tau-1", f"rank{rank}.stderr")).read().splitlines()
+                   if "period=1" in line] for rank in (0, 1)}
+    assert said == {0: ["train.py: warning: PeriodicAverage with period=1 averages the weights every step: it "
+                        "communicates as often as SyncAverage (and with plain SGD computes the same)"], 1: []}, said
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
