@@ -15,7 +15,8 @@ from hvd_easgd.app import cli, errors
 from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies.period_schedule import AdaptivePeriod, FixedPeriod
 
-pytestmark = pytest.mark.unit
+# slow: AdaComm's whole tau sequence on several ranks: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 P, TAU0, TAU_MAX, STEPS, BATCH = 3, 4, 9, 40, 8
 # The ranks' losses are base·(1 + r)/2 for r = 0, 1, 2: their mean is base. The base
 # goes from 2 (F₀, two intervals of τ₀) to 16 (√8·4 = 11.3 → τ_max) to 0.01 (√0.005·4 = 0.28 → 1)

@@ -31,6 +31,7 @@ def test_the_installed_tensorflow_is_read_without_importing_it():
     assert version == tf.__version__
 
 
+@pytest.mark.slow  # a fresh interpreter that imports TensorFlow
 def test_train_pys_ranks_load_keras_without_matplotlib_or_sklearn_and_can_still_import_them():
     import subprocess
     import sys
@@ -46,6 +47,7 @@ def test_train_pys_ranks_load_keras_without_matplotlib_or_sklearn_and_can_still_
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # a fresh interpreter that imports TensorFlow
 def test_a_users_script_reaching_the_apps_modules_keeps_keras_galleries():
     """docs/keras.md's scripts call hvd_easgd.data: importing it hides nothing."""
     import subprocess

@@ -15,7 +15,8 @@ from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies.diloco import fragment_layout
 from tests import reference as ref
 
-pytestmark = pytest.mark.unit
+# slow: runs of several ranks through fragments, resumes and resizes: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 BATCH = 4
 
 

@@ -16,7 +16,8 @@ from hvd_easgd.strategies.diloco import fragment_layout
 from tests import reference as ref
 from tests.unit.test_diloco_fragments import Pieces, train  # the same layer and training loop, BATCH 4
 
-pytestmark = pytest.mark.unit
+# slow: overlapped runs of several ranks and their resumes: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 P, BATCH = 3, 4
 SIZES = (2, 2, 2)  # whole variables of 2 elements: int8 quantises each (a 1-element one travels exact)
 

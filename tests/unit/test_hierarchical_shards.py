@@ -12,7 +12,8 @@ from hvd_easgd import EASGD, DiLoCo, Hierarchical, PeriodicAverage, SyncAverage
 from hvd_easgd.comm import SimulatedCluster
 from tests.reference import hierarchical_reference
 
-pytestmark = pytest.mark.unit
+# slow: every inter strategy on shards of several groups: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 WIDTH = 5  # N elements: shards of 3 at n = 2 and of 2 at n = 3, each layout with one element of padding
 LR, TAU, ALPHA, STEPS = 0.5, 2, 0.2, 4

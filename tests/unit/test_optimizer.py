@@ -60,6 +60,7 @@ def test_get_config_round_trips_inner_optimizer_and_strategy():
     assert again.strategy.get_config() == opt.strategy.get_config()
 
 
+@pytest.mark.slow  # fit, model.save, and a fresh interpreter that loads the file with plain Keras
 def test_fit_trains_and_model_save_loads_with_plain_keras(tmp_path):
     digits = hvd_easgd.data.digits()
     keras.utils.set_random_seed(0)

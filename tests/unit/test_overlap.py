@@ -10,7 +10,8 @@ from hvd_easgd.comm import SimulatedCluster
 from tests import reference as ref
 from tests.least_squares import least_squares_ranks, train
 
-pytestmark = pytest.mark.unit
+# slow: overlapped runs of several ranks and their resumes: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 P, TAU, LR, ALPHA, BATCH = 3, 4, 0.1, 0.2, 4
 

@@ -18,7 +18,8 @@ from hvd_easgd import EASGD, GradientAccumulation, SyncAverage, checkpoint, resi
 from hvd_easgd.comm.simulated_comm import SimulatedCluster
 from hvd_easgd.strategies import DiLoCo, Hierarchical, PeriodicAverage, WarmUp
 
-pytestmark = pytest.mark.unit
+# slow: a p-rank run saved and restored at q ranks, case after case: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 LR, MOMENTUM, BATCH, TAU = 0.05, 0.9, 4, 3
 

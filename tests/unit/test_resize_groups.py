@@ -23,7 +23,8 @@ from hvd_easgd.comm.simulated_comm import SimulatedCluster
 from hvd_easgd.app import config_compare
 from hvd_easgd.strategies import DiLoCo, Hierarchical, PeriodicAverage, regroup
 
-pytestmark = pytest.mark.unit
+# slow: a p-rank run saved and restored in groups of another size, case after case: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 LR, MOMENTUM, BATCH, TAU, STEPS = 0.05, 0.9, 4, 3, 5
 

@@ -14,7 +14,8 @@ import hvd_easgd
 from hvd_easgd import EASGD, DiLoCo, Hierarchical, SyncAverage
 from hvd_easgd.comm import SimulatedCluster
 
-pytestmark = pytest.mark.unit
+# slow: 64 simulated ranks: `make test-fast` leaves it out.
+pytestmark = [pytest.mark.unit, pytest.mark.slow]
 
 WIDTH = 2  # elements of the one trainable variable
 

@@ -2,7 +2,7 @@
 
 conftest.py is pytest's hook file, loaded by pytest itself: a test that imports one gets a second
 copy of the module (and of its hooks' state) under another name. Helpers live in tests/helpers.py and
-each tier's helpers.py. The unit tier is `make test-fast`: in-process only, so it stays within two
+each tier's helpers.py. The unit tier is `make test-unit`: in-process only, so it stays within two
 minutes and needs no C++ op build; tests that start train.py, horovodrun or mpirun go in a
 launching tier (tests/multiproc and up).
 """
