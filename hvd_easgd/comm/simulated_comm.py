@@ -142,14 +142,22 @@ class _Rendezvous:
         self.size = size
         self.barrier = threading.Barrier(size, timeout=cluster.timeout)
         self._deposits = [None] * size
+        # A round's combined result, made once by whichever rank gets there first (see ``exchange``).
+        self._combine_lock = threading.Lock()
+        self._combined = None
 
-    def exchange(self, rank, signature, payload):
+    def exchange(self, rank, signature, payload, combine=None):
         """Deposits rank ``rank``'s ``payload`` (``rank`` among this group's
-        ranks) and returns every rank's, in rank order.
+        ranks) and returns every rank's, in rank order; with ``combine``,
+        ``combine(payloads)`` instead, the same object on every rank.
 
         ``signature`` names the collective and what must agree across ranks
         (op, root, shapes, dtypes); ranks that disagree get a
         ``CollectiveMismatchError`` instead of a wrong result.
+
+        ``combine`` runs once per collective, not once per rank: a sum over p
+        ranks made by each of the p would cost p² additions (at p = 64 most
+        of a test's time), and every rank would compute the same bits anyway.
         """
         if not self._cluster._running:
             raise RuntimeError("a SimulatedCommunicator's collectives must be called inside SimulatedCluster.run(fn), "
@@ -157,7 +165,22 @@ class _Rendezvous:
         self._deposits[rank] = (signature, payload)
         self._wait()
         deposits = list(self._deposits)
-        self._wait()  # no rank deposits its next input before every rank has read this one
+        try:
+            self._check_signatures(deposits)
+            if combine is None:
+                return [p for _, p in deposits]
+            with self._combine_lock:
+                if self._combined is None:
+                    self._combined = (combine([p for _, p in deposits]),)
+                return self._combined[0]
+        finally:
+            # No rank deposits its next input before every rank has read this one; past this
+            # barrier every rank has its result, so any of them may clear it for the next round.
+            self._wait()
+            self._combined = None
+
+    @staticmethod
+    def _check_signatures(deposits):
         signatures = [s for s, _ in deposits]
         if any(s != signatures[0] for s in signatures):
             ranks_by_call = {}
@@ -165,7 +188,6 @@ class _Rendezvous:
                 ranks_by_call.setdefault(repr(s), []).append(r)
             calls = "; ".join(f"ranks {ranks}: {call}" for call, ranks in ranks_by_call.items())
             raise CollectiveMismatchError(f"the ranks called different collectives: {calls}")
-        return [p for _, p in deposits]
 
     def _wait(self):
         try:
@@ -177,6 +199,23 @@ class _Rendezvous:
 
 class _PeerFailed(RuntimeError):
     """This rank stopped because another one failed or never arrived."""
+
+
+def _reduce_in_rank_order(op):
+    """``combine`` for ``exchange``: each tensor's sum over the ranks' payloads, added in rank order
+    (rank 0's, plus rank 1's, ...), the order the NumPy references add in; for ``"average"``
+    divided by the number of ranks (floor division for integers)."""
+    def combine(per_rank):
+        size, reduced = len(per_rank), []
+        for i in range(len(per_rank[0])):
+            total = per_rank[0][i]
+            for inputs in per_rank[1:]:
+                total = total + inputs[i]
+            if op == "average":
+                total = total / size if total.dtype.is_floating else total // size
+            reduced.append(total)
+        return reduced
+    return combine
 
 
 def _signature(tensors):
@@ -219,20 +258,12 @@ class SimulatedCommunicator(Communicator):
                 made.append(None)
         return made
 
-    def _exchange(self, signature, payload):
-        return self._rendezvous.exchange(self.rank, signature, payload)
+    def _exchange(self, signature, payload, combine=None):
+        return self._rendezvous.exchange(self.rank, signature, payload, combine)
 
     def _grouped_allreduce(self, tensors, op):
-        per_rank = self._exchange(("allreduce", op, _signature(tensors)), tensors)
-        reduced = []
-        for i in range(len(tensors)):
-            total = per_rank[0][i]
-            for inputs in per_rank[1:]:
-                total = total + inputs[i]
-            if op == "average":
-                total = total / self.size if total.dtype.is_floating else total // self.size
-            reduced.append(total)
-        return reduced
+        # A list of its own per rank (a caller may edit it); the tensors, immutable, are shared.
+        return list(self._exchange(("allreduce", op, _signature(tensors)), tensors, _reduce_in_rank_order(op)))
 
     def _broadcast(self, tensors, root_rank):
         if not 0 <= root_rank < self.size:
@@ -251,15 +282,7 @@ class SimulatedCommunicator(Communicator):
         part = int(tensor.shape[0]) // self.size
         return tf.concat([t[self.rank * part:(self.rank + 1) * part] for t in per_rank], axis=0)
     def _grouped_reducescatter(self, tensors, op):
-        # The rank-order sum of the allreduce, then this rank's block of each.
-        per_rank = self._exchange(("reducescatter", op, _signature(tensors)), tensors)
-        shards = []
-        for i, tensor in enumerate(tensors):
-            m = tensor.shape[0] // self.size
-            total = per_rank[0][i][self.rank * m:(self.rank + 1) * m]
-            for inputs in per_rank[1:]:
-                total = total + inputs[i][self.rank * m:(self.rank + 1) * m]
-            if op == "average":
-                total = total / self.size if total.dtype.is_floating else total // self.size
-            shards.append(total)
-        return shards
+        # The allreduce's rank-order sum, made once, then this rank's block of each: an element's
+        # sum is the same additions in the same order whether the blocks are cut before or after.
+        totals = self._exchange(("reducescatter", op, _signature(tensors)), tensors, _reduce_in_rank_order(op))
+        return [tf.split(total, self.size)[self.rank] for total in totals]
