@@ -104,6 +104,9 @@ class SimulatedCluster:
 
         for barrier in self._barriers():
             barrier.reset()
+        with self._lock:
+            for rendezvous in self._rendezvous.values():
+                rendezvous.clear()
         self._running = True
         threads = [threading.Thread(target=rank_main, args=(rank,), name=f"simulated-rank-{rank}", daemon=True)
                    for rank in range(self.size)]
@@ -175,9 +178,16 @@ class _Rendezvous:
                 return self._combined[0]
         finally:
             # No rank deposits its next input before every rank has read this one; past this
-            # barrier every rank has its result, so any of them may clear it for the next round.
-            self._wait()
-            self._combined = None
+            # barrier every rank has its result, so any of them may clear it for the next round
+            # (and a round a failed rank broke leaves no result behind for the cluster's next run).
+            try:
+                self._wait()
+            finally:
+                self._combined = None
+
+    def clear(self):
+        """Forgets a combined result a run that timed out may have left (``SimulatedCluster.run``)."""
+        self._combined = None
 
     @staticmethod
     def _check_signatures(deposits):

@@ -218,3 +218,20 @@ def test_a_one_rank_horovod_job_issues_no_collective():
     assert [t.numpy().tolist() for t in out] == [[1.5, -2.0]] * 3
     assert not (fake.grouped_allreduce.called or fake.broadcast.called or fake.allgather.called)
     assert comm.account() == {"bytes": 0, "calls": 0}
+
+
+def test_a_cluster_sums_right_again_after_a_run_a_rank_broke():
+    # The sum is made once per collective and shared: a run that a failing rank broke must leave
+    # nothing behind that the next run's first collective could return.
+    cluster = SimulatedCluster(3)
+
+    def broken(rank):
+        total = cluster.communicators[rank].allreduce([tf.constant([float(rank)])], op="sum")
+        if rank == 2:
+            raise ValueError("rank 2 fails between two collectives")
+        return cluster.communicators[rank].allreduce([total[0] + rank], op="sum")
+
+    with pytest.raises(ValueError, match="rank 2 fails"):
+        cluster.run(broken)
+    got = cluster.run(lambda rank: cluster.communicators[rank].allreduce([tf.constant([10.0 * rank])], op="sum"))
+    assert [g[0].numpy().tolist() for g in got] == [[30.0]] * 3
