@@ -292,7 +292,12 @@ class SimulatedCommunicator(Communicator):
         part = int(tensor.shape[0]) // self.size
         return tf.concat([t[self.rank * part:(self.rank + 1) * part] for t in per_rank], axis=0)
     def _grouped_reducescatter(self, tensors, op):
-        # The allreduce's rank-order sum, made once, then this rank's block of each: an element's
-        # sum is the same additions in the same order whether the blocks are cut before or after.
+        # The allreduce's rank-order sum, made once, then this rank's block of each (its block alone: a
+        # split would copy every rank's on every rank). An element's sum is the same additions in the
+        # same order whether the blocks are cut before or after.
         totals = self._exchange(("reducescatter", op, _signature(tensors)), tensors, _reduce_in_rank_order(op))
-        return [tf.split(total, self.size)[self.rank] for total in totals]
+        blocks = []
+        for total in totals:
+            m = total.shape[0] // self.size
+            blocks.append(total[self.rank * m:(self.rank + 1) * m])
+        return blocks
