@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from .. import sample_shares
+
 SPLIT_SEED = 20150222  # fixed: the split must not move with --seed
 TEST_FRACTION = 0.2
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -485,10 +487,20 @@ def steps_per_epoch(num_train, batch_size, size):
     return (num_train // size) // batch_size
 
 
-def epoch_indices(num_train, seed, epoch, rank, size, steps, batch_size):
-    """The training indices rank ``rank`` visits in ``epoch``, deterministic in (seed, epoch)."""
+def epoch_indices(num_train, seed, epoch, rank, size, steps, batch_size, shares=None):
+    """The training indices rank ``rank`` visits in ``epoch``, deterministic in (seed, epoch).
+
+    With ``shares`` (rank r's micro-batch per step, ``sample_shares``; ``batch_size`` is this
+    rank's), step s of all ranks together is positions [s·B, (s+1)·B) of the epoch's order
+    (B = Σ shares) and rank r takes its share of them (``sample_shares.positions``). Equal
+    shares are the layout without them: rank r takes positions r, r+p, r+2p, ...
+    """
     order = np.random.default_rng([seed, epoch]).permutation(num_train)
-    return order[rank::size][: steps * batch_size]
+    if shares is None or sample_shares.equal(shares):
+        return order[rank::size][: steps * batch_size]
+    block = sum(shares)
+    mine = np.flatnonzero(sample_shares.positions(shares) == rank)
+    return order[: steps * block].reshape(steps, block)[:, mine].ravel()
 
 
 def rest_of_epoch(num_train, batch_size, size, samples_done, step_in_epoch, accumulate, steps):

@@ -50,6 +50,9 @@ class GradientAccumulation(SyncStrategy):
     description = "k micro-batches per update, composed with another strategy"
     contained_config_keys = ("strategy",)
 
+    takes_sample_shares = False
+    sample_shares_refusal = "a window's sample count weighs its sums, and a share is not a count of samples."
+
     def __init__(self, k, average=True, strategy=None):
         super().__init__()
         self.k = validation.integer("k", k, minimum=1)

@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 import keras
 import tensorflow as tf
 
-from .. import validation
+from .. import sample_shares, validation
 from ..comm import Compression, LocalCommunicator
 from ..comm import quantised_allreduce
 from ..comm.communicator import WIRE_FACTORS
@@ -354,6 +354,8 @@ class SyncStrategy:
         # {id(variable): (variable, resize rule)} for the state whose rule is not resize.DEFAULT
         # (set_resize_rule); by id, as Keras variables are not hashable by value, and holding the variable.
         self._resize_rules = {}
+        # p·w_r, this rank's weight in an average (set_sample_shares); None: every rank weighs 1.
+        self._share_weight = None
 
     # --- the tree of strategies -----------------------------------------------
     def children(self):
@@ -464,6 +466,55 @@ class SyncStrategy:
         warm-up is over (1/τ for a τ-strategy): for ``expected_traffic``. The
         default: the children's largest (0 without any)."""
         return max((child.weight_synchronisations_per_step() for child in self.children()), default=0.0)
+
+    # --- ranks of unequal speed (hvd_easgd/sample_shares.py) -----------------------
+    # Whether the strategy weighs what each rank contributes by its share of the samples.
+    # A strategy that averages with a different rule (EASGD's center, Hierarchical's groups) says no.
+    takes_sample_shares = True
+
+    def set_sample_shares(self, shares):
+        """Weighs this rank's contribution to every average by its share of the global batch.
+
+        Args:
+          shares: rank r's micro-batch b_r, one integer per rank, the same list on
+            every rank (``sample_shares.from_speeds``).
+
+        From then on the strategy averages Σ_r w_r t_r with w_r = b_r / Σ b (its
+        tensors scaled by p·w_r into the Sum it already makes; a rank of share 0
+        sends zeros). Equal shares give exactly the unweighted average. Call it
+        before the first step is traced (the trace holds whether to weigh) and
+        again with new shares at any step boundary: the weight is a variable.
+        Every strategy this one contains weighs alike.
+        """
+        comm = self._ensure_comm()
+        shares = sample_shares.check(shares, comm.size)
+        if not self.takes_sample_shares:
+            if not sample_shares.equal(shares):
+                raise ValueError(f"{type(self).__name__} takes equal shares of the global batch only: "
+                                 f"{self.sample_shares_refusal} Received: shares={list(shares)!r}")
+            return  # equal shares are the unweighted average it makes
+        weight = comm.size * shares[comm.rank] / sum(shares)
+        with tf.init_scope():
+            if self._share_weight is None:
+                self._share_weight = tf.Variable(weight, dtype=tf.float32, trainable=False,
+                                                 name=f"{type(self).__name__}_share_weight")
+            else:
+                self._share_weight.assign(weight)
+        for child in self.children():
+            child.set_sample_shares(shares)
+
+    # Why a strategy that does not take unequal shares refuses them (its set_sample_shares message).
+    sample_shares_refusal = ""
+
+    def weighed(self, tensors):
+        """``tensors`` as this rank sends them into an average: scaled by p·w_r
+        (``set_sample_shares``; as they are without shares). A rank of weight 0
+        sends zeros, never 0·NaN."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if self._share_weight is None:
+            return tensors
+        weight = self._share_weight
+        return zeros_unless(weight > 0, lambda: [t * tf.cast(weight, t.dtype) for t in tensors])
 
     # --- what the strategy knows about itself (the hooks) -------------------------
     @classmethod

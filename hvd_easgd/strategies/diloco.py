@@ -355,7 +355,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         synced = [self.synced[i] for i in indices]
         variables = [self.variables[i] for i in indices]
         error_feedback, outer_optimizer = self.error_feedbacks[f], self.outer_optimizers[f]
-        pseudo_gradients = [s - v for s, v in zip(synced, variables)]
+        pseudo_gradients = self.weighed([s - v for s, v in zip(synced, variables)])
         if error_feedback is not None:
             pseudo_gradients = error_feedback.add(pseudo_gradients)
         if self.compression.name == "none":
@@ -385,7 +385,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     def _start_fragment(self, f):
         """Fragment f's Δ (+ e with error feedback) started; this rank's residual kept for the merge."""
         indices = self.fragment_indices[f]
-        pseudo_gradients = [self.synced[i] - self.variables[i] for i in indices]
+        pseudo_gradients = self.weighed([self.synced[i] - self.variables[i] for i in indices])
         error_feedback = self.error_feedbacks[f]
         if error_feedback is not None:
             pseudo_gradients = error_feedback.add(pseudo_gradients)

@@ -164,6 +164,9 @@ class EASGD(MergesOnDrain, SyncStrategy):
         CliOption("--overlap", "overlap", OVERLAP_HELP, type=int),
     )
     across_groups = True
+    takes_sample_shares = False
+    sample_shares_refusal = ("the center moves by every rank's elastic difference alike, and weighing them "
+                             "would change the moving rate each rank is stable at (p·α < 1).")
 
     payload_kind = ELASTIC_DIFFERENCES
 

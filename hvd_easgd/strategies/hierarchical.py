@@ -164,6 +164,9 @@ class Hierarchical(SyncStrategy):
     )
     cli_delegate = ("inter", "easgd")
 
+    takes_sample_shares = False
+    sample_shares_refusal = "a group's ranks would need their shares summed into the group's weight across groups."
+
     def __init__(self, intra=None, inter=None, ranks_per_group=None):
         super().__init__()
         intra = SyncAverage() if intra is None else intra

@@ -223,7 +223,7 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     # --- overlap (module docstring) ---------------------------------------------------
     def _start_pending(self):
         sent = [tf.convert_to_tensor(v) for v in self.averaged_variables]
-        handle, _ = start_allreduce_unless_non_finite(self.comm, sent)
+        handle, _ = start_allreduce_unless_non_finite(self.comm, self.weighed(sent))
         for pending, x in zip(self.pending_sent, sent):
             pending.assign(x)
         self.pending_handle.assign(handle)
@@ -248,8 +248,7 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     def _average(self):
         if self.synced is not None:
             return self._average_differences()
-        sums, bad_ranks = allreduce_unless_non_finite(self.comm, [tf.convert_to_tensor(v)
-                                                                  for v in self.averaged_variables])
+        sums, bad_ranks = allreduce_unless_non_finite(self.comm, self.weighed(self.averaged_variables))
 
         def replace():
             for v, total in zip(self.averaged_variables, sums):
@@ -265,7 +264,7 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
 
     def _average_differences(self):
         """x̄ ← x̄ + mean_j Q(Δ_j + e_j), x ← x̄ (module docstring)."""
-        deltas = [v - s for v, s in zip(self.averaged_variables, self.synced)]
+        deltas = self.weighed([v - s for v, s in zip(self.averaged_variables, self.synced)])
         if self.error_feedback is not None:
             deltas = self.error_feedback.add(deltas)
         sums, bad_ranks, errors = allreduce_unless_non_finite(self.comm, deltas, self.compression, with_errors=True)

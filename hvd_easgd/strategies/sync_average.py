@@ -130,6 +130,10 @@ class SyncAverage(SyncStrategy):
         skipped everywhere.
         """
         grads = [as_dense(g, v) for g, v in zip(grad_sums, variables)]
+        if sample_count is None:
+            # Without counts a rank's share of the global batch is its weight (set_sample_shares);
+            # with them the counts are the weights, exactly.
+            grads = self.weighed(grads)
         if not self.compression.summable:
             return self._reduce_quantised(grads, sample_count, mean)
         if self.powersgd is not None and self.comm.size > 1:

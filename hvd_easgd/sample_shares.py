@@ -1,0 +1,109 @@
+"""Ranks of unequal speed: each rank's share of a global batch, in proportion to its speed.
+
+A slow rank sets everyone's pace because every strategy meets at its
+synchronisation points: SyncAverage every step, the local-update strategies
+every τ steps. hvd_easgd removes the wait by giving each rank as many samples
+per step as it can process in the time the others take, so that every rank
+reaches each step's end together:
+
+    rank r's micro-batch  b_r ∝ its speed s_r (samples/s),   Σ_r b_r = B (the global batch)
+
+and by weighing what each rank contributes at a synchronisation by its share
+of the samples, w_r = b_r / B (``SyncStrategy.set_sample_shares``):
+
+    SyncAverage:       g   = Σ_r w_r g_r         (the per-sample mean of the global batch)
+    PeriodicAverage:   x̄   = Σ_r w_r x_r
+    DiLoCo:            Δ   = Σ_r w_r (θ − x_r)
+
+Each rank sends its tensor scaled by p·w_r into the average the strategy
+already makes (Σ/p), so the weighting costs no byte and no call. At equal
+shares p·w_r is exactly 1.0 and every result is bit-identical to the
+unweighted one. The weights are normalised (Σ_r w_r = 1): with equal ranks
+the update is the plain mean; a rank's weight is the share of the global
+batch's samples it processed, so the update is the one the data's objective
+asks for (FedNova's concern, arXiv:2007.07481, that unequal local work drifts
+the objective, does not arise: every rank takes the same number of steps,
+each on its own share of the same permutation).
+
+Why shares of the batch, not a time-budgeted number of local steps: the steps
+stay aligned on every rank, so everything that agrees at a step (τ's phase,
+step checkpoints, a stop request's agreement, elastic commits, a mid-epoch
+resume's ``samples_done = step · B``) holds unchanged, and the rule serves
+SyncAverage as well as the local-update strategies. An epoch is still one
+pass over the training set by the job: the global batch of step s is
+positions [s·B, (s+1)·B) of the epoch's permutation, and rank r takes b_r of
+them (``positions``).
+"""
+import numpy as np
+
+from . import validation
+
+
+def check(shares, size):
+    """``shares`` as a tuple of ``size`` integers >= 0 whose sum is >= 1, or a clear ValueError."""
+    shares = tuple(shares)
+    if len(shares) != size or not all(validation.is_number(b) and float(b).is_integer() and b >= 0
+                                      and not isinstance(b, bool) for b in shares) or sum(shares) < 1:
+        raise ValueError(f"`shares` must hold one integer >= 0 per rank ({size} ranks), at least one of them "
+                         f"positive. Received: shares={list(shares)!r}")
+    return tuple(int(b) for b in shares)
+
+
+def equal(shares):
+    """Whether every rank has the same share (the unweighted case, bit for bit)."""
+    return len(set(shares)) <= 1
+
+
+def from_speeds(speeds, global_batch, tolerance=0.1, minimum=1):
+    """Each rank's micro-batch for ranks of these speeds, summing to ``global_batch``.
+
+    Args:
+      speeds: samples/s per rank, measured alike on every rank (the same list everywhere).
+      global_batch: B, the samples of one step over all ranks.
+      tolerance: ranks whose speeds all lie within this share of their mean keep equal
+        shares: measurement noise must not turn equal ranks into unequal ones.
+      minimum: the smallest share a rank is given (1: every rank keeps stepping, so
+        every rank's weights keep learning; 0 would park a very slow rank).
+
+    Returns:
+      A tuple of integers: B/p each when the speeds are equal within ``tolerance`` (B
+      divisible by p), else B·s_r/Σs rounded by largest remainder, at least ``minimum``.
+    """
+    speeds = [float(s) for s in speeds]
+    size = len(speeds)
+    if size < 1 or not all(s > 0 and np.isfinite(s) for s in speeds):
+        raise ValueError(f"`speeds` must be positive and finite, one per rank. Received: speeds={speeds!r}")
+    if global_batch < size * minimum or global_batch < 1:
+        raise ValueError(f"`global_batch` must be at least {max(size * minimum, 1)} ({size} ranks, at least "
+                         f"{minimum} samples each). Received: global_batch={global_batch}")
+    mean = sum(speeds) / size
+    if global_batch % size == 0 and max(abs(s - mean) for s in speeds) <= tolerance * mean:
+        return (global_batch // size,) * size
+    spare = global_batch - minimum * size
+    ideal = [spare * s / sum(speeds) for s in speeds]
+    shares = [int(np.floor(x)) for x in ideal]
+    # Largest remainder, ties to the lower rank: the same answer on every rank.
+    for r in sorted(range(size), key=lambda r: (-(ideal[r] - shares[r]), r))[:spare - sum(shares)]:
+        shares[r] += 1
+    return tuple(minimum + b for b in shares)
+
+
+def positions(shares):
+    """The rank each position of a global batch goes to: an int array of length Σ shares.
+
+    A smooth weighted round robin (at each position, the rank furthest behind its
+    share, ties to the lower rank), so that at equal shares position q goes to rank
+    q mod p, which is the layout ranks have always had (``data.epoch_indices``):
+    equal shares give every rank the same samples as before, in the same order.
+    Every prefix of the batch is split within one sample of the shares.
+    """
+    shares = np.asarray(shares, dtype=np.int64)
+    total = int(shares.sum())
+    taken = np.zeros_like(shares)
+    owner = np.empty(total, dtype=np.int64)
+    for q in range(total):
+        behind = shares * (q + 1) - taken * total
+        r = int(np.argmax(behind))  # argmax takes the first of equals: the lower rank
+        owner[q] = r
+        taken[r] += 1
+    return owner
