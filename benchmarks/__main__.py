@@ -29,6 +29,9 @@ SUBCOMMANDS = {
     "parity": Subcommand("benchmarks.accuracy.parity", "a real workload (the language model, Fashion-MNIST) under each "
                                               "strategy over seeds: final validation loss or accuracy against "
                                               "SyncAverage's, goals checked"),
+    "slow-rank": Subcommand("benchmarks.accuracy.slow_rank", "the language model with one rank twice as slow, with and "
+                                                    "without --balance speed: throughput against the sum of the "
+                                                    "ranks' own speeds and validation loss, goals checked"),
     "time-to-target": Subcommand("benchmarks.accuracy.time_to_target", "the language model's time to a target validation "
                                                               "loss per strategy across rated links of the "
                                                               "virtual cluster, goals checked"),

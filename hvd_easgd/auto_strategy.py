@@ -23,12 +23,11 @@ offered. Importing this module imports no TensorFlow (measuring does, when it ru
 traffic reaches the rule as plain figures (``traffic_entry``), so the rule is tested on hand-written
 measurements.
 """
-import itertools
-import statistics
 import time
 from typing import NamedTuple
 
 from . import cost_model
+from .compute_timing import TIMED_STEPS, WARM_STEPS, compute_seconds
 
 AUTO = "auto"  # train.py's --strategy auto
 DEFAULT_UTILISATION = 0.9
@@ -199,37 +198,14 @@ def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDI
 # The link probe's allreduce is the model's own payload, at most this: its rate is the one that payload gets,
 # and at 10 Mbit/s 8 MB costs 2 x 6.4 s of a budget of a few percent of a run.
 PROBE_MAX_BYTES = 8e6
-WARM_STEPS, TIMED_STEPS = 2, 5
 # The α sweep's sizes: the small messages where latency, not bandwidth, takes the time.
 SWEEP_BYTES = (8, 512, 8192, 65536)
 
 
 def measure_compute(model, loss, optimizer, batches, comm, warm=WARM_STEPS, timed=TIMED_STEPS):
-    """c: seconds of one training step with no communication, the median over ``timed`` steps after
-    ``warm`` (which trace), the slowest rank's. On a copy of ``model`` and a fresh ``optimizer`` of the
-    same configuration: the model's weights and the optimizer's state are untouched."""
-    import keras
-    import tensorflow as tf
-
-    clone = keras.models.clone_model(model)
-    clone.set_weights(model.get_weights())
-    inner = optimizer.__class__.from_config(optimizer.get_config())
-    inner.build(clone.trainable_variables)  # its slots exist before the step is traced
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, clone(x, training=True))
-        inner.apply(tape.gradient(value, clone.trainable_variables), clone.trainable_variables)
-        return value
-
-    seconds = []
-    for i, (x, y) in enumerate(itertools.islice(itertools.cycle(batches), warm + timed)):
-        start = time.perf_counter()
-        step(x, y).numpy()
-        if i >= warm:
-            seconds.append(time.perf_counter() - start)
-    return max(comm.allgather_json(statistics.median(seconds)))
+    """c: seconds of one training step with no communication, the slowest rank's
+    (``compute_seconds`` on every rank)."""
+    return max(comm.allgather_json(compute_seconds(model, loss, optimizer, batches, warm, timed)))
 
 
 def measure_links(comm, payload_bytes):

@@ -34,9 +34,13 @@ pass over the training set by the job: the global batch of step s is
 positions [s·B, (s+1)·B) of the epoch's permutation, and rank r takes b_r of
 them (``positions``).
 """
+import os
+import time
+
 import numpy as np
 
 from . import validation
+from .compute_timing import TIMED_STEPS, WARM_STEPS, compute_seconds
 
 
 def check(shares, size):
@@ -107,3 +111,58 @@ def positions(shares):
         owner[q] = r
         taken[r] += 1
     return owner
+
+
+# --- measuring the ranks' speeds ---------------------------------------------------------------
+def measure_speeds(model, loss, optimizer, batches, comm, warm=WARM_STEPS, timed=TIMED_STEPS):
+    """Every rank's samples/s, the same list on every rank: each rank times a few training steps of
+    its own on a copy of ``model`` with no communication (``compute_timing.compute_seconds``: the
+    median of ``timed`` steps after ``warm``), at the micro-batch of ``batches``, then one allgather.
+    A rank the test hook slows (``TEST_SLOW_RANKS``) is timed slowed."""
+    rank = comm.rank
+    samples = []
+
+    def after_step(x):
+        samples.append(int(x.shape[0]))
+        pace(rank, samples[-1])
+
+    seconds = compute_seconds(model, loss, optimizer, batches, warm, timed, after_step=after_step)
+    return comm.allgather_json(samples[-1] / seconds)
+
+
+# --- the test-only slow rank ----------------------------------------------------------------------
+# HVD_EASGD_TEST_SLOW_RANKS="RANK:SECONDS[,RANK:SECONDS...]": after each training step, rank RANK waits
+# SECONDS per sample of its micro-batch (``pace``), as a device that much slower per sample would take. Per
+# sample, not per step: a rank given fewer samples is slowed less, as a slow device is. Unset (the
+# default), nothing waits. For tests and benchmarks of ranks of unequal speed only.
+TEST_SLOW_RANKS = "HVD_EASGD_TEST_SLOW_RANKS"
+
+
+def test_slowdown(rank, environ=None):
+    """Seconds per sample rank ``rank`` waits under ``TEST_SLOW_RANKS`` (0.0 when unset or not named)."""
+    setting = (os.environ if environ is None else environ).get(TEST_SLOW_RANKS, "").strip()
+    if not setting:
+        return 0.0
+    slowed = {}
+    try:
+        for item in setting.split(","):
+            r, seconds = item.split(":")
+            slowed[int(r)] = float(seconds)
+        assert all(s >= 0 and np.isfinite(s) for s in slowed.values())
+    except (ValueError, AssertionError):
+        raise ValueError(f"{TEST_SLOW_RANKS} must be RANK:SECONDS_PER_SAMPLE[,RANK:SECONDS_PER_SAMPLE...] with "
+                         f"seconds >= 0. Received: {setting!r}") from None
+    return slowed.get(rank, 0.0)
+
+
+def pace(rank, samples):
+    """The test hook's wait after a step of ``samples`` samples on rank ``rank`` (none unless set).
+
+    A busy wait, not a sleep: where ranks share cores (more ranks than cores), a sleeping rank would
+    hand its core to the ranks beside it and make them faster than they are; a slow device keeps its
+    share of the machine and is slow with it."""
+    seconds = test_slowdown(rank) * samples
+    if seconds:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass

@@ -17,7 +17,7 @@ import yaml
 
 from .. import _compat, auto_strategy, checkpoint, validation
 from . import data
-from .config import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, \
+from .config import BALANCE_MODES, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, \
     TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
@@ -29,7 +29,7 @@ from .models import MODELS
 from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from ..runtime import COLLECTIVES, check_collectives
 from ..auto_strategy import AUTO
-from ..strategies import GradientAccumulation, registry
+from ..strategies import GradientAccumulation, registry, unequal_shares_refusal
 from .trainer import train
 
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
@@ -150,6 +150,13 @@ def build_parser():
                             "hvd_easgd's own ops (mpi-direct: MPI launches on CPU only, not horovodrun --gloo). "
                             "auto: mpi-direct under an MPI launch on CPU with its ops built, else horovod; "
                             "rank 0 says which and why at start-up")
+    train.add_argument("--balance", choices=BALANCE_MODES,
+                       help="ranks of unequal speed: speed: each rank's share of the global batch in proportion "
+                            "to its speed, measured at start-up, and each rank's contribution weighted by its "
+                            "share (sync, periodic, diloco); off: equal shares (default %s)" % DEFAULT_BALANCE)
+    # The shares --balance speed measured, as config.yaml keeps them: a resume at the same number of ranks
+    # passes them back, so the run takes the same samples without measuring again. Not for the command line.
+    train.add_argument("--sample-shares", type=json.loads, help=argparse.SUPPRESS)
     train.add_argument("--max-bad-steps", type=int,
                        help="abort after this many consecutive steps with NaN/Inf updates")
 
@@ -371,6 +378,10 @@ def parse_args(argv=None):
     _validate(args, options)
     config = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.option_defaults()},
                          strategy_options=options)
+    if config.balance == "speed" and config.strategy != AUTO:
+        refusal = unequal_shares_refusal(make_strategy(config))
+        if refusal:
+            raise UsageError(f"--balance speed: {refusal}")
     return _resolve_scale_lr(config, lr_given)
 
 
@@ -404,6 +415,12 @@ def _validate(args, options):
     if args.elastic and not args.run_dir:
         raise UsageError("`--elastic` needs --run-dir (a replacement rank finds the run by its directory's name). "
                          "Received: --elastic without --run-dir")
+    if args.elastic and args.balance == "speed":
+        raise UsageError("--balance speed measures the ranks at start-up, and --elastic changes them during the "
+                         "run; choose one")
+    if args.sample_shares is not None and args.balance != "speed":
+        raise UsageError(f"sample shares are --balance speed's. Received: --balance {args.balance} with "
+                         f"shares {args.sample_shares}")
     if args.elastic_commit_every is not None and args.elastic_commit_every < 0:
         raise UsageError("--elastic-commit-every must be >= 0. "
                          f"Received: --elastic-commit-every={args.elastic_commit_every}")

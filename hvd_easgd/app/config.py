@@ -36,6 +36,9 @@ TEXT_MODEL = "transformer"
 # The optimizer when --optimizer is not given: momentum SGD, and Adam for the transformer,
 # as language models are trained (GPT-2, nanoGPT, DiLoCo's inner optimizer).
 DEFAULT_OPTIMIZER = "momentum"
+# --balance: equal shares of the global batch unless asked (docs/strategies.md says when to ask).
+BALANCE_MODES = ("off", "speed")
+DEFAULT_BALANCE = "off"
 TEXT_OPTIMIZER = "adam"
 # --lr-schedule when not given: constant, and for the transformer a linear warm-up over
 # DEFAULT_WARMUP_SHARE of the updates (at most MAX_DEFAULT_WARMUP_UPDATES) then a cosine
@@ -124,6 +127,10 @@ class TrainConfig:
     # (auto_strategy.auto's record), saved with the run so that a resume keeps it; None before it.
     auto_utilisation: float = DEFAULT_UTILISATION
     auto_choice: Optional[dict] = None
+    # --balance: "speed" gives each rank a share of the global batch in proportion to its speed
+    # (hvd_easgd/sample_shares.py); the shares measured at start-up, saved so that a resume keeps them.
+    balance: str = DEFAULT_BALANCE
+    sample_shares: Optional[list] = None
 
     def __post_init__(self):
         # Frozen all the way down: a copy the caller cannot change under us.

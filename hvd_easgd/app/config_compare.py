@@ -15,6 +15,7 @@ RESUMABLE_KEYS = frozenset({
     "collectives",  # how the bytes travel, not what is trained
     "elastic", "elastic_commit_every",  # how the job survives a dead rank, not what is trained
     "plugin",  # the modules imported: what they register is compared as --strategy
+    "sample_shares",  # measured at start-up (--balance speed); a resize measures them anew
 })
 
 
@@ -25,7 +26,9 @@ ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
                "context": 128, "layers": 2, "width": 64, "heads": 4, "lr_schedule": "constant",
                "lr_warmup_updates": None, "lr_floor": 0.1,
                # --strategy auto's (a run saved before it chose nothing)
-               "auto_utilisation": 0.9, "auto_choice": None}
+               "auto_utilisation": 0.9, "auto_choice": None,
+               # --balance's (a run saved before it gave every rank an equal share)
+               "balance": "off", "sample_shares": None}
 
 
 def config_differences(saved, current):

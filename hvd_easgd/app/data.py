@@ -496,6 +496,13 @@ def epoch_indices(num_train, seed, epoch, rank, size, steps, batch_size, shares=
     shares are the layout without them: rank r takes positions r, r+p, r+2p, ...
     """
     order = np.random.default_rng([seed, epoch]).permutation(num_train)
+    return rank_positions(order, rank, size, steps, batch_size, shares)
+
+
+def rank_positions(order, rank, size, steps, batch_size, shares=None):
+    """Rank ``rank``'s ``steps`` micro-batches of ``batch_size`` from ``order`` (a stretch of an epoch's
+    permutation), flat: positions rank, rank+size, ...; with unequal ``shares``, its share of each
+    global batch of Σ shares consecutive positions (``epoch_indices``)."""
     if shares is None or sample_shares.equal(shares):
         return order[rank::size][: steps * batch_size]
     block = sum(shares)
@@ -547,13 +554,15 @@ def rest_of_epoch(num_train, batch_size, size, samples_done, step_in_epoch, accu
     return rest, steps - rest
 
 
-def rest_of_epoch_dataset(data, batch_size, seed, rank, size, epoch, samples_done, rest):
+def rest_of_epoch_dataset(data, batch_size, seed, rank, size, epoch, samples_done, rest, shares=None):
     """This rank's ``rest`` micro-batches of ``epoch`` after its first
     ``samples_done`` positions (``rest_of_epoch``): positions samples_done + rank,
-    + rank + size, ... of the epoch's order, as batches of (float32 images,
-    int64 labels)."""
+    + rank + size, ... of the epoch's order (with ``shares``, its share of each
+    global batch from there; ``batch_size`` is this rank's), as batches of
+    (float32 images, int64 labels)."""
     order = np.random.default_rng([seed, epoch]).permutation(len(data.y_train))
-    index = order[samples_done + rank::size][: rest * batch_size].astype(np.int64).reshape(rest, batch_size)
+    index = rank_positions(order[samples_done:], rank, size, rest, batch_size, shares)
+    index = index.astype(np.int64).reshape(rest, batch_size)
     batches = tf.data.Dataset.from_tensor_slices(index)
     return _read_batches(batches, data.x_train, data.y_train, _batches_per_gather(data.x_train, batch_size),
                          data.scale).prefetch(2)
@@ -621,7 +630,8 @@ def _read_batches(index_batches, x, y, batches_per_gather=1, scale=1.0):
     return grouped.unbatch()
 
 
-def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, steps=None, start_step=0):
+def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, steps=None, start_step=0,
+                     shares=None):
     """A tf.data pipeline over epochs [start_epoch, epochs) of this rank's shards,
     from micro-batch ``start_step`` of ``start_epoch`` on (a mid-epoch resume).
 
@@ -632,14 +642,17 @@ def training_dataset(data, batch_size, seed, rank, size, start_epoch, epochs, st
     when the pipeline reaches it and each batch is gathered when it is read:
     memory does not grow with ``epochs``. ``ImageFiles`` take ``batch_size`` 1.
     A mid-epoch start skips index batches, never samples: nothing is read twice.
+    With ``shares`` (every rank's micro-batch, ``sample_shares``), ``batch_size``
+    is this rank's and each step's global batch is Σ shares (``epoch_indices``).
     """
     if data.variable_size and batch_size != 1:
         raise ValueError(f"images of different sizes need batch_size 1. Received: batch_size={batch_size}")
     num_train = len(data.y_train)
-    steps = steps_per_epoch(num_train, batch_size, size) if steps is None else steps
+    if steps is None:
+        steps = num_train // sum(shares) if shares else steps_per_epoch(num_train, batch_size, size)
 
     def epoch_batches(epoch):
-        index = epoch_indices(num_train, seed, int(epoch), rank, size, steps, batch_size)
+        index = epoch_indices(num_train, seed, int(epoch), rank, size, steps, batch_size, shares)
         return index.astype(np.int64).reshape(steps, batch_size)
 
     def index_batches(epoch):

@@ -19,7 +19,8 @@ import keras
 import tensorflow as tf
 import yaml
 
-from .. import _compat, atomic, auto_strategy, callbacks, checkpoint, elastic, preemption, runtime
+from .. import _compat, atomic, auto_strategy, callbacks, checkpoint, compute_timing, elastic, preemption, runtime, \
+    sample_shares
 from . import models
 from .config import DEFAULT_WARMUP_SHARE, MAX_DEFAULT_WARMUP_UPDATES, TEXT_MODEL
 from .config_compare import resume_mismatches
@@ -29,7 +30,7 @@ from ..callbacks.run_recorder import perplexity
 from ..kept_model import save_kept_model
 from .lr_scaling import auto_scales, default_epochs
 from ..optimizer import DistributedOptimizer
-from ..strategies import registry
+from ..strategies import registry, unequal_shares_refusal
 
 
 def train(config, dataset, strategy):
@@ -51,6 +52,8 @@ def train(config, dataset, strategy):
     config = _resolve_warmup(config, steps)
     if strategy is None:  # --strategy auto, not chosen yet
         config, strategy = _choose_strategy(config, dataset, comm, steps)
+    if config.balance == "speed":
+        config = _balance(config, dataset, comm, strategy, steps)
     if config.elastic:
         # Every collective of the start runs inside the elastic loop, after the state is
         # synchronised: a replacement starts here while the live ranks are in that sync.
@@ -130,7 +133,7 @@ def _choose_strategy(config, dataset, comm, steps):
     batches, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, 0, 1, steps)
     inner = _inner_optimizer(dataclasses.replace(config, scale_lr=False), comm.size, steps // config.accumulate)
     _, record = auto_strategy.auto(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), inner,
-                                   batches.take(auto_strategy.WARM_STEPS + auto_strategy.TIMED_STEPS), comm,
+                                   batches.take(compute_timing.MEASURED_STEPS), comm,
                                    config.auto_utilisation)
     keras.utils.set_random_seed(config.seed)  # the model trained starts where a run given the choice would
     if comm.rank == 0:
@@ -145,6 +148,44 @@ def _choose_strategy(config, dataset, comm, steps):
         config = dataclasses.replace(config, scale_lr=auto_scales(strategy, config.optimizer, lr_given=False))
     _bind(strategy, comm)
     return config, strategy
+
+
+def _balance(config, dataset, comm, strategy, steps):
+    """``--balance speed``: each rank's share of the global batch in proportion to its speed
+    (``sample_shares``), and the strategy weighing each rank's contribution by it.
+
+    The speeds are measured once, at start-up, as ``--strategy auto`` measures compute: a few
+    steps of this rank's own first batches on a throwaway copy of the model, no communication,
+    then one allgather, so every rank cuts the same shares. A resume at the same number of ranks
+    takes the shares config.yaml saved (its samples are then those of the run it continues); at
+    another number they are measured anew. Rank 0 prints the speeds and the shares. Returns the
+    config holding the shares."""
+    refusal = unequal_shares_refusal(strategy)  # --strategy auto's choice; cli.parse_args checked the others
+    if refusal:
+        raise UsageError(f"--balance speed: {refusal}")
+    if comm.size == 1:
+        return config
+    if config.sample_shares is not None and len(config.sample_shares) == comm.size:
+        shares = tuple(config.sample_shares)
+    else:
+        model = _build_model(config, dataset)
+        batches, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, 0, 1, steps)
+        inner = _inner_optimizer(dataclasses.replace(config, scale_lr=False), comm.size, steps // config.accumulate)
+        started = time.perf_counter()
+        speeds = sample_shares.measure_speeds(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                              inner, batches.take(compute_timing.MEASURED_STEPS), comm)
+        shares = sample_shares.from_speeds(speeds, config.batch_size * comm.size)
+        keras.utils.set_random_seed(config.seed)  # the model trained starts where a run without measuring would
+        if comm.rank == 0:
+            sys.stdout.write(f"train.py: balance: ranks' speeds {', '.join(f'{s:.0f}' for s in speeds)} samples/s "
+                             f"-> micro-batches {', '.join(map(str, shares))} of {sum(shares)} (measured in "
+                             f"{time.perf_counter() - started:.1f} s)\n")
+            sys.stdout.flush()
+    try:
+        strategy.set_sample_shares(shares)
+    except ValueError as err:
+        raise UsageError(f"--balance speed: {err}") from None
+    return dataclasses.replace(config, sample_shares=list(shares))
 
 
 def _check_elastic(config, strategy):
@@ -553,13 +594,16 @@ def _training_dataset(config, dataset, comm, start_epoch, steps, start_step, sam
     """This rank's training pipeline from micro-batch ``start_step`` of ``start_epoch`` on
     (to the end of that epoch only, when it starts mid-epoch). With ``samples_done``
     (the prefix of ``start_epoch``'s order seen before a resume that splits its
-    rest anew, ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches."""
+    rest anew, ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches.
+    Under ``--balance speed`` the rank's micro-batch is its share (``_balance``)."""
+    shares = config.sample_shares
+    batch = shares[comm.rank] if shares else config.batch_size
     if start_step and samples_done is not None:
-        return rest_of_epoch_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
-                                     samples_done, steps - start_step)
+        return rest_of_epoch_dataset(dataset, batch, config.seed, comm.rank, comm.size, start_epoch,
+                                     samples_done, steps - start_step, shares)
     last = start_epoch + 1 if start_step else config.epochs
-    train_ds, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, start_epoch,
-                                   last, steps, start_step=start_step)
+    train_ds, _ = training_dataset(dataset, batch, config.seed, comm.rank, comm.size, start_epoch,
+                                   last, steps, start_step=start_step, shares=shares)
     return train_ds
 
 
@@ -606,6 +650,10 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
                                                   profile_batch=0))
     if config.step_timeline:  # last: SwapKeptWeights has drained at fit's end
         chosen.append(callbacks.StepTimeline(comm, os.path.join(run_dir, "timeline.json")))
+    if sample_shares.test_slowdown(comm.rank):  # the test hook's slow rank (sample_shares.TEST_SLOW_RANKS)
+        batch = config.sample_shares[comm.rank] if config.sample_shares else config.batch_size
+        chosen.append(keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda step, logs: sample_shares.pace(comm.rank, batch)))
     return chosen
 
 

@@ -1,7 +1,7 @@
 """Sync strategies: the rule for how workers combine their work."""
 from . import registry
 from .accumulation import GradientAccumulation
-from .base import SyncStrategy, walk
+from .base import SyncStrategy, unequal_shares_refusal, walk
 from .diloco import DiLoCo
 from .easgd import EASGD
 from .hierarchical import Hierarchical

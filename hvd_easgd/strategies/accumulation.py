@@ -51,7 +51,8 @@ class GradientAccumulation(SyncStrategy):
     contained_config_keys = ("strategy",)
 
     takes_sample_shares = False
-    sample_shares_refusal = "a window's sample count weighs its sums, and a share is not a count of samples."
+    sample_shares_refusal = ("its windows (--accumulate K) weigh their sums by their sample counts, and a share "
+                             "is not a count of samples.")
 
     def __init__(self, k, average=True, strategy=None):
         super().__init__()

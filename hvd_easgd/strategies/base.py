@@ -490,8 +490,7 @@ class SyncStrategy:
         shares = sample_shares.check(shares, comm.size)
         if not self.takes_sample_shares:
             if not sample_shares.equal(shares):
-                raise ValueError(f"{type(self).__name__} takes equal shares of the global batch only: "
-                                 f"{self.sample_shares_refusal} Received: shares={list(shares)!r}")
+                raise ValueError(f"{_equal_shares_only(self)} Received: shares={list(shares)!r}")
             return  # equal shares are the unweighted average it makes
         weight = comm.size * shares[comm.rank] / sum(shares)
         with tf.init_scope():
@@ -721,6 +720,17 @@ class SyncStrategy:
 def check_count(name, value):
     """``value`` as an int, or the Keras-form refusal: an integer >= 1."""
     return validation.integer(name, value, minimum=1)
+
+
+def unequal_shares_refusal(strategy):
+    """Why ``strategy`` cannot weigh the ranks by unequal shares of the global batch
+    (``set_sample_shares``): the first strategy it contains that takes equal shares only; None when it can."""
+    refusing = next((s for s in walk(strategy) if not s.takes_sample_shares), None)
+    return None if refusing is None else _equal_shares_only(refusing)
+
+
+def _equal_shares_only(strategy):
+    return f"{type(strategy).__name__} takes equal shares of the global batch only: {strategy.sample_shares_refusal}"
 
 
 def walk(strategy):

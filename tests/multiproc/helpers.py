@@ -168,10 +168,10 @@ def mission_scale_launch(tmp_path_factory):
     return _MISSION_SCALE["launch"]
 
 
-# `horovodrun -np 2 --gloo python train.py OPTIONS` runs that need no launch of their own (no environment of
-# their own, nothing read from the launcher's output, a usage error's exit nowhere), from three modules:
-# test_train.py's low-communication strategies at their defaults, test_adaptive_period.py's and
-# test_variable_size_images.py's. name: train.py's options, before the run directory; "{images}" stands for
+# `horovodrun -np 2 --gloo python train.py OPTIONS` runs that need no launch of their own (no environment read
+# at import, nothing read from the launcher's output, a usage error's exit nowhere), from four modules:
+# test_train.py's low-communication strategies at their defaults, test_adaptive_period.py's,
+# test_variable_size_images.py's and test_balance.py's. name: train.py's options, before the run directory; "{images}" stands for
 # the folder pair_launch() writes with write_image_folder(), OUT/image-data.
 PAIR_RUNS = {
     "periodic": ["--strategy", "periodic"],
@@ -180,7 +180,12 @@ PAIR_RUNS = {
     "images": ["--data", "images:{images}", "--batch-size", "1", "--accumulate", "4", "--epochs", "6", "--lr",
                "0.05"],
     "tau-1": ["--strategy", "periodic", "--tau", "1", "--epochs", "1"],
+    # test_balance.py's: rank 1 made slow (sample_shares.TEST_SLOW_RANKS), each rank's share measured; 22 steps
+    # of 64 an epoch, so tau 11 ends every epoch on an outer step.
+    "balance": ["--strategy", "diloco", "--tau", "11", "--balance", "speed", "--epochs", "3"],
 }
+# A run's environment of its own (scripts/train_runs.py sets it for that run alone).
+PAIR_ENV = {"balance": {"HVD_EASGD_TEST_SLOW_RANKS": "1:0.002"}}
 # A deadlock's bound per run: the longest any of them had in its own launch (280 s); the launch's is every
 # run's together.
 PAIR_STEP_SECONDS = 280
@@ -219,6 +224,6 @@ def pair_launch(tmp_path_factory):
     if not _PAIR:
         out = str(tmp_path_factory.mktemp("pair"))
         write_image_folder(os.path.join(out, "image-data"))
-        runs = [{"name": name, "argv": pair_argv(out, name)} for name in PAIR_RUNS]
+        runs = [{"name": name, "argv": pair_argv(out, name), "env": PAIR_ENV.get(name, {})} for name in PAIR_RUNS]
         _PAIR["launch"] = out, train_runs(out, runs, "gloo", step_seconds=PAIR_STEP_SECONDS)
     return _PAIR["launch"]

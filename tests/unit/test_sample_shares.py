@@ -1,17 +1,22 @@
 """Ranks of unequal speed (hvd_easgd/sample_shares.py): each rank's share of the global batch, the
 positions of a batch each rank takes, and the strategies' averages weighted by the shares, on p
 simulated ranks against NumPy references written from the module's equations."""
+import re
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import hvd_easgd
-from hvd_easgd import DiLoCo, EASGD, GradientAccumulation, Hierarchical, PeriodicAverage, SyncAverage, sample_shares
-from hvd_easgd.app import data
+from hvd_easgd import DiLoCo, EASGD, GradientAccumulation, Hierarchical, PeriodicAverage, SyncAverage, checkpoint, \
+    sample_shares
+from hvd_easgd.app import cli, data
+from hvd_easgd.app.errors import UsageError
 from hvd_easgd.comm import SimulatedCluster
 from tests import reference as ref
 from tests.least_squares import least_squares_ranks
+from tests.unit.test_cli import saved_run
 
 pytestmark = pytest.mark.unit
 
@@ -186,3 +191,70 @@ def test_a_strategy_that_cannot_weigh_refuses_unequal_shares_and_takes_equal_one
     with pytest.raises(ValueError, match=why):
         strategy.set_sample_shares((3, 1))
     strategy.set_sample_shares((2, 2))
+
+
+# --- the test hook, the measurement, train.py's options -------------------------------------------
+def test_the_slow_rank_hook_is_read_per_rank_and_refuses_what_it_cannot_read():
+    assert sample_shares.test_slowdown(1, {}) == 0.0
+    setting = {sample_shares.TEST_SLOW_RANKS: "1:0.002,3:0.5"}
+    assert [sample_shares.test_slowdown(r, setting) for r in range(4)] == [0.0, 0.002, 0.0, 0.5]
+    for bad in ("1", "1:x", "a:1", "1:-1", "1:inf"):
+        with pytest.raises(ValueError, match="RANK:SECONDS_PER_SAMPLE"):
+            sample_shares.test_slowdown(0, {sample_shares.TEST_SLOW_RANKS: bad})
+
+
+def test_every_rank_measures_the_same_speeds_and_the_slowed_rank_is_slower(monkeypatch):
+    # 5 ms a sample on rank 1: 40 ms a step of 8, against a few ms of the Dense model's own step
+    monkeypatch.setenv(sample_shares.TEST_SLOW_RANKS, "1:0.005")
+    cluster = SimulatedCluster(2)
+    x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+    batches = [(tf.constant(x), tf.constant(np.arange(8) % 3))]
+
+    def measure(r):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+        return sample_shares.measure_speeds(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                            keras.optimizers.SGD(0.1), batches, cluster.communicators[r])
+
+    speeds = cluster.run(measure)
+    assert speeds[0] == speeds[1] and len(speeds[0]) == 2
+    fast, slow = speeds[0]
+    assert slow < 8 / 0.040 and fast > 2 * slow
+    assert sample_shares.from_speeds(speeds[0], 16)[1] < 8
+
+
+def test_a_rank_reads_its_share_of_each_global_batch_and_a_resume_reads_the_rest_alike():
+    dataset = data.digits()
+    shares, steps = (24, 8), len(dataset.y_train) // 32
+    pipelines = [data.training_dataset(dataset, shares[r], 0, r, 2, 0, 1, steps, shares=shares)[0]
+                 for r in range(2)]
+    for r, pipeline in enumerate(pipelines):
+        sizes = {int(x.shape[0]) for x, _ in pipeline}
+        assert sizes == {shares[r]}
+    # the rest of epoch 0 after 5 global batches: each rank its share of the same positions
+    rest = steps - 5
+    for r in range(2):
+        got = [y.numpy() for _, y in data.rest_of_epoch_dataset(dataset, shares[r], 0, r, 2, 0, 5 * 32, rest,
+                                                                shares)]
+        expected = [y.numpy() for _, y in pipelines[r].skip(5)]
+        assert len(got) == rest and all(np.array_equal(a, b) for a, b in zip(got, expected))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--strategy", "easgd"], "--balance speed: EASGD takes equal shares of the global batch only"),
+    (["--accumulate", "2"], "--balance speed: GradientAccumulation takes equal shares"),
+    (["--strategy", "hierarchical"], "--balance speed: Hierarchical takes equal shares"),
+    (["--elastic", "--run-dir", "x"], "--balance speed measures the ranks at start-up, and --elastic"),
+])
+def test_train_py_refuses_balance_where_it_cannot_weigh(argv, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        cli.parse_args(["--balance", "speed", *argv])
+
+
+def test_a_resume_at_the_same_size_takes_the_saved_shares(tmp_path):
+    config = dict(cli.effective_config(cli.parse_args(["--strategy", "diloco", "--balance", "speed"])),
+                  sample_shares=[40, 24], run_dir=str(tmp_path / "run"))
+    run_dir = saved_run(tmp_path / "run", checkpoint.FORMAT_VERSION, config)
+    resumed = cli.parse_args(["--resume", run_dir])
+    assert (resumed.balance, resumed.sample_shares) == ("speed", [40, 24])
+    assert cli.parse_args(["--strategy", "diloco", "--balance", "speed"]).sample_shares is None

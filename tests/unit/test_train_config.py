@@ -30,6 +30,7 @@ DEFAULTS_EFFECTIVE = {
     "eval_every": 1, "tensorboard": True, "verbose": None,
     "step_timeline": False,  # --step-timeline (issue 25: timeline.json)
     "auto_utilisation": 0.9, "auto_choice": None,  # --strategy auto's target and its choice
+    "balance": "off", "sample_shares": None,  # --balance and the shares it measured
 }
 
 

@@ -3,10 +3,12 @@
 TensorFlow's import (4-5 s of CPU per rank on the 2-core test machine) once, not once per run.
 
 Usage: train_runs.py OUT SIZE RUNS_JSON STEP_SECONDS; RUNS_JSON a list of runs
-``{"name": NAME, "argv": [train.py's options], "stopped_at": [RUN_DIR, CHECKPOINT, DIR]}`` run in
-its order; ``stopped_at`` (optional) has rank 0 first make DIR as a run of RUN_DIR's configuration
+``{"name": NAME, "argv": [train.py's options], "stopped_at": [RUN_DIR, CHECKPOINT, DIR], "env": {VAR: VALUE}}``
+run in its order; ``stopped_at`` (optional) has rank 0 first make DIR as a run of RUN_DIR's configuration
 stopped right after its checkpoint CHECKPOINT leaves it (tests/multiproc/helpers.py), for an argv
-with ``--resume DIR``. SIZE is the launch's number of ranks.
+with ``--resume DIR``; ``env`` (optional) is set in os.environ for that run alone (a test hook read
+during the run, such as HVD_EASGD_TEST_SLOW_RANKS; not one read at import). SIZE is the launch's
+number of ranks.
 
 main() runs again in the same process as it ran the first time: hvd_easgd.init() returns the
 communicator it made, and every run seeds every random source itself and builds its own model,
@@ -120,7 +122,16 @@ for i, run in enumerate(RUNS):
         if why:  # every rank alike: still in step
             record(name, {"status": None, "error": why, "argv": run["argv"]})
             continue
-    status, error = run_logged(run["argv"], directory)
+    before = {var: os.environ.get(var) for var in run.get("env", {})}
+    os.environ.update(run.get("env", {}))
+    try:
+        status, error = run_logged(run["argv"], directory)
+    finally:
+        for var, value in before.items():
+            if value is None:
+                os.environ.pop(var)
+            else:
+                os.environ[var] = value
     record(name, {"status": status, "error": error, "argv": run["argv"]})
     print(f"train_runs.py: rank {RANK}: {name} ended with status {status}", flush=True)
     outcomes = [os.path.join(directory, f"rank{r}.json") for r in range(SIZE)]

@@ -1,0 +1,195 @@
+"""One slow rank, with and without ``--balance speed``: ``python -m benchmarks slow-rank``.
+
+    python -m benchmarks slow-rank --out docs/results/slow-rank-lm-np4                 # diloco, 4 ranks, 3 seeds
+    python -m benchmarks slow-rank --strategies diloco,periodic --seeds 1 --out DIR
+    python -m benchmarks slow-rank --render DIR          # rewrite DIR/slow-rank.md from DIR's runs
+
+The language model (``--data python_docs``) at train.py's defaults, under each
+strategy, four ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
+
+- ``S``: every rank at its own speed, equal shares (train.py's default);
+- ``S_balance``: the same ranks under ``--balance speed``;
+- ``S_slow``: the last rank made twice as slow (each of its steps takes twice
+  as long: the test hook ``HVD_EASGD_TEST_SLOW_RANKS`` adds c seconds per
+  sample, c the per-rank compute per sample of ``S``'s seed-0 run), equal shares:
+  what every strategy does today;
+- ``S_slow_balance``: the same slow rank under ``--balance speed``.
+
+Every run trains the same tokens (one epoch). Ranks share the machine's cores
+when there are more ranks than cores: the hook busy-waits, so a slow rank keeps
+its share of a core (``sample_shares.pace``), and the sum of the ranks' own
+speeds is ``S``'s throughput × (N − 1/2)/N.
+
+The goals (issue 42), on the means over seeds:
+
+- ``S_slow_balance``'s throughput at least 0.9 × the sum of the ranks' own speeds;
+  its final validation loss within 1.5 % of ``S``'s;
+- ``S_balance`` within 3 % of ``S`` in throughput and in loss (it costs nothing
+  where it is not needed).
+
+The table, ``OUT/slow-rank.md``, is rendered from each run's metrics.json
+(``render``), never typed. This process never imports TensorFlow.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
+from ..suite.runner import table
+
+TABLE = "slow-rank.md"
+DATA = ("--data", "python_docs")
+SLOW_FACTOR = 2  # the slow rank's steps take this many times as long
+THROUGHPUT_GOAL = 0.9  # of the sum of the ranks' own speeds
+LOSS_RELATIVE = 0.015  # of the equal ranks' loss
+NEEDLESS_RELATIVE = 0.03  # --balance speed on equal ranks: throughput and loss within this of without
+HOOK = "HVD_EASGD_TEST_SLOW_RANKS"
+
+
+class SlowRankLaunch:
+    """``LocalLaunch``'s runs, with the test hook set to ``setting`` in the launch's environment for the
+    ``_slow`` variants (horovodrun hands its environment to the ranks)."""
+
+    def __init__(self, np_, setting):
+        self.local, self.setting = LocalLaunch(np_), setting
+
+    def _env(self, variant):
+        return [f"{HOOK}={self.setting}"] if "_slow" in variant.name else []
+
+    def command(self, variant, seed, run_dir):
+        return ["env", *self._env(variant), *self.local.command(variant, seed, run_dir)]
+
+    def shown(self, variant, seed):
+        return " ".join(self._env(variant) + [shown_command(f"horovodrun -np {self.local.np}", variant, seed)])
+
+    def run(self, cmd, log, timeout):
+        return self.local.run(cmd, log, timeout)
+
+
+def variants(strategies):
+    """``(equal-speed variants, slow-rank variants)`` of each strategy at train.py's defaults."""
+    equal, slow = [], []
+    for strategy in strategies:
+        flags = (*DATA, "--strategy", strategy)
+        equal += [Variant(strategy, flags), Variant(f"{strategy}_balance", (*flags, "--balance", "speed"))]
+        slow += [Variant(f"{strategy}_slow", flags),
+                 Variant(f"{strategy}_slow_balance", (*flags, "--balance", "speed"))]
+    return equal, slow
+
+
+def hook_setting(directory, strategy, np_):
+    """The hook's ``RANK:SECONDS``: the last rank waits, per sample, the per-rank compute per sample of
+    ``strategy``'s equal-speed seed-0 run (N / its samples per second), so its steps take twice as long."""
+    _, runs = kept_runs(directory)
+    metrics = next(m for run, m in runs if run["run"] == f"{strategy}-seed0")
+    per_sample = np_ / metrics["final"]["samples_per_sec"]
+    return f"{np_ - 1}:{(SLOW_FACTOR - 1) * per_sample:.6f}"
+
+
+def parse_args(argv, prog):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--out", metavar="DIR", help="where each run's config.yaml and metrics.json go")
+    p.add_argument("--np", type=int, default=4, help="ranks per run (default 4)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
+    p.add_argument("--strategies", default="diloco", help="comma-separated: diloco, periodic, sync (default diloco)")
+    p.add_argument("--timeout", type=float, default=2400, help="seconds per launch (default 2400)")
+    p.add_argument("--render", metavar="DIR", help="rewrite DIR/slow-rank.md from DIR's runs, print it and exit")
+    args = p.parse_args(argv)
+    if args.render:
+        return args
+    if not args.out:
+        p.error("--out is required (or --render DIR)")
+    if args.np < 2 or args.seeds < 1:
+        p.error(f"--np must be >= 2 and --seeds >= 1. Received: --np={args.np} --seeds={args.seeds}")
+    args.strategy_list = args.strategies.split(",")
+    unknown = [s for s in args.strategy_list if s not in ("diloco", "periodic", "sync")]
+    if unknown:
+        p.error(f"--strategies must be chosen from diloco, periodic, sync. Received: {','.join(unknown)}")
+    return args
+
+
+def main(argv=None, prog="python -m benchmarks slow-rank"):
+    args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    if args.render:
+        print(write_table(args.render), end="")
+        return 0
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    index = {"workload": "language_model", "np": args.np, "strategies": args.strategies}
+    equal, slow = variants(args.strategy_list)
+    shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
+    failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
+                             launch=SlowRankLaunch(args.np, ""))
+    for strategy in args.strategy_list:
+        setting = hook_setting(out, strategy, args.np)
+        print(f"[slow-rank] {strategy}: {HOOK}={setting}", flush=True)
+        failures += continue_runs(out, index, [v for v in slow if v.name.startswith(f"{strategy}_")], args.np,
+                                  args.seeds, args.timeout, "slow-rank", shown=shown,
+                                  launch=SlowRankLaunch(args.np, setting))
+    print(write_table(out), end="", flush=True)
+    return 1 if failures else 0
+
+
+def write_table(directory):
+    text = render(directory)
+    with open(os.path.join(directory, TABLE), "w") as f:
+        f.write(text)
+    return text
+
+
+def render(directory):
+    """The Markdown table: per configuration, throughput and final validation loss over seeds (median,
+    min–max, mean), against the equal-speed run's means and the sum of the ranks' own speeds, and the
+    goals judged on the means (from 3 seeds on)."""
+    index, runs = kept_runs(directory)
+    np_ = index["np"]
+    found = {}
+    for run, metrics in runs:
+        entry = found.setdefault(run["variant"], {"speed": [], "loss": [], "command": run["command"]})
+        entry["speed"].append(metrics["final"]["samples_per_sec"])
+        entry["loss"].append(metrics["final"]["test_loss"])
+    rows, answers = [], []
+    for name, entry in found.items():
+        strategy = name.split("_")[0]
+        base = found.get(strategy)
+        speed, loss = statistics.fmean(entry["speed"]), statistics.fmean(entry["loss"])
+        ideal = statistics.fmean(base["speed"]) * ((np_ - 1 + 1 / SLOW_FACTOR) / np_ if "_slow" in name else 1)
+        loss_vs = (loss - statistics.fmean(base["loss"])) / statistics.fmean(base["loss"])
+        goals = []
+        if len(entry["loss"]) >= 3 and name != strategy:
+            if name.endswith("_slow_balance"):
+                goals = [f"≥ {THROUGHPUT_GOAL:g} of the sum " + ("met" if speed >= THROUGHPUT_GOAL * ideal
+                                                                 else "**missed**"),
+                         f"loss within {100 * LOSS_RELATIVE:g} % " + ("met" if loss_vs <= LOSS_RELATIVE
+                                                                      else "**missed**")]
+            elif name.endswith("_balance"):
+                close = abs(speed / ideal - 1) <= NEEDLESS_RELATIVE and abs(loss_vs) <= NEEDLESS_RELATIVE
+                goals = [f"within {100 * NEEDLESS_RELATIVE:g} % of `{strategy}` " + ("met" if close else "**missed**")]
+        rows.append([f"`{name}`", _spread(entry["speed"], "{:,.1f}"), f"{speed / ideal:.2f}",
+                     _spread(entry["loss"], "{:.4f}"), f"{100 * loss_vs:+.2f} %" if name != strategy else "—",
+                     "; ".join(goals) or _no_goal(name, strategy, len(entry["loss"]))])
+        if name.endswith("_slow_balance") or name.endswith("_slow"):
+            answers.append(f"`{name}` runs at {speed / ideal:.2f} of the sum of the ranks' own speeds")
+    header = ["configuration", "samples/s, median (min–max)", "of the sum of own speeds",
+              "validation loss, median (min–max)", "mean vs equal ranks", "goals"]
+    lead = ("; ".join(answers) + ".") if answers else ""
+    command = next(iter(found.values()))["command"] if found else ""
+    return "\n".join([lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
+                      f"like `{command}`.", "", table(header, rows, "lrrrrl")]) + "\n"
+
+
+def _no_goal(name, strategy, seeds):
+    if name == strategy:
+        return "— (the equal ranks)"
+    if name.endswith("_slow"):
+        return "— (equal shares: today's pace)"
+    return f"not judged ({seeds} of 3 seeds)"
+
+
+def _spread(values, fmt):
+    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""benchmarks.accuracy.slow_rank: the configurations it launches, the hook setting it derives from the
+equal-speed run, the command a slow run shows, and its table and goals, rendered from a results folder
+(runs.json and each run's metrics.json) written here by hand."""
+import json
+import os
+
+import pytest
+
+from benchmarks.accuracy import slow_rank
+
+pytestmark = pytest.mark.unit
+
+
+def results(tmp_path, figures, np_=4):
+    """A results folder: ``figures`` {variant: (samples/s, loss)}, seeds 0-2 at +0, +1, +2 samples/s."""
+    runs = []
+    for variant, (speed, loss) in figures.items():
+        for seed in range(3):
+            name = f"{variant}-seed{seed}"
+            os.makedirs(tmp_path / name)
+            (tmp_path / name / "metrics.json").write_text(json.dumps(
+                {"final": {"samples_per_sec": speed + seed, "test_loss": loss}}))
+            runs.append({"run": name, "variant": variant, "twin": None, "seed": seed, "command": f"cmd {variant}"})
+    (tmp_path / "runs.json").write_text(json.dumps({"workload": "language_model", "np": np_, "strategies": "diloco",
+                                                    "seeds": 3, "runs": runs, "failures": []}))
+    return str(tmp_path)
+
+
+def test_each_strategy_runs_four_ways_and_only_the_slow_ones_set_the_hook():
+    equal, slow = slow_rank.variants(["diloco"])
+    assert [v.name for v in equal + slow] == ["diloco", "diloco_balance", "diloco_slow", "diloco_slow_balance"]
+    assert slow[1].flags == ("--data", "python_docs", "--strategy", "diloco", "--balance", "speed")
+    launch = slow_rank.SlowRankLaunch(4, "3:0.01")
+    assert launch.command(slow[1], 0, "/tmp/run")[:2] == ["env", "HVD_EASGD_TEST_SLOW_RANKS=3:0.01"]
+    assert launch.command(equal[1], 0, "/tmp/run")[:2] != ["env", "HVD_EASGD_TEST_SLOW_RANKS=3:0.01"]
+    assert launch.shown(slow[0], 2) == ("HVD_EASGD_TEST_SLOW_RANKS=3:0.01 horovodrun -np 4 python train.py --data "
+                                        "python_docs --strategy diloco --seed 2 --run-dir DIR")
+
+
+def test_the_slow_rank_waits_the_per_rank_compute_of_a_sample(tmp_path):
+    # 4 ranks at 100 samples/s together: 0.04 s a sample on each rank, so 0.04 s more makes it twice as slow
+    directory = results(tmp_path, {"diloco": (100.0, 1.8)})
+    assert slow_rank.hook_setting(directory, "diloco", 4) == "3:0.040000"
+
+
+def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_equal_ranks_loss(tmp_path):
+    # the sum of own speeds with one rank at half speed: 101 x 3.5 / 4 = 88.4
+    directory = results(tmp_path, {"diloco": (100.0, 1.800), "diloco_balance": (99.0, 1.801),
+                                   "diloco_slow": (57.0, 1.800), "diloco_slow_balance": (78.0, 1.830)})
+    text = slow_rank.render(directory)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    assert "≥ 0.9 of the sum **missed**" in rows["`diloco_slow_balance`"]  # 79 / 88.4 = 0.89
+    assert "loss within 1.5 % **missed**" in rows["`diloco_slow_balance`"]  # +1.67 %
+    assert "within 3 % of `diloco` met" in rows["`diloco_balance`"]
+    assert "today's pace" in rows["`diloco_slow`"] and "| 0.66 |" in rows["`diloco_slow`"]
+    assert text.startswith("`diloco_slow` runs at 0.66 of the sum of the ranks' own speeds; `diloco_slow_balance` "
+                           "runs at 0.89")
+    directory = results(tmp_path / "better", {"diloco": (100.0, 1.800), "diloco_slow_balance": (85.0, 1.820)})
+    assert "≥ 0.9 of the sum met; loss within 1.5 % met" in slow_rank.render(directory)
