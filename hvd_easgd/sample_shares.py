@@ -53,6 +53,12 @@ def check(shares, size):
     return tuple(int(b) for b in shares)
 
 
+def weight(shares, rank):
+    """p·w_r = p·b_r / Σ b: what rank ``rank`` scales its contribution to a mean over the p ranks by, so
+    that the mean becomes Σ_r w_r t_r. Exactly 1.0 at equal shares (the mean unweighted, bit for bit)."""
+    return len(shares) * shares[rank] / sum(shares)
+
+
 def equal(shares):
     """Whether every rank has the same share (the unweighted case, bit for bit)."""
     return len(set(shares)) <= 1

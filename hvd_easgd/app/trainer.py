@@ -641,7 +641,7 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
     # Order matters: state first, statistics and metrics averaged before anything reads them,
     # per-rank checkpoints (local weights) before any swap of the kept weights.
     chosen = [broadcast, callbacks.AdaptivePeriodLoss(), callbacks.AverageStatistics(), exact_evaluation,
-              callbacks.MetricAverage(comm), recorder,
+              callbacks.MetricAverage(comm, share_weight=_share_weight(config, comm)), recorder,
               callbacks.AbortOnNonFinite(config.max_bad_steps),
               checkpointer,
               callbacks.SwapKeptWeights()]
@@ -655,6 +655,11 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
         chosen.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda step, logs: sample_shares.pace(comm.rank, batch)))
     return chosen
+
+
+def _share_weight(config, comm):
+    """p·b_r / Σ b: this rank's weight in a mean over ranks under ``--balance speed`` (1.0 at equal shares)."""
+    return sample_shares.weight(config.sample_shares, comm.rank) if config.sample_shares else 1.0
 
 
 def _verbosity(config, comm):

@@ -492,7 +492,7 @@ class SyncStrategy:
             if not sample_shares.equal(shares):
                 raise ValueError(f"{_equal_shares_only(self)} Received: shares={list(shares)!r}")
             return  # equal shares are the unweighted average it makes
-        weight = comm.size * shares[comm.rank] / sum(shares)
+        weight = sample_shares.weight(shares, comm.rank)
         with tf.init_scope():
             if self._share_weight is None:
                 self._share_weight = tf.Variable(weight, dtype=tf.float32, trainable=False,

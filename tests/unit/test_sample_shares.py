@@ -258,3 +258,19 @@ def test_a_resume_at_the_same_size_takes_the_saved_shares(tmp_path):
     resumed = cli.parse_args(["--resume", run_dir])
     assert (resumed.balance, resumed.sample_shares) == ("speed", [40, 24])
     assert cli.parse_args(["--strategy", "diloco", "--balance", "speed"]).sample_shares is None
+
+
+def test_the_epoch_metrics_of_ranks_of_unequal_shares_are_weighed_by_their_samples():
+    from hvd_easgd.callbacks import MetricAverage
+    shares = (48, 16)
+    cluster = SimulatedCluster(2)
+    logs = [{"loss": 1.0, "val_loss": 5.0}, {"loss": 3.0, "val_loss": 7.0}]
+
+    def average(r):
+        callback = MetricAverage(cluster.communicators[r], share_weight=sample_shares.weight(shares, r))
+        callback.on_epoch_end(0, logs[r])
+
+    cluster.run(average)
+    # (48·1 + 16·3) / 64 = 1.5 on both ranks; the validation entries are GlobalEvaluationMetrics' already
+    assert logs == [{"loss": 1.5, "val_loss": 5.0}, {"loss": 1.5, "val_loss": 7.0}]
+    assert sample_shares.weight((32, 32), 1) == 1.0
