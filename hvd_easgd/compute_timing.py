@@ -13,11 +13,10 @@ WARM_STEPS, TIMED_STEPS = 2, 5
 MEASURED_STEPS = WARM_STEPS + TIMED_STEPS
 
 
-def compute_seconds(model, loss, optimizer, batches, warm=WARM_STEPS, timed=TIMED_STEPS, after_step=None):
-    """This rank's seconds of one training step with no communication: the median over ``timed``
-    steps after ``warm`` (which trace). On a copy of ``model`` and a fresh ``optimizer`` of the same
-    configuration: the model's weights and the optimizer's state are untouched. ``after_step(x)``,
-    if given, runs after each step on its batch, inside the time (a test's slow rank)."""
+def training_step(model, loss, optimizer):
+    """``run(x, y)``: one training step, waited for, on a copy of ``model`` with a fresh ``optimizer`` of
+    the same configuration (the model's weights and the optimizer's state are untouched), no
+    communication. Its first call traces it."""
     import keras
     import tensorflow as tf
 
@@ -33,12 +32,20 @@ def compute_seconds(model, loss, optimizer, batches, warm=WARM_STEPS, timed=TIME
         inner.apply(tape.gradient(value, clone.trainable_variables), clone.trainable_variables)
         return value
 
+    def run(x, y):
+        step(x, y).numpy()
+
+    return run
+
+
+def compute_seconds(model, loss, optimizer, batches, warm=WARM_STEPS, timed=TIMED_STEPS):
+    """This rank's seconds of one training step with no communication (``training_step``): the median
+    over ``timed`` steps after ``warm`` (which trace)."""
+    run = training_step(model, loss, optimizer)
     seconds = []
     for i, (x, y) in enumerate(itertools.islice(itertools.cycle(batches), warm + timed)):
         start = time.perf_counter()
-        step(x, y).numpy()
-        if after_step is not None:
-            after_step(x)
+        run(x, y)
         if i >= warm:
             seconds.append(time.perf_counter() - start)
     return statistics.median(seconds)

@@ -34,13 +34,14 @@ pass over the training set by the job: the global batch of step s is
 positions [s·B, (s+1)·B) of the epoch's permutation, and rank r takes b_r of
 them (``positions``).
 """
+import itertools
 import os
 import time
 
 import numpy as np
 
 from . import validation
-from .compute_timing import TIMED_STEPS, WARM_STEPS, compute_seconds
+from .compute_timing import WARM_STEPS, training_step
 
 
 def check(shares, size):
@@ -120,32 +121,55 @@ def positions(shares):
 
 
 # --- measuring the ranks' speeds ---------------------------------------------------------------
-def measure_speeds(model, loss, optimizer, batches, comm, warm=WARM_STEPS, timed=TIMED_STEPS):
-    """Every rank's samples/s, the same list on every rank: each rank times a few training steps of
-    its own on a copy of ``model`` with no communication (``compute_timing.compute_seconds``: the
-    median of ``timed`` steps after ``warm``), at the micro-batch of ``batches``, then one allgather.
-    A rank the test hook slows (``TEST_SLOW_RANKS``) is timed slowed."""
+# The window every rank steps through at once: at least this long, and this many of the slowest
+# rank's steps, so that each rank completes several and the measurement is a rate, not one step's noise.
+MIN_WINDOW_SECONDS = 1.0
+WINDOW_STEPS = 5
+
+
+def measure_speeds(model, loss, optimizer, batches, comm, warm=WARM_STEPS):
+    """Every rank's samples/s, the same list on every rank.
+
+    Each rank steps a copy of ``model`` on its own ``batches`` with no communication
+    (``compute_timing.training_step``): ``warm`` steps that trace, then, all ranks at once (an
+    allgather of the last warm step's time starts them together), as many steps as fit a window of
+    ``WINDOW_STEPS`` of the slowest rank's step (at least ``MIN_WINDOW_SECONDS``); a rank's speed is
+    its samples over its time. One window for all: ranks that share cores share them while every rank
+    is measured, as they will in training. A rank the test hook slows (``TEST_SLOW_RANKS``) is
+    measured slowed.
+    """
+    run = training_step(model, loss, optimizer)
+    cycle = itertools.cycle(list(batches))
     rank = comm.rank
-    samples = []
 
-    def after_step(x):
-        samples.append(int(x.shape[0]))
-        pace(rank, samples[-1])
+    def step():
+        x, y = next(cycle)
+        run(x, y)
+        pace(rank, int(x.shape[0]))
+        return int(x.shape[0])
 
-    seconds = compute_seconds(model, loss, optimizer, batches, warm, timed, after_step=after_step)
-    return comm.allgather_json(samples[-1] / seconds)
+    seconds = 0.0
+    for _ in range(warm):
+        start = time.perf_counter()
+        step()
+        seconds = time.perf_counter() - start
+    window = max(MIN_WINDOW_SECONDS, WINDOW_STEPS * max(comm.allgather_json(seconds)))
+    start, samples = time.perf_counter(), 0
+    while time.perf_counter() - start < window:
+        samples += step()
+    return comm.allgather_json(samples / (time.perf_counter() - start))
 
 
 # --- the test-only slow rank ----------------------------------------------------------------------
-# HVD_EASGD_TEST_SLOW_RANKS="RANK:SECONDS[,RANK:SECONDS...]": after each training step, rank RANK waits
+# HVD_EASGD_TEST_SLOW_RANKS="RANK:SECONDS[,RANK:SECONDS...]": after each training step, rank RANK sleeps
 # SECONDS per sample of its micro-batch (``pace``), as a device that much slower per sample would take. Per
 # sample, not per step: a rank given fewer samples is slowed less, as a slow device is. Unset (the
-# default), nothing waits. For tests and benchmarks of ranks of unequal speed only.
+# default), nothing sleeps. For tests and benchmarks of ranks of unequal speed only.
 TEST_SLOW_RANKS = "HVD_EASGD_TEST_SLOW_RANKS"
 
 
 def test_slowdown(rank, environ=None):
-    """Seconds per sample rank ``rank`` waits under ``TEST_SLOW_RANKS`` (0.0 when unset or not named)."""
+    """Seconds per sample rank ``rank`` sleeps under ``TEST_SLOW_RANKS`` (0.0 when unset or not named)."""
     setting = (os.environ if environ is None else environ).get(TEST_SLOW_RANKS, "").strip()
     if not setting:
         return 0.0
@@ -162,13 +186,12 @@ def test_slowdown(rank, environ=None):
 
 
 def pace(rank, samples):
-    """The test hook's wait after a step of ``samples`` samples on rank ``rank`` (none unless set).
+    """The test hook's sleep after a step of ``samples`` samples on rank ``rank`` (none unless set).
 
-    A busy wait, not a sleep: where ranks share cores (more ranks than cores), a sleeping rank would
-    hand its core to the ranks beside it and make them faster than they are; a slow device keeps its
-    share of the machine and is slow with it."""
+    A sleep: the rank's core idles meanwhile, as a slow device leaves the others' devices alone. It
+    emulates one only where every rank has a core of its own: with more ranks than cores the ranks
+    beside it take its core while it sleeps (and a busy wait would take theirs), so measure slow ranks
+    at no more ranks than cores."""
     seconds = test_slowdown(rank) * samples
     if seconds:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
+        time.sleep(seconds)

@@ -1,6 +1,6 @@
 """One slow rank, with and without ``--balance speed``: ``python -m benchmarks slow-rank``.
 
-    python -m benchmarks slow-rank --out docs/results/slow-rank-lm-np4                 # diloco, 4 ranks, 3 seeds
+    python -m benchmarks slow-rank --out docs/results/slow-rank-lm-np2                 # diloco, 2 ranks, 3 seeds
     python -m benchmarks slow-rank --strategies diloco,periodic --seeds 1 --out DIR
     python -m benchmarks slow-rank --render DIR          # rewrite DIR/slow-rank.md from DIR's runs
 
@@ -15,10 +15,12 @@ strategy, four ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
   what every strategy does today;
 - ``S_slow_balance``: the same slow rank under ``--balance speed``.
 
-Every run trains the same tokens (one epoch). Ranks share the machine's cores
-when there are more ranks than cores: the hook busy-waits, so a slow rank keeps
-its share of a core (``sample_shares.pace``), and the sum of the ranks' own
-speeds is ``S``'s throughput × (N − 1/2)/N.
+Every run trains the same tokens (one epoch). The hook sleeps, so the slow
+rank's core idles as a slow device leaves the others alone; that emulates N
+independent devices only where each rank has a core of its own
+(``sample_shares.pace``), so ``--np`` defaults to 2, this machine's cores, and
+should not exceed the cores where it runs. The sum of the ranks' own speeds is
+then ``S``'s throughput × (N − 1/2)/N.
 
 The goals (issue 42), on the means over seeds:
 
@@ -90,7 +92,7 @@ def hook_setting(directory, strategy, np_):
 def parse_args(argv, prog):
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--out", metavar="DIR", help="where each run's config.yaml and metrics.json go")
-    p.add_argument("--np", type=int, default=4, help="ranks per run (default 4)")
+    p.add_argument("--np", type=int, default=2, help="ranks per run, at most the cores (default 2)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
     p.add_argument("--strategies", default="diloco", help="comma-separated: diloco, periodic, sync (default diloco)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per launch (default 2400)")
