@@ -204,6 +204,14 @@ def earlier_runs(out, index):
     return earlier["runs"]
 
 
+def write_rendered(directory, name, render):
+    """``render(directory)``, a results folder's page, written to ``directory``/``name``; returns the text."""
+    text = render(directory)
+    with open(os.path.join(directory, name), "w") as f:
+        f.write(text)
+    return text
+
+
 def kept_runs(directory):
     """``(runs.json, [(its run entry, that run's metrics.json)])`` of a results folder, in run order."""
     path = os.path.join(directory, "runs.json")

@@ -32,7 +32,7 @@ import statistics
 import sys
 from typing import NamedTuple
 
-from .accuracy import Variant, continue_runs, kept_runs
+from .accuracy import Variant, continue_runs, kept_runs, write_rendered
 from ..suite.runner import table
 
 
@@ -144,10 +144,7 @@ def main(argv=None, prog="python -m benchmarks parity"):
 
 def write_table(directory):
     """Renders ``directory``'s table into its parity.md; returns the table."""
-    text = render(directory)
-    with open(os.path.join(directory, TABLE), "w") as f:
-        f.write(text)
-    return text
+    return write_rendered(directory, TABLE, render)
 
 
 # --- the table ---------------------------------------------------------------------------------

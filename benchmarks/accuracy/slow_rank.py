@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 
-from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
+from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command, write_rendered
 from ..suite.runner import table
 
 TABLE = "slow-rank.md"
@@ -134,10 +134,8 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
 
 
 def write_table(directory):
-    text = render(directory)
-    with open(os.path.join(directory, TABLE), "w") as f:
-        f.write(text)
-    return text
+    """Renders ``directory``'s table into its slow-rank.md; returns the table."""
+    return write_rendered(directory, TABLE, render)
 
 
 def render(directory):
