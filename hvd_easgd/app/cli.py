@@ -415,6 +415,9 @@ def _validate(args, options):
     if args.elastic and not args.run_dir:
         raise UsageError("`--elastic` needs --run-dir (a replacement rank finds the run by its directory's name). "
                          "Received: --elastic without --run-dir")
+    if args.strategy == AUTO and args.balance == "speed":
+        raise UsageError("--balance speed with --strategy auto: auto prices ranks of equal speed and may choose "
+                         "Hierarchical, which takes equal shares; give the strategy (sync, periodic or diloco)")
     if args.elastic and args.balance == "speed":
         raise UsageError("--balance speed measures the ranks at start-up, and --elastic changes them during the "
                          "run; choose one")

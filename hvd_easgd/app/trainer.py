@@ -160,7 +160,7 @@ def _balance(config, dataset, comm, strategy, steps):
     takes the shares config.yaml saved (its samples are then those of the run it continues); at
     another number they are measured anew. Rank 0 prints the speeds and the shares. Returns the
     config holding the shares."""
-    refusal = unequal_shares_refusal(strategy)  # --strategy auto's choice; cli.parse_args checked the others
+    refusal = unequal_shares_refusal(strategy)  # cli.parse_args refused these; a caller of train() may not have
     if refusal:
         raise UsageError(f"--balance speed: {refusal}")
     if comm.size == 1:

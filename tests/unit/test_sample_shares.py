@@ -245,6 +245,7 @@ def test_a_rank_reads_its_share_of_each_global_batch_and_a_resume_reads_the_rest
     (["--accumulate", "2"], "--balance speed: GradientAccumulation takes equal shares"),
     (["--strategy", "hierarchical"], "--balance speed: Hierarchical takes equal shares"),
     (["--elastic", "--run-dir", "x"], "--balance speed measures the ranks at start-up, and --elastic"),
+    (["--strategy", "auto"], "--balance speed with --strategy auto: auto prices ranks of equal speed"),
 ])
 def test_train_py_refuses_balance_where_it_cannot_weigh(argv, message):
     with pytest.raises(UsageError, match=re.escape(message)):
