@@ -129,14 +129,18 @@ RESUMED_OPTIONS = {
     "accumulate": ["--strategy", "sync", "--accumulate", "3"],
     "periodic": ["--strategy", "periodic", "--tau", "4"],
     "diloco": ["--strategy", "diloco", "--tau", "4"],
+    # unequal shares of the global batch: the uninterrupted run's rank 1 is slow (RESUMED_ENV), so its
+    # measured shares differ; the resumed runs take them from the saved config, not from a measurement
+    "balance": ["--strategy", "diloco", "--tau", "4", "--balance", "speed"],
 }
+RESUMED_ENV = {"balance": {"HVD_EASGD_TEST_SLOW_RANKS": "1:0.002"}}
 COMMON = ["--threads-per-rank", "1", "--eval-every", "2", "--seed", "3", "--epochs", "2"]
 # np=2 on digits: 22 micro-batches per epoch (21 with --accumulate 3). Global micro-batch 25 is
 # mid-epoch (epoch 1, micro-batch 3, or 4 with k=3), mid-window (25 % 3 = 1) and off the tau
 # phase of EASGD, PeriodicAverage and DiLoCo (25 % 4 = 1: the ranks' local weights differ there).
 MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000003",
              "accumulate": "epoch-000001-step-000004", "periodic": "epoch-000001-step-000003",
-             "diloco": "epoch-000001-step-000003"}
+             "diloco": "epoch-000001-step-000003", "balance": "epoch-000001-step-000003"}
 
 
 STRAIGHT_OPTIONS = {name: [*options, *COMMON, "--checkpoint-every-steps", "5", "--keep-checkpoints", "100",
@@ -166,8 +170,8 @@ def resume_runs(out):
     OUT/NAME-WHERE/run) and resumed with `train.py --resume`. The stop checkpoint stays in place, so a resume that
     does not find it fails as its own launch did; a stopped run that cannot be made (its uninterrupted run failed)
     is recorded as not run."""
-    runs = [{"name": name, "argv": [*STRAIGHT_OPTIONS[name], "--run-dir", straight_dir(out, name)]}
-            for name in RESUMED_OPTIONS]
+    runs = [{"name": name, "argv": [*STRAIGHT_OPTIONS[name], "--run-dir", straight_dir(out, name)],
+             "env": RESUMED_ENV.get(name, {})} for name in RESUMED_OPTIONS]
     for name in RESUMED_OPTIONS:
         for where in WHERES:
             broken = os.path.join(out, resumed_key(name, where), "run")
@@ -219,6 +223,10 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrup
     if name == "easgd":
         model_keys = [k for k in expected if k.startswith("0:model/")]
         assert any(not np.array_equal(expected[k], expected["1" + k[1:]]) for k in model_keys)
+    if name == "balance":  # the slow rank took the smaller share, and the resume took the same shares
+        shares = [yaml.safe_load(open(os.path.join(d, "config.yaml")))["config"]["sample_shares"]
+                  for d in (straight, broken)]
+        assert shares[0] == shares[1] and sum(shares[0]) == 64 and shares[0][1] < shares[0][0]
     # the resumed run's step checkpoints fall on the same micro-batches as the uninterrupted run's
     later = sorted(os.listdir(os.path.join(broken, "checkpoints")))
     assert later == sorted(os.listdir(os.path.join(straight, "checkpoints")))
