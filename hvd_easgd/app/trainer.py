@@ -129,12 +129,7 @@ def _choose_strategy(config, dataset, comm, steps):
     its own first batches, chooses, and rank 0 prints the one line. Returns the config holding the choice
     (config.yaml keeps it, so a resume builds the same strategy) and the strategy, bound; with ``--scale-lr
     auto`` and no ``--lr``, the chosen strategy's rate rule, as if it had been given."""
-    model = _build_model(config, dataset)
-    batches, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, 0, 1, steps)
-    inner = _inner_optimizer(dataclasses.replace(config, scale_lr=False), comm.size, steps // config.accumulate)
-    _, record = auto_strategy.auto(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), inner,
-                                   batches.take(compute_timing.MEASURED_STEPS), comm,
-                                   config.auto_utilisation)
+    _, record = auto_strategy.auto(*_measured_on(config, dataset, comm, steps), comm, config.auto_utilisation)
     keras.utils.set_random_seed(config.seed)  # the model trained starts where a run given the choice would
     if comm.rank == 0:
         # One write, newline included: unbuffered (PYTHONUNBUFFERED, as launches set it), print() writes the
@@ -148,6 +143,16 @@ def _choose_strategy(config, dataset, comm, steps):
         config = dataclasses.replace(config, scale_lr=auto_scales(strategy, config.optimizer, lr_given=False))
     _bind(strategy, comm)
     return config, strategy
+
+
+def _measured_on(config, dataset, comm, steps):
+    """What the start-up measurements step (``compute_timing``): ``(a model of this run's kind, its loss, an
+    inner optimizer of this run's configuration, this rank's first batches)``; the measurements copy them."""
+    model = _build_model(config, dataset)
+    batches, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, 0, 1, steps)
+    inner = _inner_optimizer(dataclasses.replace(config, scale_lr=False), comm.size, steps // config.accumulate)
+    return (model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), inner,
+            batches.take(compute_timing.MEASURED_STEPS))
 
 
 def _balance(config, dataset, comm, strategy, steps):
@@ -168,12 +173,8 @@ def _balance(config, dataset, comm, strategy, steps):
     if config.sample_shares is not None and len(config.sample_shares) == comm.size:
         shares = tuple(config.sample_shares)
     else:
-        model = _build_model(config, dataset)
-        batches, _ = training_dataset(dataset, config.batch_size, config.seed, comm.rank, comm.size, 0, 1, steps)
-        inner = _inner_optimizer(dataclasses.replace(config, scale_lr=False), comm.size, steps // config.accumulate)
         started = time.perf_counter()
-        speeds = sample_shares.measure_speeds(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                                              inner, batches.take(compute_timing.MEASURED_STEPS), comm)
+        speeds = sample_shares.measure_speeds(*_measured_on(config, dataset, comm, steps), comm)
         shares = sample_shares.from_speeds(speeds, config.batch_size * comm.size)
         keras.utils.set_random_seed(config.seed)  # the model trained starts where a run without measuring would
         if comm.rank == 0:
@@ -596,8 +597,7 @@ def _training_dataset(config, dataset, comm, start_epoch, steps, start_step, sam
     (the prefix of ``start_epoch``'s order seen before a resume that splits its
     rest anew, ``_restore``), that epoch's remaining ``steps - start_step`` micro-batches.
     Under ``--balance speed`` the rank's micro-batch is its share (``_balance``)."""
-    shares = config.sample_shares
-    batch = shares[comm.rank] if shares else config.batch_size
+    shares, batch = config.sample_shares, _micro_batch(config, comm)
     if start_step and samples_done is not None:
         return rest_of_epoch_dataset(dataset, batch, config.seed, comm.rank, comm.size, start_epoch,
                                      samples_done, steps - start_step, shares)
@@ -651,10 +651,15 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
     if config.step_timeline:  # last: SwapKeptWeights has drained at fit's end
         chosen.append(callbacks.StepTimeline(comm, os.path.join(run_dir, "timeline.json")))
     if sample_shares.test_slowdown(comm.rank):  # the test hook's slow rank (sample_shares.TEST_SLOW_RANKS)
-        batch = config.sample_shares[comm.rank] if config.sample_shares else config.batch_size
+        batch = _micro_batch(config, comm)
         chosen.append(keras.callbacks.LambdaCallback(
             on_train_batch_end=lambda step, logs: sample_shares.pace(comm.rank, batch)))
     return chosen
+
+
+def _micro_batch(config, comm):
+    """This rank's samples a step: ``--batch-size``, or its share of the global batch (``--balance speed``)."""
+    return config.sample_shares[comm.rank] if config.sample_shares else config.batch_size
 
 
 def _share_weight(config, comm):
