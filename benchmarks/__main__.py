@@ -29,6 +29,8 @@ SUBCOMMANDS = {
     "parity": Subcommand("benchmarks.accuracy.parity", "a real workload (the language model, Fashion-MNIST) under each "
                                               "strategy over seeds: final validation loss or accuracy against "
                                               "SyncAverage's, goals checked"),
+    "long-run": Subcommand("benchmarks.accuracy.long_run", "the language model for half an hour or more: every rank's "
+                                                  "memory per epoch, flat after the first, goal checked"),
     "slow-rank": Subcommand("benchmarks.accuracy.slow_rank", "the language model with one rank twice as slow, with and "
                                                     "without --balance speed: throughput against the sum of the "
                                                     "ranks' own speeds and validation loss, goals checked"),
