@@ -26,8 +26,9 @@ The goals (issue 42), on the means over seeds:
 
 - ``S_slow_balance``'s throughput at least 0.9 × the sum of the ranks' own speeds;
   its final validation loss within 1.5 % of ``S``'s;
-- ``S_balance`` within 3 % of ``S`` in throughput and in loss (it costs nothing
-  where it is not needed).
+- ``S_balance`` costs at most 3 % against ``S``: its throughput at least 0.97 ×
+  ``S``'s and its loss at most 1.03 × (it costs nothing where it is not needed;
+  a faster run or a lower loss is no cost, so the bound is one-sided).
 
 The table, ``OUT/slow-rank.md``, is rendered from each run's metrics.json
 (``render``), never typed. This process never imports TensorFlow.
@@ -45,7 +46,7 @@ DATA = ("--data", "python_docs")
 SLOW_FACTOR = 2  # the slow rank's steps take this many times as long
 THROUGHPUT_GOAL = 0.9  # of the sum of the ranks' own speeds
 LOSS_RELATIVE = 0.015  # of the equal ranks' loss
-NEEDLESS_RELATIVE = 0.03  # --balance speed on equal ranks: throughput and loss within this of without
+NEEDLESS_RELATIVE = 0.03  # --balance speed on equal ranks: at most this much slower, or higher in loss, than without
 HOOK = "HVD_EASGD_TEST_SLOW_RANKS"
 
 
@@ -164,8 +165,9 @@ def render(directory):
                          f"loss within {100 * LOSS_RELATIVE:g} % " + ("met" if loss_vs <= LOSS_RELATIVE
                                                                       else "**missed**")]
             elif name.endswith("_balance"):
-                close = abs(speed / ideal - 1) <= NEEDLESS_RELATIVE and abs(loss_vs) <= NEEDLESS_RELATIVE
-                goals = [f"within {100 * NEEDLESS_RELATIVE:g} % of `{strategy}` " + ("met" if close else "**missed**")]
+                cheap = speed / ideal >= 1 - NEEDLESS_RELATIVE and loss_vs <= NEEDLESS_RELATIVE
+                goals = [f"costs ≤ {100 * NEEDLESS_RELATIVE:g} % against `{strategy}` "
+                         + ("met" if cheap else "**missed**")]
         rows.append([f"`{name}`", _spread(entry["speed"], "{:,.1f}"), f"{speed / ideal:.2f}",
                      _spread(entry["loss"], "{:.4f}"), f"{100 * loss_vs:+.2f} %" if name != strategy else "—",
                      "; ".join(goals) or _no_goal(name, strategy, len(entry["loss"]))])

@@ -51,9 +51,14 @@ def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_eq
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
     assert "≥ 0.9 of the sum **missed**" in rows["`diloco_slow_balance`"]  # 79 / 88.4 = 0.89
     assert "loss within 1.5 % **missed**" in rows["`diloco_slow_balance`"]  # +1.67 %
-    assert "within 3 % of `diloco` met" in rows["`diloco_balance`"]
+    assert "costs ≤ 3 % against `diloco` met" in rows["`diloco_balance`"]
     assert "today's pace" in rows["`diloco_slow`"] and "| 0.66 |" in rows["`diloco_slow`"]
     assert text.startswith("`diloco_slow` runs at 0.66 of the sum of the ranks' own speeds; `diloco_slow_balance` "
                            "runs at 0.89")
-    directory = results(tmp_path / "better", {"diloco": (100.0, 1.800), "diloco_slow_balance": (85.0, 1.820)})
-    assert "≥ 0.9 of the sum met; loss within 1.5 % met" in slow_rank.render(directory)
+    directory = results(tmp_path / "better", {"diloco": (100.0, 1.800), "diloco_slow_balance": (85.0, 1.820),
+                                              "diloco_balance": (104.0, 1.700)})
+    text = slow_rank.render(directory)
+    assert "≥ 0.9 of the sum met; loss within 1.5 % met" in text
+    assert "costs ≤ 3 % against `diloco` met" in text  # faster and lower: no cost
+    directory = results(tmp_path / "costly", {"diloco": (100.0, 1.800), "diloco_balance": (96.0, 1.800)})
+    assert "costs ≤ 3 % against `diloco` **missed**" in slow_rank.render(directory)
