@@ -140,12 +140,13 @@ def measure_speeds(model, loss, optimizer, batches, comm, warm=WARM_STEPS):
     """
     run = training_step(model, loss, optimizer)
     cycle = itertools.cycle(list(batches))
-    rank = comm.rank
+    slow = pacer(comm.rank)
 
     def step():
         x, y = next(cycle)
         run(x, y)
-        pace(rank, int(x.shape[0]))
+        if slow:
+            slow(int(x.shape[0]))
         return int(x.shape[0])
 
     seconds = 0.0
@@ -162,7 +163,7 @@ def measure_speeds(model, loss, optimizer, batches, comm, warm=WARM_STEPS):
 
 # --- the test-only slow rank ----------------------------------------------------------------------
 # HVD_EASGD_TEST_SLOW_RANKS="RANK:SECONDS[,RANK:SECONDS...]": after each training step, rank RANK sleeps
-# SECONDS per sample of its micro-batch (``pace``), as a device that much slower per sample would take. Per
+# SECONDS per sample of its micro-batch (``pacer``), as a device that much slower per sample would take. Per
 # sample, not per step: a rank given fewer samples is slowed less, as a slow device is. Unset (the
 # default), nothing sleeps. For tests and benchmarks of ranks of unequal speed only.
 TEST_SLOW_RANKS = "HVD_EASGD_TEST_SLOW_RANKS"
@@ -185,13 +186,15 @@ def test_slowdown(rank, environ=None):
     return slowed.get(rank, 0.0)
 
 
-def pace(rank, samples):
-    """The test hook's sleep after a step of ``samples`` samples on rank ``rank`` (none unless set).
+def pacer(rank):
+    """The test hook's sleep for rank ``rank``: a function of a step's samples, or None when the hook does
+    not slow this rank (read once, so a slowed rank's steps do not parse the setting again).
 
     A sleep: the rank's core idles meanwhile, as a slow device leaves the others' devices alone. It
     emulates one only where every rank has a core of its own: with more ranks than cores the ranks
     beside it take its core while it sleeps (and a busy wait would take theirs), so measure slow ranks
     at no more ranks than cores."""
-    seconds = test_slowdown(rank) * samples
-    if seconds:
-        time.sleep(seconds)
+    seconds = test_slowdown(rank)
+    if not seconds:
+        return None
+    return lambda samples: time.sleep(seconds * samples)

@@ -22,7 +22,9 @@ epoch late, never made up between epochs.
 
 The goals (the real-workloads issue): at the slowest rate the best configuration other than SyncAverage
 reaches the target in at most ``SLOW_LINK_RATIO`` of SyncAverage's time (medians over seeds); at every
-faster rate it is no slower than SyncAverage. Invoked again with the same ``--out``, it continues: the runs
+faster rate it is no slower than SyncAverage. ``auto`` among the configurations (``--strategy auto``) is
+not one of those rivals: it is judged against the best of them, within ``AUTO_RATIO`` of its time at every
+rate and within ``AUTO_FAST_LINK_RATIO`` of SyncAverage's at the fastest. Invoked again with the same ``--out``, it continues: the runs
 already kept are not made again. Needs root (network namespaces); the cluster is removed at the end, also
 on failure.
 """
@@ -35,6 +37,8 @@ import sys
 from typing import NamedTuple
 
 from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse_rate
+
+from hvd_easgd import auto_strategy
 
 from . import parity
 from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
@@ -49,8 +53,14 @@ CORPUS_BYTES = 500_000
 # 4x the default width (16x the matrices' elements) and a small batch, so each step has little compute.
 MODEL_FLAGS = ("--width", "128", "--batch-size", "4", "--epochs", "8")
 CONFIGURATIONS = ("sync", "diloco_tau10", "diloco_tau50", "diloco_tau50_streaming")
+# ``--strategy auto`` (docs/auto.md) races the fixed configurations it chooses among: judged against the best
+# of them, not counted as one.
+AUTO = "auto"
+AUTO_FLAGS = ("--strategy", "auto")
 DEFAULT_TARGET_LOSS = 2.0
 SLOW_LINK_RATIO = 0.25
+AUTO_RATIO = 1.15  # auto's time to target at most this × the best fixed configuration's, at every rate
+AUTO_FAST_LINK_RATIO = 1.05  # and at the fastest rate at most this × SyncAverage's
 # Each rank is alone on its host but the hosts share this machine's cores: one thread each, as the suite's.
 CLUSTER_FLAGS = ("--threads-per-rank", "1")
 
@@ -82,7 +92,8 @@ def parse_args(argv, prog):
     p.add_argument("--hosts", type=int, default=2, help="virtual hosts, one rank each (default 2)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
     p.add_argument("--configurations", default=",".join(CONFIGURATIONS),
-                   help=f"comma-separated names of parity's language model (default {','.join(CONFIGURATIONS)})")
+                   help=f"comma-separated names of parity's language model, or {AUTO} (default "
+                        f"{','.join(CONFIGURATIONS)})")
     p.add_argument("--target-loss", type=float, default=DEFAULT_TARGET_LOSS,
                    help=f"validation loss to reach, nats/token (default {DEFAULT_TARGET_LOSS})")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
@@ -102,11 +113,10 @@ def parse_args(argv, prog):
             parse_rate(rate)
     except ValueError as err:
         p.error(f"--link-rates: {err}")
-    by_name = {c.name: c for c in parity.WORKLOADS["language_model"].configurations}
     names = args.configurations.split(",")
-    unknown = [n for n in names if n not in by_name]
+    unknown = [n for n in names if n not in _flags_by_name()]
     if unknown:
-        p.error(f"--configurations must be chosen from {','.join(by_name)}. Received: {','.join(unknown)}")
+        p.error(f"--configurations must be chosen from {','.join(_flags_by_name())}. Received: {','.join(unknown)}")
     args.names = ["sync"] + [n for n in names if n != "sync"]
     return args
 
@@ -123,11 +133,18 @@ def write_corpus(path, size=CORPUS_BYTES):
     os.replace(path + ".tmp", path)
 
 
+def _flags_by_name():
+    """Each configuration's train.py flags: parity's language-model configurations, and ``auto``."""
+    flags = {c.name: c.flags for c in parity.WORKLOADS["language_model"].configurations}
+    flags[AUTO] = AUTO_FLAGS
+    return flags
+
+
 def variants(names, corpus):
-    """Parity's configurations of ``names`` on the corpus at ``MODEL_FLAGS``."""
-    by_name = {c.name: c for c in parity.WORKLOADS["language_model"].configurations}
+    """The configurations of ``names`` on the corpus at ``MODEL_FLAGS``."""
+    flags = _flags_by_name()
     data = ("--data", f"text:{corpus}")
-    return [Variant(n, data + by_name[n].flags + MODEL_FLAGS) for n in names]
+    return [Variant(n, data + flags[n] + MODEL_FLAGS) for n in names]
 
 
 def _run_folder(folder, chosen, np_, seeds, timeout, launch, extra):
@@ -188,7 +205,19 @@ def _load(folder):
     found = {}
     for run, metrics in runs:
         found.setdefault(run["variant"], []).append(metrics)
+        if run["variant"] == AUTO:  # what it chose, from the run's config.yaml
+            metrics["auto_choice"] = _auto_choice(os.path.join(folder, run["run"]))
     return index, found
+
+
+def _auto_choice(run_dir):
+    """The configuration ``--strategy auto`` chose in ``run_dir`` (config.yaml's ``auto_choice``), as a label."""
+    import yaml
+
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        choice = yaml.safe_load(f)["config"].get("auto_choice") or {}
+    candidate = choice.get("candidate")
+    return auto_strategy.Candidate(**candidate).label if candidate else "?"
 
 
 def summarise(out):
@@ -211,7 +240,8 @@ def summarise(out):
             rows[name] = {"times": times, "median": statistics.median(reached) if len(reached) == len(times) else None,
                           "final": [m["final"]["test_loss"] for m in runs],
                           "speed": statistics.median(m["final"]["tokens_per_sec"] for m in runs),
-                          "curves": [curve(m) for m in runs], "command": index["runs"][0]["command"]}
+                          "curves": [curve(m) for m in runs], "command": index["runs"][0]["command"],
+                          "chose": sorted({m["auto_choice"] for m in runs if "auto_choice" in m})}
         sync = rows.get("sync", {}).get("median")
         for row in rows.values():
             row["ratio"] = row["median"] / sync if sync and row["median"] is not None else None
@@ -222,7 +252,7 @@ def summarise(out):
 
 def judge(settings, entry):
     """The goal of a rate, "met"/"**missed**" with its figure, or None before every seed is in."""
-    others = {n: r for n, r in entry["rows"].items() if n != "sync" and r["ratio"] is not None}
+    others = {n: r for n, r in entry["rows"].items() if n not in ("sync", AUTO) and r["ratio"] is not None}
     if "sync" not in entry["rows"] or entry["rows"]["sync"]["median"] is None or entry["seeds"] < parity.SEEDS_TO_JUDGE:
         return None
     slowest = min(settings["link_rates"], key=parse_rate)
@@ -232,6 +262,26 @@ def judge(settings, entry):
     best = min(others, key=lambda n: others[n]["ratio"])
     ratio = others[best]["ratio"]
     return f"`{best}` at {ratio:.2f} × sync: ≤ {limit:g} × " + ("met" if ratio <= limit else "**missed**")
+
+
+def judge_auto(settings, entry):
+    """``--strategy auto``'s goals at a rate (docs/auto.md): its time to target at most ``AUTO_RATIO`` × the
+    best fixed configuration's, and at the fastest rate at most ``AUTO_FAST_LINK_RATIO`` × SyncAverage's;
+    None without an auto row or before every seed is in."""
+    rows = entry["rows"]
+    if AUTO not in rows or entry["seeds"] < parity.SEEDS_TO_JUDGE:
+        return None
+    mine = rows[AUTO]["median"]
+    fixed = {n: r["median"] for n, r in rows.items() if n != AUTO and r["median"] is not None}
+    if mine is None or not fixed:
+        return "auto **missed** (it, or every fixed configuration, did not reach the target on every seed)"
+    best = min(fixed, key=fixed.get)
+    goals = [f"{mine / fixed[best]:.2f} × the best fixed (`{best}`): ≤ {AUTO_RATIO:g} × "
+             + ("met" if mine <= AUTO_RATIO * fixed[best] else "**missed**")]
+    if entry["rate"] == max(settings["link_rates"], key=parse_rate) and "sync" in fixed:
+        goals.append(f"{mine / fixed['sync']:.2f} × sync: ≤ {AUTO_FAST_LINK_RATIO:g} × "
+                     + ("met" if mine <= AUTO_FAST_LINK_RATIO * fixed["sync"] else "**missed**"))
+    return "; ".join(goals)
 
 
 def _fmt(seconds):
@@ -244,18 +294,20 @@ def render(out):
              "on the virtual cluster. Seconds are cumulative training wall time (the slowest rank's) at the end "
              "of the first epoch at or below the target, the median over seeds with (min–max)."]
     for entry in rates:
-        goal = judge(settings, entry)
+        goal, auto_goal = judge(settings, entry), judge_auto(settings, entry)
         share = entry["sync_comm_share"]
         lines += ["", f"**{entry['rate']}**: "
                   + (f"a SyncAverage step spends {100 * share:.0f} % of its time communicating "
                      "(1 − its tokens/s ÷ the same run's over loopback). " if share is not None else "")
-                  + (f"Goal: {goal}." if goal else f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds)."),
+                  + (f"Goal: {goal}." if goal else f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds).")
+                  + (f" `auto`'s goals: {auto_goal}." if auto_goal else ""),
                   ""]
         rows = []
         for name, row in entry["rows"].items():
             reached = [t for t in row["times"] if t is not None]
             spread = f"{min(reached):,.0f}–{max(reached):,.0f}" if reached else "—"
-            rows.append([f"`{name}`", _fmt(row["median"]), spread,
+            label = f"`{name}`" + (f" (chose {', '.join(row['chose'])})" if row["chose"] else "")
+            rows.append([label, _fmt(row["median"]), spread,
                          "—" if row["ratio"] is None else f"{row['ratio']:.2f}",
                          f"{statistics.fmean(row['final']):.4f}", f"{row['speed']:,.0f}"])
         lines.append(table(["configuration", "seconds to target, median", "min–max", "× sync",

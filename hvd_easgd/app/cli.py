@@ -17,8 +17,9 @@ import yaml
 
 from .. import _compat, auto_strategy, checkpoint, validation
 from . import data
-from .config import BALANCE_MODES, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, \
-    TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig
+from .config import (BALANCE_MODES, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER,
+                     TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL,
+                     TrainConfig)
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
 from ..comm.compression import COMPRESSIONS
@@ -421,9 +422,10 @@ def _validate(args, options):
     if args.elastic and args.balance == "speed":
         raise UsageError("--balance speed measures the ranks at start-up, and --elastic changes them during the "
                          "run; choose one")
-    if args.sample_shares is not None and args.balance != "speed":
-        raise UsageError(f"sample shares are --balance speed's. Received: --balance {args.balance} with "
-                         f"shares {args.sample_shares}")
+    if args.balance != "speed":
+        # Shares are --balance speed's: a run resumed with --balance off trains equal shares from its next
+        # step on (as a resume at another number of ranks changes them), so the saved ones are dropped.
+        args.sample_shares = None
     if args.elastic_commit_every is not None and args.elastic_commit_every < 0:
         raise UsageError("--elastic-commit-every must be >= 0. "
                          f"Received: --elastic-commit-every={args.elastic_commit_every}")

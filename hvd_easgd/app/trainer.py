@@ -182,10 +182,11 @@ def _balance(config, dataset, comm, strategy, steps):
                              f"-> micro-batches {', '.join(map(str, shares))} of {sum(shares)} (measured in "
                              f"{time.perf_counter() - started:.1f} s)\n")
             sys.stdout.flush()
-    try:
-        strategy.set_sample_shares(shares)
-    except ValueError as err:
-        raise UsageError(f"--balance speed: {err}") from None
+    if len(set(shares)) > 1:  # equal shares weigh every rank 1.0: the strategy has nothing to change
+        try:
+            strategy.set_sample_shares(shares)
+        except ValueError as err:
+            raise UsageError(f"--balance speed: {err}") from None
     return dataclasses.replace(config, sample_shares=list(shares))
 
 
@@ -650,10 +651,10 @@ def _callbacks(config, run_dir, comm, recorder, exact_evaluation, checkpointer, 
                                                   profile_batch=0))
     if config.step_timeline:  # last: SwapKeptWeights has drained at fit's end
         chosen.append(callbacks.StepTimeline(comm, os.path.join(run_dir, "timeline.json")))
-    if sample_shares.test_slowdown(comm.rank):  # the test hook's slow rank (sample_shares.TEST_SLOW_RANKS)
+    slow = sample_shares.pacer(comm.rank)  # the test hook's slow rank (sample_shares.TEST_SLOW_RANKS)
+    if slow:
         batch = _micro_batch(config, comm)
-        chosen.append(keras.callbacks.LambdaCallback(
-            on_train_batch_end=lambda step, logs: sample_shares.pace(comm.rank, batch)))
+        chosen.append(keras.callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: slow(batch)))
     return chosen
 
 

@@ -165,6 +165,16 @@ def test_resume_takes_the_saved_options_and_lets_resumable_ones_change(tmp_path)
     assert args.run_dir == run_dir
 
 
+def test_a_resume_keeps_the_measured_shares_unless_it_turns_balancing_off(tmp_path):
+    config = cli.effective_config(cli.parse_args(["--strategy", "diloco", "--balance", "speed"]))
+    run_dir = saved_run(tmp_path / "run", checkpoint.FORMAT_VERSION,
+                        dict(config, run_dir=str(tmp_path / "run"), sample_shares=[42, 22]))
+    kept = cli.parse_args(["--resume", run_dir])
+    assert (kept.balance, kept.sample_shares) == ("speed", [42, 22])
+    dropped = cli.parse_args(["--resume", run_dir, "--balance", "off"])
+    assert (dropped.balance, dropped.sample_shares) == ("off", None)
+
+
 def test_resume_of_a_directory_without_checkpoints(tmp_path, capsys):
     code, err = exit_and_stderr(["--resume", str(tmp_path)], capsys)
     assert code == 2 and err == (f"train.py: error: --resume {tmp_path}: no complete checkpoint under "

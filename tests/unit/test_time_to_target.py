@@ -104,3 +104,32 @@ def test_a_configuration_that_misses_the_target_on_a_seed_has_no_time_and_fewer_
     assert entry["rows"]["diloco_tau50"]["median"] is None and entry["rows"]["diloco_tau50"]["ratio"] is None
     assert ttt.judge(settings, entry) is None
     assert "Not judged (2 of 3 seeds)" in ttt.render(str(tmp_path))
+
+
+def test_auto_races_the_fixed_configurations_and_is_judged_against_the_best_of_them(tmp_path):
+    args = ttt.parse_args(["--out", "/tmp/x", "--configurations", "auto,diloco_tau10"], "ttt")
+    assert ttt.variants(args.names, "/c.txt")[1].flags == ("--data", "text:/c.txt", "--strategy", "auto",
+                                                           *ttt.MODEL_FLAGS)
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit", "1gbit"]}, f)
+    os.makedirs(tmp_path / "loopback")
+    write_folder(tmp_path / "loopback", {"sync": [1.9]}, {"sync": 5.0}, {"sync": 10_000}, seeds=1)
+    # 100mbit: auto (chose DiLoCo) 2 x 13 = 26 s against diloco's 2 x 12 = 24 s and sync's 200 s;
+    # 1gbit: auto (chose sync) 2 x 22 = 44 s against sync's 40 s: within the first bound, over the second
+    for rate, epochs, chose in (("100mbit", {"sync": 100.0, "diloco_tau10": 12.0, "auto": 13.0}, "diloco"),
+                                ("1gbit", {"sync": 20.0, "diloco_tau10": 30.0, "auto": 22.0}, "sync")):
+        os.makedirs(tmp_path / rate)
+        write_folder(tmp_path / rate, {name: [2.5, 1.9] for name in epochs}, epochs, {n: 1 for n in epochs},
+                     rate=rate)
+        for seed in range(3):
+            with open(tmp_path / rate / f"auto-seed{seed}" / "config.yaml", "w") as f:
+                json.dump({"config": {"auto_choice": {"candidate": {"strategy": chose, "compression": "none",
+                                                                    "period": 10 if chose == "diloco" else 1,
+                                                                    "hierarchical": False}}}}, f)
+    settings, (slow, fast) = ttt.summarise(str(tmp_path))
+    assert ttt.judge(settings, slow) == "`diloco_tau10` at 0.12 × sync: ≤ 0.25 × met"  # auto is not a rival
+    assert ttt.judge_auto(settings, slow) == "1.08 × the best fixed (`diloco_tau10`): ≤ 1.15 × met"
+    assert ttt.judge_auto(settings, fast) == ("1.10 × the best fixed (`sync`): ≤ 1.15 × met; "
+                                              "1.10 × sync: ≤ 1.05 × **missed**")
+    text = ttt.render(str(tmp_path))
+    assert "`auto` (chose diloco τ=10)" in text and "`auto` (chose sync)" in text
