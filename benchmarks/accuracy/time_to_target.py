@@ -1,6 +1,6 @@
 """How soon each strategy reaches a target validation loss across a slow link: ``python -m benchmarks time-to-target``.
 
-    python -m benchmarks time-to-target --out docs/results/time-to-target-language-model
+    python -m benchmarks time-to-target --out docs/results/time-to-target-lm
     python -m benchmarks time-to-target --out DIR --link-rates 100mbit --configurations sync,diloco_tau50 --seeds 1
     python -m benchmarks time-to-target --render DIR     # rewrite DIR/time-to-target.md and its plot (no launch)
 
@@ -24,13 +24,14 @@ The goals (the real-workloads issue): at the slowest rate the best configuration
 reaches the target in at most ``SLOW_LINK_RATIO`` of SyncAverage's time (medians over seeds); at every
 faster rate it is no slower than SyncAverage. ``auto`` among the configurations (``--strategy auto``) is
 not one of those rivals: it is judged against the best of them, within ``AUTO_RATIO`` of its time at every
-rate and within ``AUTO_FAST_LINK_RATIO`` of SyncAverage's at the fastest. Invoked again with the same ``--out``, it continues: the runs
-already kept are not made again. Needs root (network namespaces); the cluster is removed at the end, also
-on failure.
+rate and within ``AUTO_FAST_LINK_RATIO`` of SyncAverage's at the fastest. Invoked again with the same
+``--out``, it continues: the runs already kept are not made again. Needs root (network namespaces); the
+cluster is removed at the end, also on failure.
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,7 +58,7 @@ CONFIGURATIONS = ("sync", "diloco_tau10", "diloco_tau50", "diloco_tau50_streamin
 # of them, not counted as one.
 AUTO = "auto"
 AUTO_FLAGS = ("--strategy", "auto")
-DEFAULT_TARGET_LOSS = 2.0
+DEFAULT_TARGET_LOSS = 1.6
 SLOW_LINK_RATIO = 0.25
 AUTO_RATIO = 1.15  # auto's time to target at most this × the best fixed configuration's, at every rate
 AUTO_FAST_LINK_RATIO = 1.05  # and at the fastest rate at most this × SyncAverage's
@@ -113,10 +114,10 @@ def parse_args(argv, prog):
             parse_rate(rate)
     except ValueError as err:
         p.error(f"--link-rates: {err}")
-    names = args.configurations.split(",")
-    unknown = [n for n in names if n not in _flags_by_name()]
+    names, known = args.configurations.split(","), _flags_by_name()
+    unknown = [n for n in names if n not in known]
     if unknown:
-        p.error(f"--configurations must be chosen from {','.join(_flags_by_name())}. Received: {','.join(unknown)}")
+        p.error(f"--configurations must be chosen from {','.join(known)}. Received: {','.join(unknown)}")
     args.names = ["sync"] + [n for n in names if n != "sync"]
     return args
 
@@ -200,14 +201,15 @@ def seconds_to_target(points, target):
 
 
 def _load(folder):
-    """``(runs.json, {configuration: [metrics.json per seed]})`` of a rate's folder, in run order."""
+    """``(runs.json, {configuration: [metrics.json per seed]}, {configuration: labels of what auto chose}``
+    of a rate's folder, in run order; the choices are read from each ``auto`` run's config.yaml."""
     index, runs = kept_runs(folder)
-    found = {}
+    found, chose = {}, {}
     for run, metrics in runs:
         found.setdefault(run["variant"], []).append(metrics)
-        if run["variant"] == AUTO:  # what it chose, from the run's config.yaml
-            metrics["auto_choice"] = _auto_choice(os.path.join(folder, run["run"]))
-    return index, found
+        if run["variant"] == AUTO:
+            chose.setdefault(AUTO, set()).add(_auto_choice(os.path.join(folder, run["run"])))
+    return index, found, chose
 
 
 def _auto_choice(run_dir):
@@ -232,7 +234,7 @@ def summarise(out):
     for rate in settings["link_rates"]:
         if not os.path.isfile(os.path.join(out, rate, "runs.json")):
             continue
-        index, found = _load(os.path.join(out, rate))
+        index, found, chose = _load(os.path.join(out, rate))
         rows = {}
         for name, runs in found.items():
             times = [seconds_to_target(curve(m), target) for m in runs]
@@ -241,7 +243,7 @@ def summarise(out):
                           "final": [m["final"]["test_loss"] for m in runs],
                           "speed": statistics.median(m["final"]["tokens_per_sec"] for m in runs),
                           "curves": [curve(m) for m in runs], "command": index["runs"][0]["command"],
-                          "chose": sorted({m["auto_choice"] for m in runs if "auto_choice" in m})}
+                          "chose": sorted(chose.get(name, ()))}
         sync = rows.get("sync", {}).get("median")
         for row in rows.values():
             row["ratio"] = row["median"] / sync if sync and row["median"] is not None else None
@@ -313,9 +315,20 @@ def render(out):
         lines.append(table(["configuration", "seconds to target, median", "min–max", "× sync",
                             "final loss, mean", "tokens/s"], rows, "lrrrrr"))
     if rates:
-        lines += ["", f"Each row's runs are commands like `{next(iter(rates[0]['rows'].values()))['command']}`.",
-                  "", f"![validation loss against training wall time]({PLOT})"]
+        command = next(iter(rates[0]["rows"].values()))["command"]
+        # The corpus is written under the results folder, wherever that was when the runs were made.
+        command = re.sub(r"text:\S*/data/", "text:OUT/data/", command)
+        lines += ["", f"Each row's runs are commands like `{command}` (OUT: the results folder).",
+                  "", f"![validation loss against training wall time]({plot_link(out)})"]
     return "\n".join(lines) + "\n"
+
+
+def plot_link(out):
+    """The plot's path as the report links it: from docs/ when ``out`` is under it (the report is included
+    into a page there, docs/language-model.md, and links resolve from the page), else beside the report."""
+    docs = os.path.join(REPO_ROOT, "docs")
+    path = os.path.abspath(os.path.join(out, PLOT))
+    return os.path.relpath(path, docs) if path.startswith(docs + os.sep) else PLOT
 
 
 def plot(out):

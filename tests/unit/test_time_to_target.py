@@ -1,5 +1,6 @@
 """benchmarks.accuracy.time_to_target: the launches it makes across the virtual cluster, when a run reached the
 target, and the report's ratios and goals, from a results folder written here by hand."""
+import glob
 import json
 import os
 
@@ -7,6 +8,7 @@ import pytest
 
 from benchmarks.accuracy import time_to_target as ttt
 from benchmarks.accuracy.accuracy import Variant
+from benchmarks.suite.runner import REPO_ROOT
 from tools.vcluster import VirtualCluster
 
 pytestmark = pytest.mark.unit
@@ -60,8 +62,8 @@ def write_folder(folder, losses_by_name, seconds_by_name, speed_by_name, seeds=3
             with open(folder / label / "metrics.json", "w") as f:
                 json.dump({"epochs": epochs, "final": {"test_loss": losses[-1],
                                                        "tokens_per_sec": speed_by_name[name]}}, f)
-            runs.append({"run": label, "variant": name, "twin": None, "seed": seed,
-                         "command": f"horovodrun ... --strategy {name} --seed {seed}"})
+            runs.append({"run": label, "variant": name, "twin": None, "seed": seed, "command":
+                         f"horovodrun ... --data text:/made/here/data/c.txt --strategy {name} --seed {seed}"})
     with open(folder / "runs.json", "w") as f:
         json.dump({"workload": "language_model", "np": 2, "flags": "", "seeds": seeds, "runs": runs,
                    **({"link_rate": rate} if rate else {})}, f)
@@ -89,6 +91,7 @@ def test_the_report_gives_each_rates_ratio_to_sync_its_goal_and_syncs_communicat
     assert ttt.judge(settings, fast) == "`diloco_tau50` at 2.25 × sync: ≤ 1 × **missed**"
     text = ttt.write_report(str(tmp_path))
     assert "spends 75 % of its time communicating" in text and (tmp_path / ttt.PLOT).exists()
+    assert "--data text:OUT/data/c.txt --strategy sync" in text  # wherever the results folder was
     assert (tmp_path / ttt.REPORT).read_text() == text
 
 
@@ -133,3 +136,15 @@ def test_auto_races_the_fixed_configurations_and_is_judged_against_the_best_of_t
                                               "1.10 × sync: ≤ 1.05 × **missed**")
     text = ttt.render(str(tmp_path))
     assert "`auto` (chose diloco τ=10)" in text and "`auto` (chose sync)" in text
+
+
+@pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "time-to-target-*"))))
+def test_every_committed_report_is_its_results_rendered(directory):
+    with open(os.path.join(directory, ttt.REPORT)) as f:
+        assert f.read() == ttt.render(directory)
+
+
+def test_the_plot_is_linked_from_the_page_that_includes_a_committed_report():
+    committed = os.path.join(REPO_ROOT, "docs", "results", "time-to-target-lm")
+    assert ttt.plot_link(committed) == "results/time-to-target-lm/" + ttt.PLOT  # from docs/language-model.md
+    assert ttt.plot_link("/tmp/elsewhere") == ttt.PLOT  # beside the report
