@@ -62,6 +62,8 @@ DEFAULT_TARGET_LOSS = 1.6
 SLOW_LINK_RATIO = 0.25
 AUTO_RATIO = 1.15  # auto's time to target at most this × the best fixed configuration's, at every rate
 AUTO_FAST_LINK_RATIO = 1.05  # and at the fastest rate at most this × SyncAverage's
+# auto's start-up measurement costs at most this share of a run of REFERENCE_RUN_SECONDS (docs/auto.md)
+AUTO_MEASURE_SHARE, REFERENCE_RUN_SECONDS = 0.05, 600.0
 # Each rank is alone on its host but the hosts share this machine's cores: one thread each, as the suite's.
 CLUSTER_FLAGS = ("--threads-per-rank", "1")
 
@@ -201,23 +203,27 @@ def seconds_to_target(points, target):
 
 
 def _load(folder):
-    """``(runs.json, {configuration: [metrics.json per seed]}, {configuration: labels of what auto chose}``
-    of a rate's folder, in run order; the choices are read from each ``auto`` run's config.yaml."""
+    """``(runs.json, {configuration: [metrics.json per seed]}, [config.yaml's auto_choice per auto run])`` of a
+    rate's folder, in run order."""
     index, runs = kept_runs(folder)
-    found, chose = {}, {}
+    found, choices = {}, []
     for run, metrics in runs:
         found.setdefault(run["variant"], []).append(metrics)
         if run["variant"] == AUTO:
-            chose.setdefault(AUTO, set()).add(_auto_choice(os.path.join(folder, run["run"])))
-    return index, found, chose
+            choices.append(_auto_choice(os.path.join(folder, run["run"])))
+    return index, found, choices
 
 
 def _auto_choice(run_dir):
-    """The configuration ``--strategy auto`` chose in ``run_dir`` (config.yaml's ``auto_choice``), as a label."""
+    """What ``--strategy auto`` recorded in ``run_dir``'s config.yaml (``auto_choice``: its measurements, the
+    candidates' predictions and the choice), ``{}`` if nothing."""
     import yaml
 
     with open(os.path.join(run_dir, "config.yaml")) as f:
-        choice = yaml.safe_load(f)["config"].get("auto_choice") or {}
+        return yaml.safe_load(f)["config"].get("auto_choice") or {}
+
+
+def _label(choice):
     candidate = choice.get("candidate")
     return auto_strategy.Candidate(**candidate).label if candidate else "?"
 
@@ -234,7 +240,7 @@ def summarise(out):
     for rate in settings["link_rates"]:
         if not os.path.isfile(os.path.join(out, rate, "runs.json")):
             continue
-        index, found, chose = _load(os.path.join(out, rate))
+        index, found, choices = _load(os.path.join(out, rate))
         rows = {}
         for name, runs in found.items():
             times = [seconds_to_target(curve(m), target) for m in runs]
@@ -243,7 +249,10 @@ def summarise(out):
                           "final": [m["final"]["test_loss"] for m in runs],
                           "speed": statistics.median(m["final"]["tokens_per_sec"] for m in runs),
                           "curves": [curve(m) for m in runs], "command": index["runs"][0]["command"],
-                          "chose": sorted(chose.get(name, ()))}
+                          "chose": sorted({_label(c) for c in choices}) if name == AUTO else []}
+            if name == AUTO:  # its start-up measurement, against the run's training time
+                rows[name]["measure"] = [c["measure_seconds"] for c in choices if "measure_seconds" in c]
+                rows[name]["run_seconds"] = [curve(m)[-1][0] for m in runs]
         sync = rows.get("sync", {}).get("median")
         for row in rows.values():
             row["ratio"] = row["median"] / sync if sync and row["median"] is not None else None
@@ -314,6 +323,8 @@ def render(out):
                          f"{statistics.fmean(row['final']):.4f}", f"{row['speed']:,.0f}"])
         lines.append(table(["configuration", "seconds to target, median", "min–max", "× sync",
                             "final loss, mean", "tokens/s"], rows, "lrrrrr"))
+        if entry["rows"].get(AUTO, {}).get("measure"):
+            lines += ["", measure_line(entry["rows"][AUTO])]
     if rates:
         command = next(iter(rates[0]["rows"].values()))["command"]
         # The corpus is written under the results folder, wherever that was when the runs were made.
@@ -321,6 +332,18 @@ def render(out):
         lines += ["", f"Each row's runs are commands like `{command}` (OUT: the results folder).",
                   "", f"![validation loss against training wall time]({plot_link(out)})"]
     return "\n".join(lines) + "\n"
+
+
+def measure_line(row):
+    """What ``auto``'s start-up measurement cost: seconds, share of its runs, and against the bound."""
+    measure = row["measure"]
+    worst = max(measure)
+    share = max(m / (m + run) for m, run in zip(measure, row["run_seconds"]))
+    return (f"`auto`'s start-up measurement (compute, link, choice) took {statistics.median(measure):.1f} s "
+            f"({min(measure):.1f}–{worst:.1f}), at most {100 * share:.1f} % of its run; of a "
+            f"{REFERENCE_RUN_SECONDS / 60:g}-minute run at most {100 * worst / REFERENCE_RUN_SECONDS:.1f} %: "
+            f"≤ {100 * AUTO_MEASURE_SHARE:g} % " + ("met." if worst <= AUTO_MEASURE_SHARE * REFERENCE_RUN_SECONDS
+                                                   else "**missed**."))
 
 
 def plot_link(out):
