@@ -6,11 +6,11 @@
 
 The language model of ``parity`` (train.py's transformer, bytes of the Python docs), at a size where a
 SyncAverage step across 100 Mbit/s spends most of its time communicating (``MODEL_FLAGS``), on the virtual
-cluster (``tools/vcluster.py``): ``--hosts`` hosts of one rank each, their links shaped to each
-``--link-rates`` rate. Every (configuration, seed) is one ``horovodrun --mpi`` of train.py from node1
+cluster (``tools/vcluster.py``): ``--hosts`` hosts of ``--ranks-per-host`` ranks (default one), their links
+shaped to each ``--link-rates`` rate. Every (configuration, seed) is one ``horovodrun --mpi`` of train.py from node1
 (``ClusterLaunch``), at train.py's defaults otherwise, each bounded in time; its own config.yaml and
 metrics.json are kept in ``OUT/<rate>/<configuration>-seed<S>/`` (``accuracy.run_over_seeds``, the launch loop
-of every accuracy benchmark). The same configurations' SyncAverage also runs once with both ranks on this
+of every accuracy benchmark). The same configurations' SyncAverage also runs once with every rank on this
 host over loopback (``OUT/loopback/``): its step is the compute c that a link adds its time to, so the share
 of a SyncAverage step spent communicating at a rate is 1 − c / step.
 
@@ -43,6 +43,7 @@ from hvd_easgd import auto_strategy
 
 from . import parity
 from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
+from ..costmodel.cluster_check import LOOSE, TIGHT
 from ..suite.rated_links import hosts_argument, run_on_cluster
 from ..suite.runner import REPO_ROOT, horovodrun, table
 
@@ -64,23 +65,28 @@ AUTO_RATIO = 1.15  # auto's time to target at most this × the best fixed config
 AUTO_FAST_LINK_RATIO = 1.05  # and at the fastest rate at most this × SyncAverage's
 # auto's start-up measurement costs at most this share of a run of REFERENCE_RUN_SECONDS (docs/auto.md)
 AUTO_MEASURE_SHARE, REFERENCE_RUN_SECONDS = 0.05, 600.0
-# Each rank is alone on its host but the hosts share this machine's cores: one thread each, as the suite's.
+# The hosts share this machine's cores: one thread a rank, as the suite's.
 CLUSTER_FLAGS = ("--threads-per-rank", "1")
 
 
 class ClusterLaunch(NamedTuple):
-    """How a run starts across the virtual cluster: ``horovodrun --mpi`` from node1, one rank a host."""
+    """How a run starts across the virtual cluster: ``horovodrun --mpi`` from node1, ``ranks_per_host`` a host."""
     cluster: VirtualCluster
     hosts: int
+    ranks_per_host: int = 1
+
+    def _launcher(self):
+        return ["-np", str(self.hosts * self.ranks_per_host), "-H", hosts_argument(self.hosts, self.ranks_per_host),
+                "--mpi"]
 
     def command(self, variant, seed, run_dir):
         # --disable-cache: horovodrun checks ssh every time and writes nothing under ~/.horovod.
-        return [horovodrun(), "--disable-cache", "-np", str(self.hosts), "-H", hosts_argument(self.hosts, 1), "--mpi",
+        return [horovodrun(), "--disable-cache", *self._launcher(),
                 sys.executable, os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed),
                 *variant.flags, *CLUSTER_FLAGS]
 
     def shown(self, variant, seed):
-        return shown_command(f"horovodrun -np {self.hosts} -H {hosts_argument(self.hosts, 1)} --mpi",
+        return shown_command(" ".join(["horovodrun", *self._launcher()]),
                              Variant(variant.name, variant.flags + CLUSTER_FLAGS), seed)
 
     def run(self, cmd, log, timeout):
@@ -92,7 +98,8 @@ def parse_args(argv, prog):
     p.add_argument("--out", metavar="DIR", help="the results folder (required unless --render)")
     p.add_argument("--link-rates", default="100mbit,1gbit", help="comma-separated tc rates, the slowest judged "
                                                                  "against SLOW_LINK_RATIO (default 100mbit,1gbit)")
-    p.add_argument("--hosts", type=int, default=2, help="virtual hosts, one rank each (default 2)")
+    p.add_argument("--hosts", type=int, default=2, help="virtual hosts (default 2)")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="ranks on each host (default 1)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
     p.add_argument("--configurations", default=",".join(CONFIGURATIONS),
                    help=f"comma-separated names of parity's language model, or {AUTO} (default "
@@ -107,8 +114,9 @@ def parse_args(argv, prog):
         return args
     if not args.out:
         p.error("--out is required (or --render DIR)")
-    if args.hosts < 2 or args.seeds < 1 or args.target_loss <= 0:
-        p.error(f"--hosts must be >= 2, --seeds >= 1 and --target-loss > 0. Received: --hosts={args.hosts} "
+    if args.hosts < 2 or args.ranks_per_host < 1 or args.seeds < 1 or args.target_loss <= 0:
+        p.error(f"--hosts must be >= 2, --ranks-per-host, --seeds >= 1 and --target-loss > 0. Received: "
+                f"--hosts={args.hosts} --ranks-per-host={args.ranks_per_host} "
                 f"--seeds={args.seeds} --target-loss={args.target_loss}")
     args.rates = args.link_rates.split(",")
     try:
@@ -122,6 +130,13 @@ def parse_args(argv, prog):
         p.error(f"--configurations must be chosen from {','.join(known)}. Received: {','.join(unknown)}")
     args.names = ["sync"] + [n for n in names if n != "sync"]
     return args
+
+
+def layout(settings):
+    """``2 hosts × 1 rank``: the cluster a results folder was made on (folders from before
+    ``--ranks-per-host`` had one rank a host)."""
+    ranks = settings.get("ranks_per_host", 1)
+    return f"{settings['hosts']} hosts × {ranks} rank" + ("s" if ranks > 1 else "")
 
 
 def write_corpus(path, size=CORPUS_BYTES):
@@ -167,18 +182,19 @@ def main(argv=None, prog="python -m benchmarks time-to-target"):
     corpus = os.path.join(out, "data", f"python_docs_{CORPUS_BYTES // 1000}k.txt")
     write_corpus(corpus)
     chosen = variants(args.names, corpus)
-    settings = {"target_loss": args.target_loss, "hosts": args.hosts, "link_rates": args.rates}
+    ranks = args.hosts * args.ranks_per_host
+    settings = {"target_loss": args.target_loss, "hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
+                "link_rates": args.rates}
     with open(os.path.join(out, "settings.json"), "w") as f:
         json.dump(settings, f, indent=1)
-    failures = _run_folder(os.path.join(out, LOOPBACK), chosen[:1], args.hosts, 1, args.timeout,
-                           LocalLaunch(args.hosts), {})
+    failures = _run_folder(os.path.join(out, LOOPBACK), chosen[:1], ranks, 1, args.timeout, LocalLaunch(ranks), {})
     cluster = VirtualCluster(args.cluster_name)
     try:
         for rate in args.rates:
-            state = cluster.up(args.hosts, 1, rate)
-            print(f"[time-to-target] {rate}: {args.hosts} hosts, {state['link']['qdisc']}", flush=True)
-            failures += _run_folder(os.path.join(out, rate), chosen, args.hosts, args.seeds, args.timeout,
-                                    ClusterLaunch(cluster, args.hosts), {"link_rate": rate})
+            state = cluster.up(args.hosts, args.ranks_per_host, rate)
+            print(f"[time-to-target] {rate}: {layout(settings)}, {state['link']['qdisc']}", flush=True)
+            failures += _run_folder(os.path.join(out, rate), chosen, ranks, args.seeds, args.timeout,
+                                    ClusterLaunch(cluster, args.hosts, args.ranks_per_host), {"link_rate": rate})
     except ClusterError as err:
         failures.append(f"virtual cluster: {err}")
     finally:
@@ -216,11 +232,17 @@ def _load(folder):
 
 def _auto_choice(run_dir):
     """What ``--strategy auto`` recorded in ``run_dir``'s config.yaml (``auto_choice``: its measurements, the
-    candidates' predictions and the choice), ``{}`` if nothing."""
+    candidates' predictions and the choice; ``{}`` if nothing), with ``tokens_per_step``: the tokens of one
+    update across the ranks, which turn the run's tokens/s into its measured step."""
     import yaml
 
     with open(os.path.join(run_dir, "config.yaml")) as f:
-        return yaml.safe_load(f)["config"].get("auto_choice") or {}
+        config = yaml.safe_load(f)["config"]
+    choice = dict(config.get("auto_choice") or {})
+    if "ranks_per_host" in choice:
+        ranks = choice["hosts"] * choice["ranks_per_host"]
+        choice["tokens_per_step"] = ranks * config["batch_size"] * config["context"]
+    return choice
 
 
 def _label(choice):
@@ -253,6 +275,8 @@ def summarise(out):
             if name == AUTO:  # its start-up measurement, against the run's training time
                 rows[name]["measure"] = [c["measure_seconds"] for c in choices if "measure_seconds" in c]
                 rows[name]["run_seconds"] = [curve(m)[-1][0] for m in runs]
+                rows[name]["steps"] = [(c["predicted_step"], c["tokens_per_step"] / m["final"]["tokens_per_sec"],
+                                        c["compute"]) for c, m in zip(choices, runs) if "tokens_per_step" in c]
         sync = rows.get("sync", {}).get("median")
         for row in rows.values():
             row["ratio"] = row["median"] / sync if sync and row["median"] is not None else None
@@ -301,7 +325,7 @@ def _fmt(seconds):
 
 def render(out):
     settings, rates = summarise(out)
-    lines = [f"Target: validation loss ≤ {settings['target_loss']:g} nats/token; {settings['hosts']} hosts × 1 rank "
+    lines = [f"Target: validation loss ≤ {settings['target_loss']:g} nats/token; {layout(settings)} "
              "on the virtual cluster. Seconds are cumulative training wall time (the slowest rank's) at the end "
              "of the first epoch at or below the target, the median over seeds with (min–max)."]
     for entry in rates:
@@ -325,6 +349,8 @@ def render(out):
                             "final loss, mean", "tokens/s"], rows, "lrrrrr"))
         if entry["rows"].get(AUTO, {}).get("measure"):
             lines += ["", measure_line(entry["rows"][AUTO])]
+        if entry["rows"].get(AUTO, {}).get("steps"):
+            lines += ["", prediction_line(entry["rows"][AUTO]["steps"])]
     if rates:
         command = next(iter(rates[0]["rows"].values()))["command"]
         # The corpus is written under the results folder, wherever that was when the runs were made.
@@ -344,6 +370,22 @@ def measure_line(row):
             f"{REFERENCE_RUN_SECONDS / 60:g}-minute run at most {100 * worst / REFERENCE_RUN_SECONDS:.1f} %: "
             f"≤ {100 * AUTO_MEASURE_SHARE:g} % " + ("met." if worst <= AUTO_MEASURE_SHARE * REFERENCE_RUN_SECONDS
                                                    else "**missed**."))
+
+
+def prediction_line(steps):
+    """auto's predicted step of what it chose against the step its runs measured, in the cost model's
+    validation band (``cluster_check``: ±15 % where communication is at least half the measured step, else
+    ±25 %). ``steps``: ``[(predicted, measured, compute)]`` seconds, a run each."""
+    errors, bands = [], []
+    for predicted, measured, compute in steps:
+        errors.append(predicted / measured - 1)
+        bands.append(TIGHT if (measured - compute) / measured >= 0.5 else LOOSE)
+    worst = max(range(len(steps)), key=lambda i: abs(errors[i]) / bands[i])
+    predicted = statistics.median(p for p, _, _ in steps)
+    measured = statistics.median(m for _, m, _ in steps)
+    return (f"What auto chose was predicted a step of {1e3 * predicted:.1f} ms (median) and measured "
+            f"{1e3 * measured:.1f} ms; worst run {100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % "
+            "band: " + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
 
 
 def plot_link(out):
@@ -373,7 +415,7 @@ def plot(out):
         ax.set_xscale("log")
         ax.set_xlabel("training wall time, s (log scale)")
         ax.set_ylabel("validation loss, nats/token")
-        ax.set_title(f"language model, {entry['rate']}, {settings['hosts']} hosts × 1 rank", fontsize=9)
+        ax.set_title(f"language model, {entry['rate']}, {layout(settings)}", fontsize=9)
     plots._save_panels(fig, axes[0], os.path.join(out, PLOT))
     return PLOT
 

@@ -25,6 +25,7 @@ def test_sync_comes_first_and_every_run_trains_the_corpus_at_the_model_flags():
 @pytest.mark.parametrize("argv, message", [
     (["--out", "/tmp/x", "--configurations", "nope"], "--configurations must be chosen from"),
     (["--out", "/tmp/x", "--hosts", "1"], "--hosts must be >= 2"),
+    (["--out", "/tmp/x", "--ranks-per-host", "0"], "Received: --hosts=2 --ranks-per-host=0"),
     (["--out", "/tmp/x", "--link-rates", "fast"], "--link-rates:"),
     ([], "--out is required"),
 ])
@@ -34,7 +35,7 @@ def test_bad_arguments_get_one_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_cluster_launch_is_horovodrun_mpi_from_node1_one_rank_a_host():
+def test_a_cluster_launch_is_horovodrun_mpi_from_node1_with_its_ranks_a_host():
     launch = ttt.ClusterLaunch(VirtualCluster("hvdtest"), 2)
     variant = Variant("sync", ("--strategy", "sync"))
     cmd = launch.command(variant, 1, "/runs/r")
@@ -42,6 +43,10 @@ def test_a_cluster_launch_is_horovodrun_mpi_from_node1_one_rank_a_host():
     assert cmd[-6:] == ["--seed", "1", "--strategy", "sync", "--threads-per-rank", "1"]
     assert launch.shown(variant, 1) == ("horovodrun -np 2 -H node1:1,node2:1 --mpi python train.py --strategy sync "
                                         "--threads-per-rank 1 --seed 1 --run-dir DIR")
+    two_by_two = ttt.ClusterLaunch(VirtualCluster("hvdtest"), 2, 2).command(variant, 1, "/runs/r")
+    assert two_by_two[1:7] == ["--disable-cache", "-np", "4", "-H", "node1:2,node2:2", "--mpi"]
+    assert ttt.layout({"hosts": 2, "ranks_per_host": 2}) == "2 hosts × 2 ranks"
+    assert ttt.layout({"hosts": 2}) == "2 hosts × 1 rank"  # a folder from before --ranks-per-host
 
 
 def test_the_target_is_reached_at_the_first_epoch_at_or_below_it():
@@ -157,3 +162,11 @@ def test_the_plot_is_linked_from_the_page_that_includes_a_committed_report():
 def test_a_start_up_measurement_over_five_percent_of_ten_minutes_misses():
     assert ttt.measure_line({"measure": [31.0], "run_seconds": [100.0]}).endswith("at most 5.2 %: ≤ 5 % **missed**.")
     assert ttt.measure_line({"measure": [29.0], "run_seconds": [100.0]}).endswith("at most 4.8 %: ≤ 5 % met.")
+
+
+def test_autos_predicted_step_is_judged_in_the_cost_models_validation_band():
+    # measured 120 ms of which 100 communicating: the ±15 % band, and -17 % is outside it
+    assert ttt.prediction_line([(0.10, 0.12, 0.02)]).endswith("worst run -17 % against its ±15 % band: **outside**.")
+    # 20 of 120 ms communicating: ±25 %
+    assert ttt.prediction_line([(0.10, 0.12, 0.10), (0.12, 0.12, 0.10)]).endswith("-17 % against its ±25 % band: "
+                                                                                  "within.")
