@@ -383,9 +383,9 @@ def prediction_line(steps):
     worst = max(range(len(steps)), key=lambda i: abs(errors[i]) / bands[i])
     predicted = statistics.median(p for p, _, _ in steps)
     measured = statistics.median(m for _, m, _ in steps)
-    return (f"What auto chose was predicted a step of {1e3 * predicted:.1f} ms (median) and measured "
-            f"{1e3 * measured:.1f} ms; worst run {100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % "
-            "band: " + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
+    return (f"`auto`'s choice: predicted step {1e3 * predicted:.1f} ms, measured {1e3 * measured:.1f} ms (medians); "
+            f"the worst run {100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % band: "
+            + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
 
 
 def plot_link(out):
