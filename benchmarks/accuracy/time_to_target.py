@@ -286,9 +286,12 @@ def summarise(out):
 
 
 def judge(settings, entry):
-    """The goal of a rate, "met"/"**missed**" with its figure, or None before every seed is in."""
-    others = {n: r for n, r in entry["rows"].items() if n not in ("sync", AUTO) and r["ratio"] is not None}
-    if "sync" not in entry["rows"] or entry["rows"]["sync"]["median"] is None or entry["seeds"] < parity.SEEDS_TO_JUDGE:
+    """The goal of a rate, "met"/"**missed**" with its figure; None before every seed is in, or where no
+    fixed configuration but SyncAverage raced (a race of sync and auto judges auto alone)."""
+    rivals = [n for n in entry["rows"] if n not in ("sync", AUTO)]
+    others = {n: entry["rows"][n] for n in rivals if entry["rows"][n]["ratio"] is not None}
+    if ("sync" not in entry["rows"] or entry["rows"]["sync"]["median"] is None
+            or entry["seeds"] < parity.SEEDS_TO_JUDGE or not rivals):
         return None
     slowest = min(settings["link_rates"], key=parse_rate)
     limit = SLOW_LINK_RATIO if entry["rate"] == slowest else 1.0
@@ -331,12 +334,17 @@ def render(out):
     for entry in rates:
         goal, auto_goal = judge(settings, entry), judge_auto(settings, entry)
         share = entry["sync_comm_share"]
-        lines += ["", f"**{entry['rate']}**: "
-                  + (f"a SyncAverage step spends {100 * share:.0f} % of its time communicating "
-                     "(1 − its tokens/s ÷ the same run's over loopback). " if share is not None else "")
-                  + (f"Goal: {goal}." if goal else f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds).")
-                  + (f" `auto`'s goals: {auto_goal}." if auto_goal else ""),
-                  ""]
+        sentences = []
+        if share is not None:
+            sentences.append(f"a SyncAverage step spends {100 * share:.0f} % of its time communicating "
+                             "(1 − its tokens/s ÷ the same run's over loopback).")
+        if goal:
+            sentences.append(f"Goal: {goal}.")
+        elif entry["seeds"] < parity.SEEDS_TO_JUDGE:
+            sentences.append(f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds).")
+        if auto_goal:
+            sentences.append(f"`auto`'s goals: {auto_goal}.")
+        lines += ["", f"**{entry['rate']}**: " + " ".join(sentences), ""]
         rows = []
         for name, row in entry["rows"].items():
             reached = [t for t in row["times"] if t is not None]

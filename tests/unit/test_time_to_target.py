@@ -147,6 +147,28 @@ def test_auto_races_the_fixed_configurations_and_is_judged_against_the_best_of_t
             in text)
 
 
+def test_a_race_of_sync_and_auto_alone_judges_auto_and_not_the_slow_link_goal(tmp_path):
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"target_loss": 2.0, "hosts": 2, "ranks_per_host": 2, "link_rates": ["1gbit"]}, f)
+    os.makedirs(tmp_path / "loopback")
+    write_folder(tmp_path / "loopback", {"sync": [1.9]}, {"sync": 5.0}, {"sync": 10_000}, seeds=1)
+    epochs = {"sync": 20.0, "auto": 21.0}
+    os.makedirs(tmp_path / "1gbit")
+    write_folder(tmp_path / "1gbit", {name: [2.5, 1.9] for name in epochs}, epochs, {n: 1 for n in epochs},
+                 rate="1gbit")
+    for seed in range(3):
+        with open(tmp_path / "1gbit" / f"auto-seed{seed}" / "config.yaml", "w") as f:
+            json.dump({"config": {"auto_choice": {"candidate": {"strategy": "diloco", "compression": "int8",
+                                                                "period": 10, "hierarchical": True},
+                                                  "measure_seconds": 10.0}}}, f)
+    settings, (entry,) = ttt.summarise(str(tmp_path))
+    assert ttt.judge(settings, entry) is None  # its goal is a rival's to SyncAverage, and none raced
+    assert ttt.judge_auto(settings, entry) == ("1.05 × the best fixed (`sync`): ≤ 1.15 × met; "
+                                               "1.05 × sync: ≤ 1.05 × met")
+    text = ttt.render(str(tmp_path))
+    assert "**missed**" not in text and "Not judged" not in text and "`auto`'s goals: 1.05 ×" in text
+
+
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "time-to-target-*"))))
 def test_every_committed_report_is_its_results_rendered(directory):
     with open(os.path.join(directory, ttt.REPORT)) as f:
