@@ -1,12 +1,14 @@
 """benchmarks.accuracy.slow_rank: the configurations it launches, the hook setting it derives from the
 equal-speed run, the command a slow run shows, and its table and goals, rendered from a results folder
 (runs.json and each run's metrics.json) written here by hand."""
+import glob
 import json
 import os
 
 import pytest
 
 from benchmarks.accuracy import slow_rank
+from benchmarks.suite.runner import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +64,9 @@ def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_eq
     assert "costs ≤ 3 % against `diloco` met" in text  # faster and lower: no cost
     directory = results(tmp_path / "costly", {"diloco": (100.0, 1.800), "diloco_balance": (96.0, 1.800)})
     assert "costs ≤ 3 % against `diloco` **missed**" in slow_rank.render(directory)
+
+
+@pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "slow-rank-*"))))
+def test_every_committed_table_is_its_results_rendered(directory):
+    with open(os.path.join(directory, slow_rank.TABLE)) as f:
+        assert f.read() == slow_rank.render(directory)
