@@ -289,10 +289,11 @@ def judge(settings, entry):
     """The goal of a rate, "met"/"**missed**" with its figure; None before every seed is in, or where no
     fixed configuration but SyncAverage raced (a race of sync and auto judges auto alone)."""
     rivals = [n for n in entry["rows"] if n not in ("sync", AUTO)]
-    others = {n: entry["rows"][n] for n in rivals if entry["rows"][n]["ratio"] is not None}
-    if ("sync" not in entry["rows"] or entry["rows"]["sync"]["median"] is None
-            or entry["seeds"] < parity.SEEDS_TO_JUDGE or not rivals):
+    if "sync" not in entry["rows"] or entry["seeds"] < parity.SEEDS_TO_JUDGE or not rivals:
         return None
+    if entry["rows"]["sync"]["median"] is None:
+        return "not judged (`sync` did not reach the target on every seed)"
+    others = {n: entry["rows"][n] for n in rivals if entry["rows"][n]["ratio"] is not None}
     slowest = min(settings["link_rates"], key=parse_rate)
     limit = SLOW_LINK_RATIO if entry["rate"] == slowest else 1.0
     if not others:

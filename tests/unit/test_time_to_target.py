@@ -74,6 +74,14 @@ def write_folder(folder, losses_by_name, seconds_by_name, speed_by_name, seeds=3
                    **({"link_rate": rate} if rate else {})}, f)
 
 
+
+def write_auto_choices(folder, candidate, measure_seconds):
+    """Each auto run's config.yaml in ``folder``: the ``candidate`` it chose, seed s measuring
+    ``measure_seconds[s]``."""
+    for seed, seconds in enumerate(measure_seconds):
+        with open(folder / f"auto-seed{seed}" / "config.yaml", "w") as f:
+            json.dump({"config": {"auto_choice": {"candidate": candidate, "measure_seconds": seconds}}}, f)
+
 def test_the_report_gives_each_rates_ratio_to_sync_its_goal_and_syncs_communication_share(tmp_path):
     with open(tmp_path / "settings.json", "w") as f:
         json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit", "1gbit"]}, f)
@@ -129,12 +137,9 @@ def test_auto_races_the_fixed_configurations_and_is_judged_against_the_best_of_t
         os.makedirs(tmp_path / rate)
         write_folder(tmp_path / rate, {name: [2.5, 1.9] for name in epochs}, epochs, {n: 1 for n in epochs},
                      rate=rate)
-        for seed in range(3):
-            with open(tmp_path / rate / f"auto-seed{seed}" / "config.yaml", "w") as f:
-                json.dump({"config": {"auto_choice": {"candidate": {"strategy": chose, "compression": "none",
-                                                                    "period": 10 if chose == "diloco" else 1,
-                                                                    "hierarchical": False},
-                                                      "measure_seconds": 3.0 + seed}}}, f)
+        write_auto_choices(tmp_path / rate, {"strategy": chose, "compression": "none",
+                                             "period": 10 if chose == "diloco" else 1, "hierarchical": False},
+                           (3.0, 4.0, 5.0))
     settings, (slow, fast) = ttt.summarise(str(tmp_path))
     assert ttt.judge(settings, slow) == "`diloco_tau10` at 0.12 × sync: ≤ 0.25 × met"  # auto is not a rival
     assert ttt.judge_auto(settings, slow) == "1.08 × the best fixed (`diloco_tau10`): ≤ 1.15 × met"
@@ -156,17 +161,27 @@ def test_a_race_of_sync_and_auto_alone_judges_auto_and_not_the_slow_link_goal(tm
     os.makedirs(tmp_path / "1gbit")
     write_folder(tmp_path / "1gbit", {name: [2.5, 1.9] for name in epochs}, epochs, {n: 1 for n in epochs},
                  rate="1gbit")
-    for seed in range(3):
-        with open(tmp_path / "1gbit" / f"auto-seed{seed}" / "config.yaml", "w") as f:
-            json.dump({"config": {"auto_choice": {"candidate": {"strategy": "diloco", "compression": "int8",
-                                                                "period": 10, "hierarchical": True},
-                                                  "measure_seconds": 10.0}}}, f)
+    write_auto_choices(tmp_path / "1gbit", {"strategy": "diloco", "compression": "int8", "period": 10,
+                                            "hierarchical": True}, (10.0, 10.0, 10.0))
     settings, (entry,) = ttt.summarise(str(tmp_path))
     assert ttt.judge(settings, entry) is None  # its goal is a rival's to SyncAverage, and none raced
     assert ttt.judge_auto(settings, entry) == ("1.05 × the best fixed (`sync`): ≤ 1.15 × met; "
                                                "1.05 × sync: ≤ 1.05 × met")
     text = ttt.render(str(tmp_path))
     assert "**missed**" not in text and "Not judged" not in text and "`auto`'s goals: 1.05 ×" in text
+
+
+def test_a_sync_that_misses_the_target_leaves_the_rate_not_judged_and_says_why(tmp_path):
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit"]}, f)
+    os.makedirs(tmp_path / "loopback")
+    write_folder(tmp_path / "loopback", {"sync": [1.9]}, {"sync": 5.0}, {"sync": 10_000}, seeds=1)
+    os.makedirs(tmp_path / "100mbit")
+    write_folder(tmp_path / "100mbit", {"sync": [2.1], "diloco_tau50": [1.9]}, {"sync": 9.0, "diloco_tau50": 3.0},
+                 {"sync": 1, "diloco_tau50": 1})
+    settings, (entry,) = ttt.summarise(str(tmp_path))
+    assert ttt.judge(settings, entry) == "not judged (`sync` did not reach the target on every seed)"
+    assert "Goal: not judged (`sync` did not reach the target on every seed)." in ttt.render(str(tmp_path))
 
 
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "time-to-target-*"))))
