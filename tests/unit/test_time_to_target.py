@@ -75,12 +75,13 @@ def write_folder(folder, losses_by_name, seconds_by_name, speed_by_name, seeds=3
 
 
 
-def write_auto_choices(folder, candidate, measure_seconds):
+def write_auto_choices(folder, candidate, measure_seconds, recorded=None, config=None):
     """Each auto run's config.yaml in ``folder``: the ``candidate`` it chose, seed s measuring
-    ``measure_seconds[s]``."""
+    ``measure_seconds[s]``, and more of what auto records (``recorded``) and of the run's config."""
     for seed, seconds in enumerate(measure_seconds):
         with open(folder / f"auto-seed{seed}" / "config.yaml", "w") as f:
-            json.dump({"config": {"auto_choice": {"candidate": candidate, "measure_seconds": seconds}}}, f)
+            json.dump({"config": {"auto_choice": {"candidate": candidate, "measure_seconds": seconds,
+                                                  **(recorded or {})}, **(config or {})}}, f)
 
 def test_the_report_gives_each_rates_ratio_to_sync_its_goal_and_syncs_communication_share(tmp_path):
     with open(tmp_path / "settings.json", "w") as f:
@@ -124,7 +125,7 @@ def test_a_configuration_that_misses_the_target_on_a_seed_has_no_time_and_fewer_
 
 def test_auto_races_the_fixed_configurations_and_is_judged_against_the_best_of_them(tmp_path):
     args = ttt.parse_args(["--out", "/tmp/x", "--configurations", "auto,diloco_tau10"], "ttt")
-    assert ttt.variants(args.names, "/c.txt")[1].flags == ("--data", "text:/c.txt", "--strategy", "auto",
+    assert ttt.variants(args.names, "/c.txt")[0].flags == ("--data", "text:/c.txt", "--strategy", "auto",
                                                            *ttt.MODEL_FLAGS)
     with open(tmp_path / "settings.json", "w") as f:
         json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit", "1gbit"]}, f)
@@ -182,6 +183,30 @@ def test_a_sync_that_misses_the_target_leaves_the_rate_not_judged_and_says_why(t
     settings, (entry,) = ttt.summarise(str(tmp_path))
     assert ttt.judge(settings, entry) == "not judged (`sync` did not reach the target on every seed)"
     assert "Goal: not judged (`sync` did not reach the target on every seed)." in ttt.render(str(tmp_path))
+
+
+def test_a_rate_without_sync_judges_auto_against_the_rivals_raced_and_gives_syncs_predicted_step(tmp_path):
+    args = ttt.parse_args(["--out", "/tmp/x", "--link-rates", "10mbit", "--configurations",
+                           "diloco_tau10,auto"], "ttt")
+    assert args.names == ["diloco_tau10", "auto"]  # SyncAverage races only when named
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["10mbit"]}, f)
+    epochs = {"diloco_tau10": 30.0, "auto": 20.0}
+    os.makedirs(tmp_path / "10mbit")  # and no loopback folder: its run is SyncAverage's
+    write_folder(tmp_path / "10mbit", {name: [2.5, 1.9] for name in epochs}, epochs, {n: 1024 for n in epochs},
+                 rate="10mbit")
+    # 2 ranks x 4 sequences x 128 tokens = 1,024 tokens a step at 1,024 tokens/s: a measured step of 1 s
+    write_auto_choices(tmp_path / "10mbit", {"strategy": "diloco", "compression": "int4", "period": 10,
+                                             "hierarchical": False}, (5.0, 5.0, 5.0),
+                       {"hosts": 2, "ranks_per_host": 1, "predicted_step": 0.05, "compute": 0.03,
+                        "predictions": [{"candidate": "sync", "step": 1.5}]}, {"batch_size": 4, "context": 128})
+    settings, (entry,) = ttt.summarise(str(tmp_path))
+    assert entry["sync_comm_share"] is None and ttt.judge(settings, entry) is None
+    assert ttt.judge_auto(settings, entry) == "0.67 × the best fixed (`diloco_tau10`): ≤ 1.15 × met"
+    text = ttt.render(str(tmp_path))
+    assert ("`sync` not raced at this rate (no goal against it is judged): `auto`'s runs predicted its step at "
+            "1.50 s, 30 × the 50 ms they predicted for their choice.") in text
+    assert "Not judged" not in text and "| `sync`" not in text
 
 
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "time-to-target-*"))))
