@@ -38,6 +38,8 @@ import os
 import statistics
 import sys
 
+import yaml
+
 from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command, write_rendered
 from ..suite.runner import table
 
@@ -147,9 +149,11 @@ def render(directory):
     np_ = index["np"]
     found = {}
     for run, metrics in runs:
-        entry = found.setdefault(run["variant"], {"speed": [], "loss": [], "command": run["command"]})
+        entry = found.setdefault(run["variant"], {"speed": [], "loss": [], "shares": [], "command": run["command"]})
         entry["speed"].append(metrics["final"]["samples_per_sec"])
         entry["loss"].append(metrics["final"]["test_loss"])
+        if run["variant"].endswith("_balance"):
+            entry["shares"].append(_chosen_shares(os.path.join(directory, run["run"])))
     rows, answers = [], []
     for name, entry in found.items():
         strategy = name.split("_")[0]
@@ -177,8 +181,20 @@ def render(directory):
               "validation loss, median (min–max)", "mean vs equal ranks", "goals"]
     lead = ("; ".join(answers) + ".") if answers else ""
     command = next(iter(found.values()))["command"] if found else ""
-    return "\n".join([lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
-                      f"like `{command}`.", "", table(header, rows, "lrrrrl")]) + "\n"
+    lines = [lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
+             f"like `{command}`.", "", table(header, rows, "lrrrrl")]
+    chosen = [f"`{name}` {', '.join(' + '.join(map(str, s)) if s else '?' for s in entry['shares'])}"
+              for name, entry in found.items() if entry["shares"]]
+    if chosen:
+        lines += ["", "The shares of the global batch `--balance speed` chose at start-up (rank 0 first), seed by "
+                      f"seed: {'; '.join(chosen)}."]
+    return "\n".join(lines) + "\n"
+
+
+def _chosen_shares(run_dir):
+    """The per-rank samples of a step that ``--balance speed`` chose (config.yaml's ``sample_shares``), or None."""
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        return yaml.safe_load(f)["config"].get("sample_shares")
 
 
 def _no_goal(name, strategy, seeds):

@@ -22,6 +22,10 @@ def results(tmp_path, figures, np_=4):
             os.makedirs(tmp_path / name)
             (tmp_path / name / "metrics.json").write_text(json.dumps(
                 {"final": {"samples_per_sec": speed + seed, "test_loss": loss}}))
+            # --balance speed's shares of a global batch of 64: equal, or the last rank's cut by its speed
+            shares = [16, 16, 16, 16] if "slow" not in variant else [18, 18, 18 - seed % 2, 10 + seed % 2]
+            (tmp_path / name / "config.yaml").write_text(json.dumps(
+                {"config": {"sample_shares": shares if variant.endswith("_balance") else None}}))
             runs.append({"run": name, "variant": variant, "twin": None, "seed": seed, "command": f"cmd {variant}"})
     (tmp_path / "runs.json").write_text(json.dumps({"workload": "language_model", "np": np_, "strategies": "diloco",
                                                     "seeds": 3, "runs": runs, "failures": []}))
@@ -57,6 +61,8 @@ def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_eq
     assert "today's pace" in rows["`diloco_slow`"] and "| 0.66 |" in rows["`diloco_slow`"]
     assert text.startswith("`diloco_slow` runs at 0.66 of the sum of the ranks' own speeds; `diloco_slow_balance` "
                            "runs at 0.89")
+    assert text.endswith("seed by seed: `diloco_balance` 16 + 16 + 16 + 16, 16 + 16 + 16 + 16, 16 + 16 + 16 + 16; "
+                         "`diloco_slow_balance` 18 + 18 + 18 + 10, 18 + 18 + 17 + 11, 18 + 18 + 18 + 10.\n")
     directory = results(tmp_path / "better", {"diloco": (100.0, 1.800), "diloco_slow_balance": (85.0, 1.820),
                                               "diloco_balance": (104.0, 1.700)})
     text = slow_rank.render(directory)
