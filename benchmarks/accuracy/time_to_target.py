@@ -282,8 +282,10 @@ def summarise(out):
             if name == AUTO:  # its start-up measurement, against the run's training time
                 rows[name]["measure"] = [c["measure_seconds"] for c in choices if "measure_seconds" in c]
                 rows[name]["run_seconds"] = [curve(m)[-1][0] for m in runs]
-                rows[name]["steps"] = [(c["predicted_step"], c["tokens_per_step"] / m["final"]["tokens_per_sec"],
-                                        c["compute"]) for c, m in zip(choices, runs) if "tokens_per_step" in c]
+                rows[name]["steps"] = [(c["predicted_step"], steady_step(m, c["tokens_per_step"]), c["compute"],
+                                        c["tokens_per_step"] / m["final"]["tokens_per_sec"],
+                                        c["tokens_per_step"] / m["epochs"][0]["tokens_per_sec"])
+                                       for c, m in zip(choices, runs) if "tokens_per_step" in c]
                 rows[name]["sync_predicted"] = [p["step"] for c in choices for p in c.get("predictions", ())
                                                 if p["candidate"] == "sync"]
         sync = rows.get("sync", {}).get("median")
@@ -386,7 +388,7 @@ def not_raced_line(auto_row):
     line = "`sync` not raced at this rate (no goal against it is judged)"
     if auto_row and auto_row.get("sync_predicted") and auto_row.get("steps"):
         sync = statistics.median(auto_row["sync_predicted"])
-        chosen = statistics.median(p for p, _, _ in auto_row["steps"])
+        chosen = statistics.median(s[0] for s in auto_row["steps"])
         line += (f": `auto`'s runs predicted its step at {sync:.2f} s, {sync / chosen:.0f} × the {1e3 * chosen:.0f} ms "
                  "they predicted for their choice")
     return line + "."
@@ -404,19 +406,31 @@ def measure_line(row):
                                                    else "**missed**."))
 
 
+def steady_step(metrics, tokens_per_step):
+    """A run's step in steady state: the median over its epochs after the first of the tokens of one update
+    ÷ the epoch's tokens/s. The first epoch also traces the graph and makes the first collectives (the report
+    says how much slower it steps); the cost model predicts the step after that, as it was validated
+    (``compare`` times its steps after a discarded warm-up run). A run of one epoch has only that one."""
+    epochs = metrics["epochs"][1:] or metrics["epochs"]
+    return statistics.median(tokens_per_step / row["tokens_per_sec"] for row in epochs)
+
+
 def prediction_line(steps):
-    """auto's predicted step of what it chose against the step its runs measured, in the cost model's
-    validation band (``cluster_check``: ±15 % where communication is at least half the measured step, else
-    ±25 %). ``steps``: ``[(predicted, measured, compute)]`` seconds, a run each."""
+    """auto's predicted step of what it chose against the step its runs measured in steady state, in the cost
+    model's validation band (``cluster_check``: ±15 % where communication is at least half the measured step,
+    else ±25 %). ``steps``: ``[(predicted, measured, compute, whole run's step, first epoch's step)]`` seconds,
+    a run each."""
     errors, bands = [], []
-    for predicted, measured, compute in steps:
+    for predicted, measured, compute, _, _ in steps:
         errors.append(predicted / measured - 1)
         bands.append(TIGHT if (measured - compute) / measured >= 0.5 else LOOSE)
     worst = max(range(len(steps)), key=lambda i: abs(errors[i]) / bands[i])
-    predicted = statistics.median(p for p, _, _ in steps)
-    measured = statistics.median(m for _, m, _ in steps)
-    return (f"`auto`'s choice: predicted step {1e3 * predicted:.1f} ms, measured {1e3 * measured:.1f} ms (medians); "
-            f"the worst run {100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % band: "
+    predicted, measured, _, whole, _ = (statistics.median(s[i] for s in steps) for i in range(5))
+    first = [s[4] / s[1] for s in steps]
+    return (f"`auto`'s choice: predicted step {1e3 * predicted:.1f} ms, measured {1e3 * measured:.1f} ms (medians; "
+            f"measured: the median epoch after the first; {1e3 * whole:.1f} ms over the whole run, whose first "
+            f"epoch, which also traces the graph, steps at {min(first):.1f}–{max(first):.1f} × that); the worst run "
+            f"{100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % band: "
             + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
 
 

@@ -63,7 +63,8 @@ def write_folder(folder, losses_by_name, seconds_by_name, speed_by_name, seeds=3
         for seed in range(seeds):
             label = f"{name}-seed{seed}"
             os.makedirs(folder / label)
-            epochs = [{"seconds": seconds_by_name[name] * (1 + 0.1 * seed), "test_loss": loss} for loss in losses]
+            epochs = [{"seconds": seconds_by_name[name] * (1 + 0.1 * seed), "test_loss": loss,
+                       "tokens_per_sec": speed_by_name[name]} for loss in losses]
             with open(folder / label / "metrics.json", "w") as f:
                 json.dump({"epochs": epochs, "final": {"test_loss": losses[-1],
                                                        "tokens_per_sec": speed_by_name[name]}}, f)
@@ -228,7 +229,17 @@ def test_a_start_up_measurement_over_five_percent_of_ten_minutes_misses():
 
 def test_autos_predicted_step_is_judged_in_the_cost_models_validation_band():
     # measured 120 ms of which 100 communicating: the ±15 % band, and -17 % is outside it
-    assert ttt.prediction_line([(0.10, 0.12, 0.02)]).endswith("the worst run -17 % against its ±15 % band: **outside**.")
+    assert ttt.prediction_line([(0.10, 0.12, 0.02, 0.13, 0.18)]).endswith("the worst run -17 % against its ±15 % band: "
+                                                                    "**outside**.")
     # 20 of 120 ms communicating: ±25 %
-    assert ttt.prediction_line([(0.10, 0.12, 0.10), (0.12, 0.12, 0.10)]).endswith("-17 % against its ±25 % band: "
-                                                                                  "within.")
+    line = ttt.prediction_line([(0.10, 0.12, 0.10, 0.14, 0.18), (0.12, 0.12, 0.10, 0.13, 0.15)])
+    assert line.endswith("-17 % against its ±25 % band: within.")
+    assert ("measured 120.0 ms (medians; measured: the median epoch after the first; 135.0 ms over the whole run, "
+            "whose first epoch, which also traces the graph, steps at 1.2–1.5 × that)") in line
+
+
+def test_the_measured_step_is_the_median_epoch_after_the_first_which_traces_the_graph():
+    # 1,024 tokens an update: epochs at 512 (the first), 1,024, 2,048 and 1,024 tokens/s
+    metrics = {"epochs": [{"tokens_per_sec": t} for t in (512.0, 1024.0, 2048.0, 1024.0)]}
+    assert ttt.steady_step(metrics, 1024) == 1.0
+    assert ttt.steady_step({"epochs": [{"tokens_per_sec": 512.0}]}, 1024) == 2.0  # one epoch: that one
