@@ -1,11 +1,15 @@
-"""How soon each strategy reaches a target validation loss across a slow link: ``python -m benchmarks time-to-target``.
+"""How soon each strategy reaches a target quality across a slow link: ``python -m benchmarks time-to-target``.
 
     python -m benchmarks time-to-target --out docs/results/time-to-target-lm
     python -m benchmarks time-to-target --out DIR --link-rates 100mbit --configurations sync,diloco_tau50 --seeds 1
+    python -m benchmarks time-to-target --workload fashion_mnist --out DIR --configurations sync,diloco_tau10,auto
     python -m benchmarks time-to-target --render DIR     # rewrite DIR/time-to-target.md and its plot (no launch)
 
 The language model of ``parity`` (train.py's transformer, bytes of the Python docs), at a size where a
-SyncAverage step across 100 Mbit/s spends most of its time communicating (``MODEL_FLAGS``), on the virtual
+SyncAverage step across 100 Mbit/s spends most of its time communicating (``MODEL_FLAGS``), raced to a
+validation loss; or (``--workload fashion_mnist``) train.py's CNN on the first ``IMAGES`` Fashion-MNIST
+training images, raced to a test accuracy on all 10,000 test images (``IMAGE_FLAGS``; its SyncAverage step
+sends 1.6 MB of gradients). Either runs on the virtual
 cluster (``tools/vcluster.py``): ``--hosts`` hosts of ``--ranks-per-host`` ranks (default one), their links
 shaped to each ``--link-rates`` rate. Every (configuration, seed) is one ``horovodrun --mpi`` of train.py from node1
 (``ClusterLaunch``), at train.py's defaults otherwise, each bounded in time; its own config.yaml and
@@ -15,10 +19,11 @@ host over loopback (``OUT/loopback/``): its step is the compute c that a link ad
 of a SyncAverage step spent communicating at a rate is 1 − c / step.
 
 The corpus is the first ``CORPUS_BYTES`` of the Python docs' byte stream (``--data python_docs``), written to
-``OUT/data/`` and read with ``--data text:PATH``: an epoch of it is short enough that train.py's evaluation at
-the end of every epoch times the target finely. A run reaches the target at the cumulative training seconds
-(the slowest rank's, no evaluation) of the first epoch whose validation loss is at or below it: up to an
-epoch late, never made up between epochs.
+``OUT/data/`` and read with ``--data text:PATH`` (the images likewise, as idx files read with ``--data
+fashion_mnist:DIR``): an epoch of it is short enough that train.py's evaluation at the end of every epoch
+times the target finely. A run reaches the target at the cumulative training seconds (the slowest rank's,
+no evaluation) of the first epoch whose metric is at or past it: up to an epoch late, never made up between
+epochs.
 
 SyncAverage races first wherever it is named in ``--configurations``. Where its step is mostly waiting on the
 link (10 Mbit/s: about an hour a seed to the target) it can be left out: the report then says it was not raced,
@@ -52,18 +57,25 @@ from ..suite.rated_links import hosts_argument, run_on_cluster
 from ..suite.runner import REPO_ROOT, horovodrun, table
 
 REPORT = "time-to-target.md"
-PLOT = "loss_vs_time.png"
 LOOPBACK = "loopback"  # the folder of the compute reference: SyncAverage on this host
 CORPUS_BYTES = 500_000
 # A SyncAverage step of this model across 100 Mbit/s is mostly communication (the report states the share):
 # 4x the default width (16x the matrices' elements) and a small batch, so each step has little compute.
 MODEL_FLAGS = ("--width", "128", "--batch-size", "4", "--epochs", "8")
+# The image set's first IMAGES of its training images (every test image): an epoch of 312 steps at 2 ranks,
+# short enough that the evaluation at the end of each times the target finely. The CNN's SyncAverage step
+# sends its 1.6 MB of gradients, mostly communication across 100 Mbit/s at train.py's batch.
+IMAGES = 20_000
+IMAGE_FLAGS = ("--epochs", "5")
 CONFIGURATIONS = ("sync", "diloco_tau10", "diloco_tau50", "diloco_tau50_streaming")
 # ``--strategy auto`` (docs/auto.md) races the fixed configurations it chooses among: judged against the best
 # of them, not counted as one.
 AUTO = "auto"
 AUTO_FLAGS = ("--strategy", "auto")
 DEFAULT_TARGET_LOSS = 1.6
+# Between SyncAverage's test accuracy after its 2nd and 3rd epochs of the 20,000 images (0.845 and 0.881, seed 0,
+# 2 ranks over loopback): no seed's noise moves a run's time by a whole epoch.
+DEFAULT_TARGET_ACCURACY = 0.86
 SLOW_LINK_RATIO = 0.25
 AUTO_RATIO = 1.15  # auto's time to target at most this × the best fixed configuration's, at every rate
 AUTO_FAST_LINK_RATIO = 1.05  # and at the fastest rate at most this × SyncAverage's
@@ -108,8 +120,12 @@ def parse_args(argv, prog):
     p.add_argument("--configurations", default=",".join(CONFIGURATIONS),
                    help=f"comma-separated names of parity's language model, or {AUTO}; sync races first when "
                         f"named, and is not raced when left out (default {','.join(CONFIGURATIONS)})")
-    p.add_argument("--target-loss", type=float, default=DEFAULT_TARGET_LOSS,
-                   help=f"validation loss to reach, nats/token (default {DEFAULT_TARGET_LOSS})")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="language_model",
+                   help="what to train: the language model on 500 kB of the Python docs, or the CNN on 20,000 "
+                        "Fashion-MNIST images (default language_model)")
+    p.add_argument("--target", type=float,
+                   help=f"the workload's metric to reach: validation loss in nats/token (default "
+                        f"{DEFAULT_TARGET_LOSS}), or test accuracy (default {DEFAULT_TARGET_ACCURACY})")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
     p.add_argument("--cluster-name", default="hvdtta", help="the virtual cluster's name (default hvdtta)")
     p.add_argument("--render", metavar="DIR", help=f"rewrite DIR/{REPORT} and its plot from DIR's runs and exit")
@@ -118,17 +134,20 @@ def parse_args(argv, prog):
         return args
     if not args.out:
         p.error("--out is required (or --render DIR)")
-    if args.hosts < 2 or args.ranks_per_host < 1 or args.seeds < 1 or args.target_loss <= 0:
-        p.error(f"--hosts must be >= 2, --ranks-per-host, --seeds >= 1 and --target-loss > 0. Received: "
+    args.workload = WORKLOADS[args.workload]
+    if args.target is None:
+        args.target = args.workload.target
+    if args.hosts < 2 or args.ranks_per_host < 1 or args.seeds < 1 or args.target <= 0:
+        p.error(f"--hosts must be >= 2, --ranks-per-host, --seeds >= 1 and --target > 0. Received: "
                 f"--hosts={args.hosts} --ranks-per-host={args.ranks_per_host} "
-                f"--seeds={args.seeds} --target-loss={args.target_loss}")
+                f"--seeds={args.seeds} --target={args.target}")
     args.rates = args.link_rates.split(",")
     try:
         for rate in args.rates:
             parse_rate(rate)
     except ValueError as err:
         p.error(f"--link-rates: {err}")
-    names, known = args.configurations.split(","), _flags_by_name()
+    names, known = args.configurations.split(","), _flags_by_name(args.workload)
     unknown = [n for n in names if n not in known]
     if unknown:
         p.error(f"--configurations must be chosen from {','.join(known)}. Received: {','.join(unknown)}")
@@ -143,6 +162,45 @@ def layout(settings):
     return f"{settings['hosts']} hosts × {ranks} rank" + ("s" if ranks > 1 else "")
 
 
+class Workload(NamedTuple):
+    """What a race trains and what it reads off each run's metrics.json.
+
+    ``parity``: the name of its configurations in ``parity.WORKLOADS``; ``flags``: train.py's flags beyond the
+    data and the configuration; ``metric`` (per epoch and final) reaches ``target`` from above if
+    ``lower_is_better``, else from below; ``speed``: the key of its speed, in ``unit`` a second;
+    ``write_data(out)``: writes its data under ``out/data`` and returns train.py's ``--data``.
+    """
+    parity: str
+    flags: tuple
+    metric: str
+    lower_is_better: bool
+    target: float
+    what: str  # the metric as the report names it, and its unit
+    metric_unit: str
+    unit: str  # what a step's speed counts: "tokens" or "samples"
+    title: str
+    plot: str
+    write_data: object
+
+    def reached(self, value, target):
+        return value <= target if self.lower_is_better else value >= target
+
+    @property
+    def speed(self):
+        return f"{self.unit}_per_sec"
+
+    def per_step(self, config, ranks):
+        """The tokens or samples of one update across ``ranks`` ranks, from a run's config.yaml."""
+        return ranks * config["batch_size"] * (config["context"] if self.unit == "tokens" else 1)
+
+    @property
+    def target_sign(self):
+        return "≤" if self.lower_is_better else "≥"
+
+    def shown(self, metrics):
+        return f"final {self.metric} {metrics['final'][self.metric]:.4f}"
+
+
 def write_corpus(path, size=CORPUS_BYTES):
     """The first ``size`` bytes of ``--data python_docs``'s stream, written by train.py's own loader (in a
     child process: this one never imports TensorFlow)."""
@@ -155,25 +213,75 @@ def write_corpus(path, size=CORPUS_BYTES):
     os.replace(path + ".tmp", path)
 
 
-def _flags_by_name():
-    """Each configuration's train.py flags: parity's language-model configurations, and ``auto``."""
-    flags = {c.name: c.flags for c in parity.WORKLOADS["language_model"].configurations}
+def write_images(directory, size=IMAGES):
+    """Fashion-MNIST's first ``size`` training images and labels and its whole test set, as the idx files
+    ``--data fashion_mnist:DIR`` reads, read by train.py's own loader (in a child process: this one never
+    imports TensorFlow)."""
+    if os.path.isfile(os.path.join(directory, "done")):
+        return
+    os.makedirs(directory, exist_ok=True)
+    code = ("import sys; from benchmarks.accuracy.time_to_target import _write_idx_files; "
+            "_write_idx_files(sys.argv[1], int(sys.argv[2]))")
+    subprocess.run([sys.executable, "-c", code, directory, str(size)], check=True, cwd=REPO_ROOT, timeout=300)
+    open(os.path.join(directory, "done"), "w").close()
+
+
+def _write_idx_files(directory, size):
+    """In the child of ``write_images``: the idx format is a big-endian magic, the dimensions, the bytes."""
+    import gzip
+
+    from hvd_easgd.app import data
+
+    found = data.fashion_mnist()
+    arrays = {"x_train": found.x_train[:size, ..., 0], "y_train": found.y_train[:size],
+              "x_test": found.x_test[..., 0], "y_test": found.y_test}
+    for key, name in data.FASHION_MNIST_FILES.items():
+        array = arrays[key].astype("uint8")
+        magic = data.IDX_IMAGES_MAGIC if key.startswith("x") else data.IDX_LABELS_MAGIC
+        header = magic.to_bytes(4, "big") + b"".join(n.to_bytes(4, "big") for n in array.shape)
+        with gzip.open(os.path.join(directory, name), "wb", compresslevel=1) as f:
+            f.write(header + array.tobytes())
+
+
+def _language_model_data(out):
+    corpus = os.path.join(out, "data", f"python_docs_{CORPUS_BYTES // 1000}k.txt")
+    write_corpus(corpus)
+    return f"text:{corpus}"
+
+
+def _image_data(out):
+    directory = os.path.join(out, "data", f"fashion_mnist_{IMAGES // 1000}k")
+    write_images(directory)
+    return f"fashion_mnist:{directory}"
+
+
+WORKLOADS = {
+    "language_model": Workload("language_model", MODEL_FLAGS, "test_loss", True, DEFAULT_TARGET_LOSS,
+                               "validation loss", " nats/token", "tokens", "language model", "loss_vs_time.png",
+                               _language_model_data),
+    "fashion_mnist": Workload("fashion_mnist", IMAGE_FLAGS, "test_accuracy", False, DEFAULT_TARGET_ACCURACY,
+                              "test accuracy", "", "samples", "Fashion-MNIST CNN", "accuracy_vs_time.png",
+                              _image_data),
+}
+
+
+def _flags_by_name(workload):
+    """Each configuration's train.py flags: parity's configurations of the workload, and ``auto``."""
+    flags = {c.name: c.flags for c in parity.WORKLOADS[workload.parity].configurations}
     flags[AUTO] = AUTO_FLAGS
     return flags
 
 
-def variants(names, corpus):
-    """The configurations of ``names`` on the corpus at ``MODEL_FLAGS``."""
-    flags = _flags_by_name()
-    data = ("--data", f"text:{corpus}")
-    return [Variant(n, data + flags[n] + MODEL_FLAGS) for n in names]
+def variants(workload, names, data):
+    """The configurations of ``names`` on ``data`` (train.py's ``--data``) at the workload's flags."""
+    flags = _flags_by_name(workload)
+    return [Variant(n, ("--data", data) + flags[n] + workload.flags) for n in names]
 
 
-def _run_folder(folder, chosen, np_, seeds, timeout, launch, extra):
+def _run_folder(workload, folder, chosen, np_, seeds, timeout, launch, extra):
     """Runs what ``folder`` does not hold yet (``accuracy.continue_runs``); returns its failures."""
-    return continue_runs(folder, {"workload": "language_model", "np": np_, "flags": " ".join(MODEL_FLAGS), **extra},
-                         chosen, np_, seeds, timeout, "time-to-target",
-                         shown=lambda m: f"final test_loss {m['final']['test_loss']:.4f}", launch=launch)
+    return continue_runs(folder, {"workload": workload.parity, "np": np_, "flags": " ".join(workload.flags), **extra},
+                         chosen, np_, seeds, timeout, "time-to-target", shown=workload.shown, launch=launch)
 
 
 def main(argv=None, prog="python -m benchmarks time-to-target"):
@@ -183,23 +291,22 @@ def main(argv=None, prog="python -m benchmarks time-to-target"):
         return 0
     check_privileges()
     out = os.path.abspath(args.out)
-    corpus = os.path.join(out, "data", f"python_docs_{CORPUS_BYTES // 1000}k.txt")
-    write_corpus(corpus)
-    chosen = variants(args.names, corpus)
+    workload = args.workload
+    chosen = variants(workload, args.names, workload.write_data(out))
     ranks = args.hosts * args.ranks_per_host
-    settings = {"target_loss": args.target_loss, "hosts": args.hosts, "ranks_per_host": args.ranks_per_host,
-                "link_rates": args.rates}
+    settings = {"workload": workload.parity, "target": args.target, "hosts": args.hosts,
+                "ranks_per_host": args.ranks_per_host, "link_rates": args.rates}
     with open(os.path.join(out, "settings.json"), "w") as f:
         json.dump(settings, f, indent=1)
     # SyncAverage over loopback: the compute its step at each rate adds the link to (none if it does not race)
-    failures = (_run_folder(os.path.join(out, LOOPBACK), chosen[:1], ranks, 1, args.timeout, LocalLaunch(ranks), {})
-                if args.names[0] == "sync" else [])
+    failures = (_run_folder(workload, os.path.join(out, LOOPBACK), chosen[:1], ranks, 1, args.timeout,
+                            LocalLaunch(ranks), {}) if args.names[0] == "sync" else [])
     cluster = VirtualCluster(args.cluster_name)
     try:
         for rate in args.rates:
             state = cluster.up(args.hosts, args.ranks_per_host, rate)
             print(f"[time-to-target] {rate}: {layout(settings)}, {state['link']['qdisc']}", flush=True)
-            failures += _run_folder(os.path.join(out, rate), chosen, ranks, args.seeds, args.timeout,
+            failures += _run_folder(workload, os.path.join(out, rate), chosen, ranks, args.seeds, args.timeout,
                                     ClusterLaunch(cluster, args.hosts, args.ranks_per_host), {"link_rate": rate})
     except ClusterError as err:
         failures.append(f"virtual cluster: {err}")
@@ -210,21 +317,33 @@ def main(argv=None, prog="python -m benchmarks time-to-target"):
 
 
 # --- the report ----------------------------------------------------------------------------------------
-def curve(metrics):
-    """``[(cumulative training seconds, validation loss)]``, one point per epoch."""
+def curve(metrics, metric="test_loss"):
+    """``[(cumulative training seconds, the metric)]``, one point per epoch."""
     points, seconds = [], 0.0
     for row in metrics["epochs"]:
         seconds += row["seconds"]
-        points.append((seconds, row["test_loss"]))
+        points.append((seconds, row[metric]))
     return points
 
 
-def seconds_to_target(points, target):
-    """The seconds of the first point at or below ``target``, or None if the run never reached it."""
-    return next((seconds for seconds, loss in points if loss <= target), None)
+def seconds_to_target(points, target, lower_is_better=True):
+    """The seconds of the first point at or below ``target`` (at or above it where higher is better), or
+    None if the run never reached it."""
+    return next((seconds for seconds, value in points
+                 if (value <= target if lower_is_better else value >= target)), None)
 
 
-def _load(folder):
+def load_settings(out):
+    """A results folder's settings.json, with ``workload`` its ``Workload`` and ``target`` its target (a
+    folder from before ``--workload`` raced the language model to ``target_loss``)."""
+    with open(os.path.join(out, "settings.json")) as f:
+        settings = json.load(f)
+    settings["workload"] = WORKLOADS[settings.get("workload", "language_model")]
+    settings["target"] = settings.get("target", settings.get("target_loss"))
+    return settings
+
+
+def _load(folder, workload):
     """``(runs.json, {configuration: [metrics.json per seed]}, [config.yaml's auto_choice per auto run])`` of a
     rate's folder, in run order."""
     index, runs = kept_runs(folder)
@@ -232,22 +351,21 @@ def _load(folder):
     for run, metrics in runs:
         found.setdefault(run["variant"], []).append(metrics)
         if run["variant"] == AUTO:
-            choices.append(_auto_choice(os.path.join(folder, run["run"])))
+            choices.append(_auto_choice(os.path.join(folder, run["run"]), workload))
     return index, found, choices
 
 
-def _auto_choice(run_dir):
+def _auto_choice(run_dir, workload):
     """What ``--strategy auto`` recorded in ``run_dir``'s config.yaml (``auto_choice``: its measurements, the
-    candidates' predictions and the choice; ``{}`` if nothing), with ``tokens_per_step``: the tokens of one
-    update across the ranks, which turn the run's tokens/s into its measured step."""
+    candidates' predictions and the choice; ``{}`` if nothing), with ``per_step``: the tokens or samples of
+    one update across the ranks, which turn the run's speed into its measured step."""
     import yaml
 
     with open(os.path.join(run_dir, "config.yaml")) as f:
         config = yaml.safe_load(f)["config"]
     choice = dict(config.get("auto_choice") or {})
     if "ranks_per_host" in choice:
-        ranks = choice["hosts"] * choice["ranks_per_host"]
-        choice["tokens_per_step"] = ranks * config["batch_size"] * config["context"]
+        choice["per_step"] = workload.per_step(config, choice["hosts"] * choice["ranks_per_host"])
     return choice
 
 
@@ -259,33 +377,33 @@ def _label(choice):
 def summarise(out):
     """Per rate: per configuration its seeds' seconds to target (None: not reached), median, ratio to
     SyncAverage's median, final losses and tokens/s; and the communication share of a SyncAverage step."""
-    with open(os.path.join(out, "settings.json")) as f:
-        settings = json.load(f)
-    target = settings["target_loss"]
-    loopback = (_load(os.path.join(out, LOOPBACK))[1].get("sync", [])
+    settings = load_settings(out)
+    workload, target = settings["workload"], settings["target"]
+    loopback = (_load(os.path.join(out, LOOPBACK), workload)[1].get("sync", [])
                 if os.path.isfile(os.path.join(out, LOOPBACK, "runs.json")) else [])
-    compute_speed = statistics.median(m["final"]["tokens_per_sec"] for m in loopback) if loopback else None
+    compute_speed = statistics.median(m["final"][workload.speed] for m in loopback) if loopback else None
     rates = []
     for rate in settings["link_rates"]:
         if not os.path.isfile(os.path.join(out, rate, "runs.json")):
             continue
-        index, found, choices = _load(os.path.join(out, rate))
+        index, found, choices = _load(os.path.join(out, rate), workload)
         rows = {}
         for name, runs in found.items():
-            times = [seconds_to_target(curve(m), target) for m in runs]
+            curves = [curve(m, workload.metric) for m in runs]
+            times = [seconds_to_target(points, target, workload.lower_is_better) for points in curves]
             reached = [t for t in times if t is not None]
             rows[name] = {"times": times, "median": statistics.median(reached) if len(reached) == len(times) else None,
-                          "final": [m["final"]["test_loss"] for m in runs],
-                          "speed": statistics.median(m["final"]["tokens_per_sec"] for m in runs),
-                          "curves": [curve(m) for m in runs], "command": index["runs"][0]["command"],
+                          "final": [m["final"][workload.metric] for m in runs],
+                          "speed": statistics.median(m["final"][workload.speed] for m in runs),
+                          "curves": curves, "command": index["runs"][0]["command"],
                           "chose": sorted({_label(c) for c in choices}) if name == AUTO else []}
             if name == AUTO:  # its start-up measurement, against the run's training time
                 rows[name]["measure"] = [c["measure_seconds"] for c in choices if "measure_seconds" in c]
-                rows[name]["run_seconds"] = [curve(m)[-1][0] for m in runs]
-                rows[name]["steps"] = [(c["predicted_step"], steady_step(m, c["tokens_per_step"]), c["compute"],
-                                        c["tokens_per_step"] / m["final"]["tokens_per_sec"],
-                                        c["tokens_per_step"] / m["epochs"][0]["tokens_per_sec"])
-                                       for c, m in zip(choices, runs) if "tokens_per_step" in c]
+                rows[name]["run_seconds"] = [points[-1][0] for points in curves]
+                rows[name]["steps"] = [(c["predicted_step"], steady_step(m, c["per_step"], workload.speed),
+                                        c["compute"], c["per_step"] / m["final"][workload.speed],
+                                        c["per_step"] / m["epochs"][0][workload.speed])
+                                       for c, m in zip(choices, runs) if "per_step" in c]
                 rows[name]["sync_predicted"] = [p["step"] for c in choices for p in c.get("predictions", ())
                                                 if p["candidate"] == "sync"]
         sync = rows.get("sync", {}).get("median")
@@ -340,16 +458,18 @@ def _fmt(seconds):
 
 def render(out):
     settings, rates = summarise(out)
-    lines = [f"Target: validation loss ≤ {settings['target_loss']:g} nats/token; {layout(settings)} "
-             "on the virtual cluster. Seconds are cumulative training wall time (the slowest rank's) at the end "
-             "of the first epoch at or below the target, the median over seeds with (min–max)."]
+    workload = settings["workload"]
+    at = "at or below" if workload.lower_is_better else "at or above"
+    lines = [f"Target: {workload.what} {workload.target_sign} {settings['target']:g}{workload.metric_unit}; "
+             f"{layout(settings)} on the virtual cluster. Seconds are cumulative training wall time (the slowest "
+             f"rank's) at the end of the first epoch {at} the target, the median over seeds with (min–max)."]
     for entry in rates:
         goal, auto_goal = judge(settings, entry), judge_auto(settings, entry)
         share = entry["sync_comm_share"]
         sentences = []
         if share is not None:
             sentences.append(f"a SyncAverage step spends {100 * share:.0f} % of its time communicating "
-                             "(1 − its tokens/s ÷ the same run's over loopback).")
+                             f"(1 − its {workload.unit}/s ÷ the same run's over loopback).")
         if "sync" not in entry["rows"]:
             sentences.append(not_raced_line(entry["rows"].get(AUTO)))
         elif goal:
@@ -367,8 +487,9 @@ def render(out):
             rows.append([label, _fmt(row["median"]), spread,
                          "—" if row["ratio"] is None else f"{row['ratio']:.2f}",
                          f"{statistics.fmean(row['final']):.4f}", f"{row['speed']:,.0f}"])
+        final = "final loss, mean" if workload.metric == "test_loss" else f"final {workload.what}, mean"
         lines.append(table(["configuration", "seconds to target, median", "min–max", "× sync",
-                            "final loss, mean", "tokens/s"], rows, "lrrrrr"))
+                            final, f"{workload.unit}/s"], rows, "lrrrrr"))
         if entry["rows"].get(AUTO, {}).get("measure"):
             lines += ["", measure_line(entry["rows"][AUTO])]
         if entry["rows"].get(AUTO, {}).get("steps"):
@@ -376,9 +497,9 @@ def render(out):
     if rates:
         command = next(iter(rates[0]["rows"].values()))["command"]
         # The corpus is written under the results folder, wherever that was when the runs were made.
-        command = re.sub(r"text:\S*/data/", "text:OUT/data/", command)
+        command = re.sub(r"(text|fashion_mnist):\S*/data/", r"\1:OUT/data/", command)
         lines += ["", f"Each row's runs are commands like `{command}` (OUT: the results folder).",
-                  "", f"![validation loss against training wall time]({plot_link(out)})"]
+                  "", f"![{workload.what} against training wall time]({plot_link(out, workload)})"]
     return "\n".join(lines) + "\n"
 
 
@@ -406,13 +527,13 @@ def measure_line(row):
                                                    else "**missed**."))
 
 
-def steady_step(metrics, tokens_per_step):
-    """A run's step in steady state: the median over its epochs after the first of the tokens of one update
-    ÷ the epoch's tokens/s. The first epoch also traces the graph and makes the first collectives (the report
+def steady_step(metrics, per_step, speed="tokens_per_sec"):
+    """A run's step in steady state: the median over its epochs after the first of the tokens (or samples) of
+    one update ÷ the epoch's ``speed``. The first epoch also traces the graph and makes the first collectives (the report
     says how much slower it steps); the cost model predicts the step after that, as it was validated
     (``compare`` times its steps after a discarded warm-up run). A run of one epoch has only that one."""
     epochs = metrics["epochs"][1:] or metrics["epochs"]
-    return statistics.median(tokens_per_step / row["tokens_per_sec"] for row in epochs)
+    return statistics.median(per_step / row[speed] for row in epochs)
 
 
 def prediction_line(steps):
@@ -434,19 +555,20 @@ def prediction_line(steps):
             + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
 
 
-def plot_link(out):
+def plot_link(out, workload):
     """The plot's path as the report links it: from docs/ when ``out`` is under it (the report is included
     into a page there, docs/language-model.md, and links resolve from the page), else beside the report."""
     docs = os.path.join(REPO_ROOT, "docs")
-    path = os.path.abspath(os.path.join(out, PLOT))
-    return os.path.relpath(path, docs) if path.startswith(docs + os.sep) else PLOT
+    path = os.path.abspath(os.path.join(out, workload.plot))
+    return os.path.relpath(path, docs) if path.startswith(docs + os.sep) else workload.plot
 
 
 def plot(out):
-    """``PLOT``: validation loss against training wall time, a panel per rate, every seed a line."""
+    """The workload's plot: its metric against training wall time, a panel per rate, every seed a line."""
     from ..suite import plots
 
     settings, rates = summarise(out)
+    workload = settings["workload"]
     if not rates:
         return None
     fig, axes = plots.plt.subplots(1, len(rates), figsize=(7 * len(rates), 4.5), squeeze=False)
@@ -457,13 +579,13 @@ def plot(out):
                 line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2, color=color,
                                 label=name if i == 0 else None)
                 color = line.get_color()
-        ax.axhline(settings["target_loss"], color="grey", linestyle="--", linewidth=1)
+        ax.axhline(settings["target"], color="grey", linestyle="--", linewidth=1)
         ax.set_xscale("log")
         ax.set_xlabel("training wall time, s (log scale)")
-        ax.set_ylabel("validation loss, nats/token")
-        ax.set_title(f"language model, {entry['rate']}, {layout(settings)}", fontsize=9)
-    plots._save_panels(fig, axes[0], os.path.join(out, PLOT))
-    return PLOT
+        ax.set_ylabel(f"{workload.what}{',' if workload.metric_unit else ''}{workload.metric_unit}")
+        ax.set_title(f"{workload.title}, {entry['rate']}, {layout(settings)}", fontsize=9)
+    plots._save_panels(fig, axes[0], os.path.join(out, workload.plot))
+    return workload.plot
 
 
 def write_report(out):

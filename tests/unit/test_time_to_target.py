@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 def test_sync_comes_first_and_every_run_trains_the_corpus_at_the_model_flags():
     args = ttt.parse_args(["--out", "/tmp/x", "--configurations", "diloco_tau50,sync"], "ttt")
     assert args.names == ["sync", "diloco_tau50"] and args.rates == ["100mbit", "1gbit"]
-    chosen = ttt.variants(args.names, "/data/c.txt")
+    chosen = ttt.variants(args.workload, args.names, "text:/data/c.txt")
     assert chosen[1].flags == ("--data", "text:/data/c.txt", "--strategy", "diloco", "--tau", "50",
                                *ttt.MODEL_FLAGS)
 
@@ -105,7 +105,7 @@ def test_the_report_gives_each_rates_ratio_to_sync_its_goal_and_syncs_communicat
     # at 1gbit diloco takes 3 x 33 = 99 s against sync's 2 x 22 = 44: slower than sync
     assert ttt.judge(settings, fast) == "`diloco_tau50` at 2.25 × sync: ≤ 1 × **missed**"
     text = ttt.write_report(str(tmp_path))
-    assert "spends 75 % of its time communicating" in text and (tmp_path / ttt.PLOT).exists()
+    assert "spends 75 % of its time communicating" in text and (tmp_path / "loss_vs_time.png").exists()
     assert "--data text:OUT/data/c.txt --strategy sync" in text  # wherever the results folder was
     assert (tmp_path / ttt.REPORT).read_text() == text
 
@@ -126,7 +126,7 @@ def test_a_configuration_that_misses_the_target_on_a_seed_has_no_time_and_fewer_
 
 def test_auto_races_the_fixed_configurations_and_is_judged_against_the_best_of_them(tmp_path):
     args = ttt.parse_args(["--out", "/tmp/x", "--configurations", "auto,diloco_tau10"], "ttt")
-    assert ttt.variants(args.names, "/c.txt")[0].flags == ("--data", "text:/c.txt", "--strategy", "auto",
+    assert ttt.variants(args.workload, args.names, "text:/c.txt")[0].flags == ("--data", "text:/c.txt", "--strategy", "auto",
                                                            *ttt.MODEL_FLAGS)
     with open(tmp_path / "settings.json", "w") as f:
         json.dump({"target_loss": 2.0, "hosts": 2, "link_rates": ["100mbit", "1gbit"]}, f)
@@ -210,6 +210,55 @@ def test_a_rate_without_sync_judges_auto_against_the_rivals_raced_and_gives_sync
     assert "Not judged" not in text and "| `sync`" not in text
 
 
+def test_the_image_set_races_to_a_test_accuracy_reached_from_below_at_its_samples_a_step(tmp_path):
+    args = ttt.parse_args(["--out", "/tmp/x", "--workload", "fashion_mnist", "--configurations", "sync,auto"], "ttt")
+    assert args.target == ttt.DEFAULT_TARGET_ACCURACY
+    assert ttt.variants(args.workload, args.names, "fashion_mnist:/d")[0].flags == (
+        "--data", "fashion_mnist:/d", "--strategy", "sync", *ttt.IMAGE_FLAGS)
+    assert ttt.seconds_to_target([(10.0, 0.80), (20.0, 0.86), (30.0, 0.84)], 0.85, lower_is_better=False) == 20.0
+    with open(tmp_path / "settings.json", "w") as f:
+        json.dump({"workload": "fashion_mnist", "target": 0.85, "hosts": 2, "link_rates": ["100mbit"]}, f)
+    os.makedirs(tmp_path / "100mbit")
+    epochs = {"sync": 100.0, "auto": 20.0}
+    runs = []
+    for name, seconds in epochs.items():
+        for seed in range(3):
+            label = f"{name}-seed{seed}"
+            os.makedirs(tmp_path / "100mbit" / label)
+            rows = [{"seconds": seconds, "test_accuracy": a, "samples_per_sec": 640.0} for a in (0.80, 0.86)]
+            with open(tmp_path / "100mbit" / label / "metrics.json", "w") as f:
+                json.dump({"epochs": rows, "final": {"test_accuracy": 0.86, "samples_per_sec": 640.0}}, f)
+            runs.append({"run": label, "variant": name, "twin": None, "seed": seed,
+                         "command": f"horovodrun ... --data fashion_mnist:/made/here/data/f --strategy {name}"})
+    with open(tmp_path / "100mbit" / "runs.json", "w") as f:
+        json.dump({"workload": "fashion_mnist", "np": 2, "seeds": 3, "runs": runs}, f)
+    # 2 ranks x 32 images at 640 images/s: a measured step of 0.1 s
+    write_auto_choices(tmp_path / "100mbit", {"strategy": "diloco", "compression": "none", "period": 10,
+                                              "hierarchical": False}, (5.0, 5.0, 5.0),
+                       {"hosts": 2, "ranks_per_host": 1, "predicted_step": 0.09, "compute": 0.05},
+                       {"batch_size": 32})
+    settings, (entry,) = ttt.summarise(str(tmp_path))
+    assert entry["rows"]["auto"]["median"] == 40.0 and entry["rows"]["sync"]["median"] == 200.0
+    assert entry["rows"]["auto"]["steps"][0][1] == pytest.approx(0.1)
+    text = ttt.write_report(str(tmp_path))
+    assert text.startswith("Target: test accuracy ≥ 0.85; 2 hosts × 1 rank on the virtual cluster.")
+    assert "at the end of the first epoch at or above the target" in text
+    assert "| final test accuracy, mean | samples/s |" in text and "| 0.8600 | 640 |" in text
+    assert "--data fashion_mnist:OUT/data/f" in text and (tmp_path / "accuracy_vs_time.png").exists()
+
+
+def test_the_image_subset_is_the_first_training_images_and_the_whole_test_set(tmp_path):
+    from hvd_easgd.app import data
+
+    if not os.path.isdir(data.FASHION_MNIST_DIR):
+        pytest.skip("make setup installs Debian's dataset-fashion-mnist")
+    ttt._write_idx_files(str(tmp_path), 100)
+    subset, full = data.fashion_mnist(str(tmp_path)), data.fashion_mnist()
+    assert subset.x_train.shape == (100, 28, 28, 1) and (subset.x_train == full.x_train[:100]).all()
+    assert (subset.y_train == full.y_train[:100]).all() and (subset.y_test == full.y_test).all()
+    assert (subset.x_test == full.x_test).all()
+
+
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "time-to-target-*"))))
 def test_every_committed_report_is_its_results_rendered(directory):
     with open(os.path.join(directory, ttt.REPORT)) as f:
@@ -218,8 +267,10 @@ def test_every_committed_report_is_its_results_rendered(directory):
 
 def test_the_plot_is_linked_from_the_page_that_includes_a_committed_report():
     committed = os.path.join(REPO_ROOT, "docs", "results", "time-to-target-lm")
-    assert ttt.plot_link(committed) == "results/time-to-target-lm/" + ttt.PLOT  # from docs/language-model.md
-    assert ttt.plot_link("/tmp/elsewhere") == ttt.PLOT  # beside the report
+    language_model = ttt.WORKLOADS["language_model"]
+    # from docs/language-model.md
+    assert ttt.plot_link(committed, language_model) == "results/time-to-target-lm/loss_vs_time.png"
+    assert ttt.plot_link("/tmp/elsewhere", language_model) == "loss_vs_time.png"  # beside the report
 
 
 def test_a_start_up_measurement_over_five_percent_of_ten_minutes_misses():
