@@ -212,6 +212,14 @@ def write_rendered(directory, name, render):
     return text
 
 
+def docs_link(directory, name):
+    """How a report in ``directory`` links its file ``name``: from docs/ when ``directory`` is under it (the
+    report is included into a page there, and links resolve from the page), else beside the report."""
+    docs = os.path.join(REPO_ROOT, "docs")
+    path = os.path.abspath(os.path.join(directory, name))
+    return os.path.relpath(path, docs) if path.startswith(docs + os.sep) else name
+
+
 def kept_runs(directory):
     """``(runs.json, [(its run entry, that run's metrics.json)])`` of a results folder, in run order."""
     path = os.path.join(directory, "runs.json")

@@ -2,6 +2,7 @@
 
     python -m benchmarks slow-rank --out docs/results/slow-rank-lm-np2                 # diloco, 2 ranks, 3 seeds
     python -m benchmarks slow-rank --strategies diloco,periodic --seeds 1 --out DIR
+    python -m benchmarks slow-rank --curves --out docs/results/slow-rank-lm-np2-curves    # 8 shorter epochs
     python -m benchmarks slow-rank --render DIR          # rewrite DIR/slow-rank.md from DIR's runs
 
 The language model (``--data python_docs``) at train.py's defaults, under each
@@ -15,7 +16,9 @@ strategy, four ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
   what every strategy does today;
 - ``S_slow_balance``: the same slow rank under ``--balance speed``.
 
-Every run trains the same tokens (one epoch). The hook sleeps, so the slow
+Every run trains the same tokens (one epoch). With ``--curves`` every run trains ``CURVE_EPOCHS`` epochs of the
+first 500 kB of the Python docs instead (the corpus of ``time-to-target``), so that its validation loss is
+measured after each, and the report draws them against training wall time (``PLOT``). The hook sleeps, so the slow
 rank's core idles as a slow device leaves the others alone; that emulates N
 independent devices only where each rank has a core of its own
 (``sample_shares.pace``), so ``--np`` defaults to 2, this machine's cores, and
@@ -35,16 +38,20 @@ The table, ``OUT/slow-rank.md``, is rendered from each run's metrics.json
 """
 import argparse
 import os
+import re
 import statistics
 import sys
 
 import yaml
 
-from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command, write_rendered
+from . import time_to_target
+from .accuracy import LocalLaunch, Variant, continue_runs, docs_link, kept_runs, shown_command, write_rendered
 from ..suite.runner import table
 
 TABLE = "slow-rank.md"
+PLOT = "loss_vs_time.png"  # with --curves
 DATA = ("--data", "python_docs")
+CURVE_EPOCHS = 8
 SLOW_FACTOR = 2  # the slow rank's steps take this many times as long
 THROUGHPUT_GOAL = 0.9  # of the sum of the ranks' own speeds
 LOSS_RELATIVE = 0.015  # of the equal ranks' loss
@@ -72,11 +79,12 @@ class SlowRankLaunch:
         return self.local.run(cmd, log, timeout)
 
 
-def variants(strategies):
-    """``(equal-speed variants, slow-rank variants)`` of each strategy at train.py's defaults."""
+def variants(strategies, data=DATA):
+    """``(equal-speed variants, slow-rank variants)`` of each strategy at train.py's defaults, on ``data``
+    (train.py's flags of what to train)."""
     equal, slow = [], []
     for strategy in strategies:
-        flags = (*DATA, "--strategy", strategy)
+        flags = (*data, "--strategy", strategy)
         equal += [Variant(strategy, flags), Variant(f"{strategy}_balance", (*flags, "--balance", "speed"))]
         slow += [Variant(f"{strategy}_slow", flags),
                  Variant(f"{strategy}_slow_balance", (*flags, "--balance", "speed"))]
@@ -98,6 +106,9 @@ def parse_args(argv, prog):
     p.add_argument("--np", type=int, default=2, help="ranks per run, at most the cores (default 2)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
     p.add_argument("--strategies", default="diloco", help="comma-separated: diloco, periodic, sync (default diloco)")
+    p.add_argument("--curves", action="store_true",
+                   help=f"train {CURVE_EPOCHS} epochs of the first 500 kB of the Python docs instead of one of "
+                        "all, and plot each run's validation loss after every epoch")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per launch (default 2400)")
     p.add_argument("--render", metavar="DIR", help="rewrite DIR/slow-rank.md from DIR's runs, print it and exit")
     args = p.parse_args(argv)
@@ -122,7 +133,13 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     index = {"workload": "language_model", "np": args.np, "strategies": args.strategies}
-    equal, slow = variants(args.strategy_list)
+    data = DATA
+    if args.curves:
+        corpus = os.path.join(out, "data", f"python_docs_{time_to_target.CORPUS_BYTES // 1000}k.txt")
+        time_to_target.write_corpus(corpus)
+        data = ("--data", f"text:{corpus}", "--epochs", str(CURVE_EPOCHS))
+        index["curves"] = True
+    equal, slow = variants(args.strategy_list, data)
     shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
     failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                              launch=SlowRankLaunch(args.np, ""))
@@ -137,7 +154,9 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
 
 
 def write_table(directory):
-    """Renders ``directory``'s table into its slow-rank.md; returns the table."""
+    """Renders ``directory``'s table into its slow-rank.md (and its plot, for runs of several epochs);
+    returns the table."""
+    plot(directory)
     return write_rendered(directory, TABLE, render)
 
 
@@ -181,14 +200,52 @@ def render(directory):
               "validation loss, median (min–max)", "mean vs equal ranks", "goals"]
     lead = ("; ".join(answers) + ".") if answers else ""
     command = next(iter(found.values()))["command"] if found else ""
+    # The corpus of --curves is written under the results folder, wherever that was when the runs were made.
+    command = re.sub(r"text:\S*/data/", "text:OUT/data/", command)
     lines = [lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
-             f"like `{command}`.", "", table(header, rows, "lrrrrl")]
+             f"like `{command}`" + (" (OUT: the results folder)." if "OUT/data/" in command else "."), "",
+             table(header, rows, "lrrrrl")]
     chosen = [f"`{name}` {', '.join(' + '.join(map(str, s)) if s else '?' for s in entry['shares'])}"
               for name, entry in found.items() if entry["shares"]]
     if chosen:
         lines += ["", "The shares of the global batch `--balance speed` chose at start-up (rank 0 first), seed by "
                       f"seed: {'; '.join(chosen)}."]
+    if _has_curves(runs):
+        lines += ["", f"![validation loss against training wall time]({docs_link(directory, PLOT)})"]
     return "\n".join(lines) + "\n"
+
+
+def _has_curves(runs):
+    return any(len(metrics.get("epochs", ())) > 1 for _, metrics in runs)
+
+
+def plot(directory):
+    """``PLOT``: each run's validation loss after every epoch against its training wall time, a panel per
+    strategy, a colour per configuration; nothing for runs of one epoch."""
+    _, runs = kept_runs(directory)
+    if not _has_curves(runs):
+        return None
+    from ..suite import plots
+
+    strategies = list(dict.fromkeys(run["variant"].split("_")[0] for run, _ in runs))
+    fig, axes = plots.plt.subplots(1, len(strategies), figsize=(7 * len(strategies), 4.5), squeeze=False)
+    colours = {}
+    for run, metrics in runs:
+        ax = axes[0][strategies.index(run["variant"].split("_")[0])]
+        seconds, points = 0.0, []
+        for row in metrics["epochs"]:
+            seconds += row["seconds"]
+            points.append((seconds, row["test_loss"]))
+        first = run["variant"] not in colours
+        line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2, color=colours.get(run["variant"]),
+                        label=run["variant"] if first else None)
+        colours.setdefault(run["variant"], line.get_color())
+    for ax, strategy in zip(axes[0], strategies):
+        ax.set_xlabel("training wall time, s")
+        ax.set_ylabel("validation loss, nats/token")
+        ax.set_title(f"{strategy}: one rank 2x slow, and none; every seed a line", fontsize=9)
+    plots._save_panels(fig, axes[0], os.path.join(directory, PLOT))
+    return PLOT
 
 
 def _chosen_shares(run_dir):

@@ -51,7 +51,7 @@ from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse
 from hvd_easgd import auto_strategy
 
 from . import parity
-from .accuracy import LocalLaunch, Variant, continue_runs, kept_runs, shown_command
+from .accuracy import LocalLaunch, Variant, continue_runs, docs_link, kept_runs, shown_command
 from ..costmodel.cluster_check import LOOSE, TIGHT
 from ..suite.rated_links import hosts_argument, run_on_cluster
 from ..suite.runner import REPO_ROOT, horovodrun, table
@@ -556,11 +556,8 @@ def prediction_line(steps):
 
 
 def plot_link(out, workload):
-    """The plot's path as the report links it: from docs/ when ``out`` is under it (the report is included
-    into a page there, docs/language-model.md, and links resolve from the page), else beside the report."""
-    docs = os.path.join(REPO_ROOT, "docs")
-    path = os.path.abspath(os.path.join(out, workload.plot))
-    return os.path.relpath(path, docs) if path.startswith(docs + os.sep) else workload.plot
+    """The plot's path as the report links it (``accuracy.docs_link``)."""
+    return docs_link(out, workload.plot)
 
 
 def plot(out):

@@ -72,6 +72,22 @@ def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_eq
     assert "costs ≤ 3 % against `diloco` **missed**" in slow_rank.render(directory)
 
 
+def test_curves_train_several_epochs_of_the_short_corpus_and_draw_each_runs_validation_loss(tmp_path):
+    equal, slow = slow_rank.variants(["diloco"], ("--data", "text:/c.txt", "--epochs", "8"))
+    assert slow[1].flags == ("--data", "text:/c.txt", "--epochs", "8", "--strategy", "diloco", "--balance", "speed")
+    directory = results(tmp_path, {"diloco": (100.0, 1.8), "diloco_slow": (57.0, 1.8)}, np_=2)
+    assert "![" not in slow_rank.write_table(directory) and not (tmp_path / slow_rank.PLOT).exists()  # one epoch
+    for path in glob.glob(os.path.join(directory, "*", "metrics.json")):
+        with open(path) as f:
+            metrics = json.load(f)
+        metrics["epochs"] = [{"seconds": 10.0, "test_loss": loss} for loss in (2.5, 2.1, 1.9)]
+        with open(path, "w") as f:
+            json.dump(metrics, f)
+    assert slow_rank.write_table(directory).endswith(f"![validation loss against training wall time]"
+                                                     f"({slow_rank.PLOT})\n")
+    assert (tmp_path / slow_rank.PLOT).stat().st_size > 0
+
+
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "slow-rank-*"))))
 def test_every_committed_table_is_its_results_rendered(directory):
     with open(os.path.join(directory, slow_rank.TABLE)) as f:
