@@ -550,9 +550,15 @@ def prediction_line(steps):
     first = [s[4] / s[1] for s in steps]
     return (f"`auto`'s choice: predicted step {1e3 * predicted:.1f} ms, measured {1e3 * measured:.1f} ms (medians; "
             f"measured: the median epoch after the first; {1e3 * whole:.1f} ms over the whole run, whose first "
-            f"epoch, which also traces the graph, steps at {min(first):.1f}–{max(first):.1f} × that); the worst run "
+            f"epoch, which also traces the graph, steps at {_span(first)} × that); the worst run "
             f"{100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % band: "
             + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
+
+
+def _span(values):
+    """``1.2–1.5``, or ``1.3`` where every value rounds alike."""
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    return low if low == high else f"{low}–{high}"
 
 
 def plot_link(out, workload):

@@ -280,6 +280,7 @@ def test_a_start_up_measurement_over_five_percent_of_ten_minutes_misses():
 
 def test_autos_predicted_step_is_judged_in_the_cost_models_validation_band():
     # measured 120 ms of which 100 communicating: the ±15 % band, and -17 % is outside it
+    assert "steps at 1.5 × that)" in ttt.prediction_line([(0.10, 0.12, 0.02, 0.13, 0.18)])  # one run: one figure
     assert ttt.prediction_line([(0.10, 0.12, 0.02, 0.13, 0.18)]).endswith("the worst run -17 % against its ±15 % band: "
                                                                     "**outside**.")
     # 20 of 120 ms communicating: ±25 %
