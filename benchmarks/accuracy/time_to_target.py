@@ -510,8 +510,8 @@ def not_raced_line(auto_row):
     if auto_row and auto_row.get("sync_predicted") and auto_row.get("steps"):
         sync = statistics.median(auto_row["sync_predicted"])
         chosen = statistics.median(s[0] for s in auto_row["steps"])
-        line += (f": `auto`'s runs predicted its step at {sync:.2f} s, {sync / chosen:.0f} × the {1e3 * chosen:.0f} ms "
-                 "they predicted for their choice")
+        line += (f": `auto`'s runs predicted its step at {_duration(sync)}, {sync / chosen:.{0 if sync >= 10 * chosen else 1}f} × the "
+                 f"{_duration(chosen)} they predicted for their choice")
     return line + "."
 
 
@@ -553,6 +553,10 @@ def prediction_line(steps):
             f"epoch, which also traces the graph, steps at {_span(first)} × that); the worst run "
             f"{100 * errors[worst]:+.0f} % against its ±{100 * bands[worst]:.0f} % band: "
             + ("within." if abs(errors[worst]) <= bands[worst] else "**outside**."))
+
+
+def _duration(seconds):
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{1e3 * seconds:.0f} ms"
 
 
 def _span(values):
