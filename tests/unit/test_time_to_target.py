@@ -219,7 +219,7 @@ def test_the_image_set_races_to_a_test_accuracy_reached_from_below_at_its_sample
     with open(tmp_path / "settings.json", "w") as f:
         json.dump({"workload": "fashion_mnist", "target": 0.85, "hosts": 2, "link_rates": ["100mbit"]}, f)
     os.makedirs(tmp_path / "100mbit")
-    epochs = {"sync": 100.0, "auto": 20.0}
+    epochs = {"sync": 100.0, "diloco_tau10": 30.0, "auto": 20.0}
     runs = []
     for name, seconds in epochs.items():
         for seed in range(3):
@@ -239,6 +239,8 @@ def test_the_image_set_races_to_a_test_accuracy_reached_from_below_at_its_sample
                        {"batch_size": 32})
     settings, (entry,) = ttt.summarise(str(tmp_path))
     assert entry["rows"]["auto"]["median"] == 40.0 and entry["rows"]["sync"]["median"] == 200.0
+    assert ttt.judge(settings, entry) is None  # the slow-link goal is the language model's, not the image set's
+    assert ttt.judge_auto(settings, entry).startswith("0.67 × the best fixed (`diloco_tau10`)")
     assert entry["rows"]["auto"]["steps"][0][1] == pytest.approx(0.1)
     text = ttt.write_report(str(tmp_path))
     assert text.startswith("Target: test accuracy ≥ 0.85; 2 hosts × 1 rank on the virtual cluster.")
