@@ -26,6 +26,7 @@ This process never imports TensorFlow: it launches, waits and copies.
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -210,6 +211,12 @@ def write_rendered(directory, name, render):
     with open(os.path.join(directory, name), "w") as f:
         f.write(text)
     return text
+
+
+def data_under_out(command):
+    """``command`` with a data path under a results folder's ``data/`` (written there by the benchmark, wherever
+    the folder was when the runs were made) shown as ``OUT/data/``."""
+    return re.sub(r"(text|fashion_mnist):\S*/data/", r"\1:OUT/data/", command)
 
 
 def docs_link(directory, name):

@@ -38,14 +38,14 @@ The table, ``OUT/slow-rank.md``, is rendered from each run's metrics.json
 """
 import argparse
 import os
-import re
 import statistics
 import sys
 
 import yaml
 
 from . import time_to_target
-from .accuracy import LocalLaunch, Variant, continue_runs, docs_link, kept_runs, shown_command, write_rendered
+from .accuracy import (LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, shown_command,
+                       write_rendered)
 from ..suite.runner import table
 
 TABLE = "slow-rank.md"
@@ -135,9 +135,8 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
     index = {"workload": "language_model", "np": args.np, "strategies": args.strategies}
     data = DATA
     if args.curves:
-        corpus = os.path.join(out, "data", f"python_docs_{time_to_target.CORPUS_BYTES // 1000}k.txt")
-        time_to_target.write_corpus(corpus)
-        data = ("--data", f"text:{corpus}", "--epochs", str(CURVE_EPOCHS))
+        # time-to-target's corpus, written under OUT/data as it writes it
+        data = ("--data", time_to_target.WORKLOADS["language_model"].write_data(out), "--epochs", str(CURVE_EPOCHS))
         index["curves"] = True
     equal, slow = variants(args.strategy_list, data)
     shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
@@ -199,9 +198,7 @@ def render(directory):
     header = ["configuration", "samples/s, median (min–max)", "of the sum of own speeds",
               "validation loss, median (min–max)", "mean vs equal ranks", "goals"]
     lead = ("; ".join(answers) + ".") if answers else ""
-    command = next(iter(found.values()))["command"] if found else ""
-    # The corpus of --curves is written under the results folder, wherever that was when the runs were made.
-    command = re.sub(r"text:\S*/data/", "text:OUT/data/", command)
+    command = data_under_out(next(iter(found.values()))["command"]) if found else ""
     lines = [lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
              f"like `{command}`" + (" (OUT: the results folder)." if "OUT/data/" in command else "."), "",
              table(header, rows, "lrrrrl")]
@@ -232,10 +229,7 @@ def plot(directory):
     colours = {}
     for run, metrics in runs:
         ax = axes[0][strategies.index(run["variant"].split("_")[0])]
-        seconds, points = 0.0, []
-        for row in metrics["epochs"]:
-            seconds += row["seconds"]
-            points.append((seconds, row["test_loss"]))
+        points = time_to_target.curve(metrics)
         first = run["variant"] not in colours
         line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2, color=colours.get(run["variant"]),
                         label=run["variant"] if first else None)

@@ -31,16 +31,15 @@ gives the step ``auto``'s runs predicted for it, and judges the rate by ``auto``
 
 The goals (the real-workloads issue, on the language model): at the slowest rate the best configuration
 other than SyncAverage reaches the target in at most ``SLOW_LINK_RATIO`` of SyncAverage's time (medians over
-seeds); at every faster rate it is no slower than SyncAverage. ``auto`` among the configurations (``--strategy auto``) is
-not one of those rivals: it is judged against the best of them, within ``AUTO_RATIO`` of its time at every
-rate and within ``AUTO_FAST_LINK_RATIO`` of SyncAverage's at the fastest. Invoked again with the same
-``--out``, it continues: the runs already kept are not made again. Needs root (network namespaces); the
-cluster is removed at the end, also on failure.
+seeds); at every faster rate it is no slower than SyncAverage. ``auto`` among the configurations
+(``--strategy auto``) is not one of those rivals: it is judged against the best of them, within ``AUTO_RATIO``
+of its time at every rate and within ``AUTO_FAST_LINK_RATIO`` of SyncAverage's at the fastest. Invoked again
+with the same ``--out``, it continues: the runs already kept are not made again. Needs root (network
+namespaces); the cluster is removed at the end, also on failure.
 """
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse
 from hvd_easgd import auto_strategy
 
 from . import parity
-from .accuracy import LocalLaunch, Variant, continue_runs, docs_link, kept_runs, shown_command
+from .accuracy import LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, shown_command
 from ..costmodel.cluster_check import LOOSE, TIGHT
 from ..suite.rated_links import hosts_argument, run_on_cluster
 from ..suite.runner import REPO_ROOT, horovodrun, table
@@ -500,9 +499,7 @@ def render(out):
         if entry["rows"].get(AUTO, {}).get("steps"):
             lines += ["", prediction_line(entry["rows"][AUTO]["steps"])]
     if rates:
-        command = next(iter(rates[0]["rows"].values()))["command"]
-        # The corpus is written under the results folder, wherever that was when the runs were made.
-        command = re.sub(r"(text|fashion_mnist):\S*/data/", r"\1:OUT/data/", command)
+        command = data_under_out(next(iter(rates[0]["rows"].values()))["command"])
         lines += ["", f"Each row's runs are commands like `{command}` (OUT: the results folder).",
                   "", f"![{workload.what} against training wall time]({plot_link(out, workload)})"]
     return "\n".join(lines) + "\n"
@@ -515,7 +512,8 @@ def not_raced_line(auto_row):
     if auto_row and auto_row.get("sync_predicted") and auto_row.get("steps"):
         sync = statistics.median(auto_row["sync_predicted"])
         chosen = statistics.median(s[0] for s in auto_row["steps"])
-        line += (f": `auto`'s runs predicted its step at {_duration(sync)}, {sync / chosen:.{0 if sync >= 10 * chosen else 1}f} × the "
+        digits = 0 if sync >= 10 * chosen else 1
+        line += (f": `auto`'s runs predicted its step at {_duration(sync)}, {sync / chosen:.{digits}f} × the "
                  f"{_duration(chosen)} they predicted for their choice")
     return line + "."
 
@@ -534,9 +532,9 @@ def measure_line(row):
 
 def steady_step(metrics, per_step, speed="tokens_per_sec"):
     """A run's step in steady state: the median over its epochs after the first of the tokens (or samples) of
-    one update ÷ the epoch's ``speed``. The first epoch also traces the graph and makes the first collectives (the report
-    says how much slower it steps); the cost model predicts the step after that, as it was validated
-    (``compare`` times its steps after a discarded warm-up run). A run of one epoch has only that one."""
+    one update ÷ the epoch's ``speed``. The first epoch also traces the graph and makes the first collectives
+    (the report says how much slower it steps); the cost model predicts the step after that, as it was
+    validated (``compare`` times its steps after a discarded warm-up run). A run of one epoch has only that one."""
     epochs = metrics["epochs"][1:] or metrics["epochs"]
     return statistics.median(per_step / row[speed] for row in epochs)
 
