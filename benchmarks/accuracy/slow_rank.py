@@ -12,7 +12,7 @@ strategy, four ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
 - ``S_balance``: the same ranks under ``--balance speed``;
 - ``S_slow``: the last rank made twice as slow (each of its steps takes twice
   as long: the test hook ``HVD_EASGD_TEST_SLOW_RANKS`` adds c seconds per
-  sample, c the per-rank compute per sample of ``S``'s seed-0 run), equal shares:
+  sample, c the per-rank compute per sample of ``S``'s seed-0 run: ``slow_hook``), equal shares:
   what every strategy does today;
 - ``S_slow_balance``: the same slow rank under ``--balance speed``.
 
@@ -44,39 +44,17 @@ import sys
 import yaml
 
 from . import time_to_target
-from .accuracy import (LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, shown_command,
-                       write_rendered)
+from .accuracy import LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, write_rendered
+from .slow_hook import HOOK, SLOW_FACTOR, SlowRankLaunch, hook_setting
 from ..suite.runner import table
 
 TABLE = "slow-rank.md"
 PLOT = "loss_vs_time.png"  # with --curves
 DATA = ("--data", "python_docs")
 CURVE_EPOCHS = 8
-SLOW_FACTOR = 2  # the slow rank's steps take this many times as long
 THROUGHPUT_GOAL = 0.9  # of the sum of the ranks' own speeds
 LOSS_RELATIVE = 0.015  # of the equal ranks' loss
 NEEDLESS_RELATIVE = 0.03  # --balance speed on equal ranks: at most this much slower, or higher in loss, than without
-HOOK = "HVD_EASGD_TEST_SLOW_RANKS"
-
-
-class SlowRankLaunch:
-    """``LocalLaunch``'s runs, with the test hook set to ``setting`` in the launch's environment for the
-    ``_slow`` variants (horovodrun hands its environment to the ranks)."""
-
-    def __init__(self, np_, setting):
-        self.local, self.setting = LocalLaunch(np_), setting
-
-    def _env(self, variant):
-        return [f"{HOOK}={self.setting}"] if "_slow" in variant.name else []
-
-    def command(self, variant, seed, run_dir):
-        return ["env", *self._env(variant), *self.local.command(variant, seed, run_dir)]
-
-    def shown(self, variant, seed):
-        return " ".join(self._env(variant) + [shown_command(f"horovodrun -np {self.local.np}", variant, seed)])
-
-    def run(self, cmd, log, timeout):
-        return self.local.run(cmd, log, timeout)
 
 
 def variants(strategies, data=DATA):
@@ -91,13 +69,9 @@ def variants(strategies, data=DATA):
     return equal, slow
 
 
-def hook_setting(directory, strategy, np_):
-    """The hook's ``RANK:SECONDS``: the last rank waits, per sample, the per-rank compute per sample of
-    ``strategy``'s equal-speed seed-0 run (N / its samples per second), so its steps take twice as long."""
-    _, runs = kept_runs(directory)
-    metrics = next(m for run, m in runs if run["run"] == f"{strategy}-seed0")
-    per_sample = np_ / metrics["final"]["samples_per_sec"]
-    return f"{np_ - 1}:{(SLOW_FACTOR - 1) * per_sample:.6f}"
+def is_slow(variant):
+    """Whether ``variant`` runs with the slow rank (``slow_hook.SlowRankLaunch`` sets the hook for it)."""
+    return "_slow" in variant.name
 
 
 def parse_args(argv, prog):
@@ -141,13 +115,13 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
     equal, slow = variants(args.strategy_list, data)
     shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
     failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
-                             launch=SlowRankLaunch(args.np, ""))
+                             launch=SlowRankLaunch(LocalLaunch(args.np), "", is_slow))
     for strategy in args.strategy_list:
         setting = hook_setting(out, strategy, args.np)
         print(f"[slow-rank] {strategy}: {HOOK}={setting}", flush=True)
         failures += continue_runs(out, index, [v for v in slow if v.name.startswith(f"{strategy}_")], args.np,
                                   args.seeds, args.timeout, "slow-rank", shown=shown,
-                                  launch=SlowRankLaunch(args.np, setting))
+                                  launch=SlowRankLaunch(LocalLaunch(args.np), setting, is_slow))
     print(write_table(out), end="", flush=True)
     return 1 if failures else 0
 

@@ -1,8 +1,10 @@
-"""How soon each strategy reaches a target quality across a slow link: ``python -m benchmarks time-to-target``.
+r"""How soon each strategy reaches a target quality across a slow link: ``python -m benchmarks time-to-target``.
 
     python -m benchmarks time-to-target --out docs/results/time-to-target-lm
     python -m benchmarks time-to-target --out DIR --link-rates 100mbit --configurations sync,diloco_tau50 --seeds 1
     python -m benchmarks time-to-target --workload fashion_mnist --out DIR --configurations sync,diloco_tau10,auto
+    python -m benchmarks time-to-target --out DIR --link-rates 100mbit --slow-rank --seeds 3 \
+        --configurations diloco_tau10,diloco_tau10_balance       # one rank 2x slow, with and without --balance speed
     python -m benchmarks time-to-target --render DIR     # rewrite DIR/time-to-target.md and its plot (no launch)
 
 The language model of ``parity`` (train.py's transformer, bytes of the Python docs), at a size where a
@@ -36,6 +38,24 @@ seeds); at every faster rate it is no slower than SyncAverage. ``auto`` among th
 of its time at every rate and within ``AUTO_FAST_LINK_RATIO`` of SyncAverage's at the fastest. Invoked again
 with the same ``--out``, it continues: the runs already kept are not made again. Needs root (network
 namespaces); the cluster is removed at the end, also on failure.
+
+With ``--slow-rank`` every run of the race has its last rank made ``SLOW_FACTOR`` (2) times slower by the test
+hook ``HVD_EASGD_TEST_SLOW_RANKS`` (``slow_hook``: after each step it sleeps c seconds per sample of its
+micro-batch, c the per-rank compute per sample): issue 42's slow device, raced with equal shares and with
+``--balance speed`` (``NAME_balance``: configuration NAME and ``--balance speed``; ``BALANCED`` names them).
+c is measured, not typed: before the races the first configuration named other than sync, auto and the
+``_balance`` ones (sync's step and the start-up measurement of ``--balance speed`` are not compute) runs once
+more at equal speed over loopback, one thread a rank as in the race, into ``OUT/loopback/``, and c is its
+ranks ÷ its samples/s. The hook is set in the environment of horovodrun on node1, which hands it to the rank
+on every host (``slow_hook``). The folder's settings.json keeps the slow rank, the factor, that reference and
+the hook's value, which the report's first line states; a folder raced with ``--slow-rank`` is continued only
+with it, and one raced without only without. Its goal (issue 42): a ``NAME_balance`` configuration's median
+time to target at most ``BALANCE_RATIO`` × NAME's, at every rate; the goals above, set for ranks of equal
+speed, are not judged on a slowed race, nor the share of SyncAverage's step spent communicating (the slow
+rank's sleep is in it). Issue 42 asks for 2 hosts × 2 ranks; this runs at 2 hosts × 1 rank (the default): the
+hook sleeps, so the slow rank's core idles as a slow device leaves the others' alone, which emulates a slow
+device only where each rank has a core to itself, and this machine has 2 cores, which the virtual hosts
+share. ``--slow-rank`` refuses more ranks than the cores this process may run on.
 """
 import argparse
 import json
@@ -51,6 +71,7 @@ from hvd_easgd import auto_strategy
 
 from . import parity
 from .accuracy import LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, shown_command
+from .slow_hook import HOOK, SLOW_FACTOR, SlowRankLaunch, hook_setting, slowed_seconds
 from ..costmodel.cluster_check import LOOSE, TIGHT
 from ..suite.rated_links import hosts_argument, run_on_cluster
 from ..suite.runner import REPO_ROOT, horovodrun, table
@@ -82,6 +103,12 @@ AUTO_RATIO = 1.15  # auto's time to target at most this × the best fixed config
 AUTO_FAST_LINK_RATIO = 1.05  # and at the fastest rate at most this × SyncAverage's
 # auto's start-up measurement costs at most this share of a run of REFERENCE_RUN_SECONDS (docs/auto.md)
 AUTO_MEASURE_SHARE, REFERENCE_RUN_SECONDS = 0.05, 600.0
+# ``NAME_balance``: configuration NAME with --balance speed (docs/slow-ranks.md), for these NAMEs. With
+# --slow-rank its median time to target is at most BALANCE_RATIO x NAME's (issue 42).
+BALANCE = "_balance"
+BALANCE_FLAGS = ("--balance", "speed")
+BALANCED = ("diloco_tau10",)
+BALANCE_RATIO = 0.75
 # The hosts share this machine's cores: one thread a rank, as the suite's.
 CLUSTER_FLAGS = ("--threads-per-rank", "1")
 
@@ -129,6 +156,9 @@ def parse_args(argv, prog):
                         f"{DEFAULT_TARGET_LOSS}), or test accuracy (default {DEFAULT_TARGET_ACCURACY})")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
     p.add_argument("--cluster-name", default="hvdtta", help="the virtual cluster's name (default hvdtta)")
+    p.add_argument("--slow-rank", action="store_true",
+                   help=f"make every run's last rank {SLOW_FACTOR} times slower ({HOOK}, set from a run over "
+                        f"loopback), and judge each NAME{BALANCE} against NAME")
     p.add_argument("--render", metavar="DIR", help=f"rewrite DIR/{REPORT} and its plot from DIR's runs and exit")
     args = p.parse_args(argv)
     if args.render:
@@ -153,7 +183,23 @@ def parse_args(argv, prog):
     if unknown:
         p.error(f"--configurations must be chosen from {','.join(known)}. Received: {','.join(unknown)}")
     args.names = (["sync"] if "sync" in names else []) + [n for n in names if n != "sync"]
+    if args.slow_rank:
+        # The hook sleeps: a slow device only where every rank has a core of its own (slow_hook).
+        ranks, cores = args.hosts * args.ranks_per_host, len(os.sched_getaffinity(0))
+        if ranks > cores:
+            p.error(f"--slow-rank needs a core per rank (the slow rank's hook sleeps, and a rank beside it would "
+                    f"take its core). Received: {ranks} ranks on {cores} cores")
+        if slow_reference(args.names) is None:
+            p.error(f"--slow-rank needs a configuration other than sync, {AUTO} and the {BALANCE} ones: its run "
+                    f"over loopback measures the compute the slow rank's sleep adds. Received: {args.configurations}")
     return args
+
+
+def slow_reference(names):
+    """The configuration whose run over loopback, at equal speed, sets ``--slow-rank``'s hook: the first of
+    ``names`` whose samples/s is compute alone (not SyncAverage's step, which communicates, nor auto's or
+    ``--balance speed``'s, which measure at start-up); None if none is."""
+    return next((n for n in names if n not in ("sync", AUTO) and not n.endswith(BALANCE)), None)
 
 
 def layout(settings):
@@ -268,8 +314,10 @@ WORKLOADS = {
 
 
 def _flags_by_name(workload):
-    """Each configuration's train.py flags: parity's configurations of the workload, and ``auto``."""
+    """Each configuration's train.py flags: parity's configurations of the workload, ``BALANCED``'s with
+    ``--balance speed``, and ``auto``."""
     flags = {c.name: c.flags for c in parity.WORKLOADS[workload.parity].configurations}
+    flags.update({name + BALANCE: flags[name] + BALANCE_FLAGS for name in BALANCED if name in flags})
     flags[AUTO] = AUTO_FLAGS
     return flags
 
@@ -294,28 +342,73 @@ def main(argv=None, prog="python -m benchmarks time-to-target"):
     check_privileges()
     out = os.path.abspath(args.out)
     workload = args.workload
-    chosen = variants(workload, args.names, workload.write_data(out))
     ranks = args.hosts * args.ranks_per_host
     settings = {"workload": workload.parity, "target": args.target, "hosts": args.hosts,
                 "ranks_per_host": args.ranks_per_host, "link_rates": args.rates}
-    with open(os.path.join(out, "settings.json"), "w") as f:
-        json.dump(settings, f, indent=1)
-    # SyncAverage over loopback: the compute its step at each rate adds the link to (none if it does not race)
-    failures = (_run_folder(workload, os.path.join(out, LOOPBACK), chosen[:1], ranks, 1, args.timeout,
-                            LocalLaunch(ranks), {}) if args.names[0] == "sync" else [])
+    reference = slow_reference(args.names) if args.slow_rank else None
+    if args.slow_rank:
+        settings["slow_rank"] = {"rank": ranks - 1, "factor": SLOW_FACTOR, "reference": reference}
+    refuse_another_slow_rank(out, settings)
+    os.makedirs(out, exist_ok=True)
+    chosen = variants(workload, args.names, workload.write_data(out))
+    write_settings(out, settings)
+    # Over loopback, at equal speed: SyncAverage, the compute its step at each rate adds the link to (none if it
+    # does not race); with --slow-rank, the reference whose samples/s sets the hook, at the raced runs' one thread
+    # a rank whatever this host's cores, so that c is the compute of a rank of the race.
+    local = [v if v.name == "sync" else Variant(v.name, v.flags + CLUSTER_FLAGS)
+             for v in chosen if v.name in ("sync", reference)]
+    loopback = os.path.join(out, LOOPBACK)
+    failures = _run_folder(workload, loopback, local, ranks, 1, args.timeout, LocalLaunch(ranks), {}) if local else []
     cluster = VirtualCluster(args.cluster_name)
+    launch, extra = ClusterLaunch(cluster, args.hosts, args.ranks_per_host), {}
+    if args.slow_rank:
+        if not os.path.isfile(os.path.join(loopback, f"{reference}-seed0", "metrics.json")):
+            print(f"[time-to-target] --slow-rank: {reference}'s run over loopback failed, so the hook is not "
+                  "measured: nothing raced", flush=True)
+            return 1
+        setting = hook_setting(loopback, reference, ranks)
+        settings["slow_rank"]["hook"] = setting
+        write_settings(out, settings)
+        # Every run slowed alike; a rate's runs.json keeps the value, so a folder is continued only at it.
+        launch, extra = SlowRankLaunch(launch, setting), {"slow_rank": setting}
+        print(f"[time-to-target] --slow-rank: {HOOK}={setting} (from {reference} over loopback)", flush=True)
     try:
         for rate in args.rates:
             state = cluster.up(args.hosts, args.ranks_per_host, rate)
             print(f"[time-to-target] {rate}: {layout(settings)}, {state['link']['qdisc']}", flush=True)
             failures += _run_folder(workload, os.path.join(out, rate), chosen, ranks, args.seeds, args.timeout,
-                                    ClusterLaunch(cluster, args.hosts, args.ranks_per_host), {"link_rate": rate})
+                                    launch, {"link_rate": rate, **extra})
     except ClusterError as err:
         failures.append(f"virtual cluster: {err}")
     finally:
         cluster.down()
     print(write_report(out), end="", flush=True)
     return 1 if failures else 0
+
+
+def write_settings(out, settings):
+    with open(os.path.join(out, "settings.json"), "w") as f:
+        json.dump(settings, f, indent=1)
+
+
+def refuse_another_slow_rank(out, settings):
+    """Refuses, in one line, to continue a results folder raced with ``--slow-rank`` without it, or the reverse
+    (its runs, report and goal are of the one race or of the other), or with the slow rank set otherwise
+    (another rank, factor or reference run); before anything is written."""
+    path = os.path.join(out, "settings.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        earlier = json.load(f).get("slow_rank")
+    mine = settings.get("slow_rank")
+    if (earlier is None) != (mine is None):
+        way = "without" if earlier is None else "with"
+        raise SystemExit(f"{out} holds a race {way} --slow-rank: continue it {way} --slow-rank, or choose "
+                         "another --out")
+    differs = [key for key in (mine or {}) if earlier.get(key) != mine[key]]
+    if differs:
+        raise SystemExit(f"{out} holds a race with --slow-rank set otherwise "
+                         f"({', '.join(f'{k}={earlier.get(k)!r}' for k in differs)}); choose another --out")
 
 
 # --- the report ----------------------------------------------------------------------------------------
@@ -411,17 +504,20 @@ def summarise(out):
         sync = rows.get("sync", {}).get("median")
         for row in rows.values():
             row["ratio"] = row["median"] / sync if sync and row["median"] is not None else None
-        share = (1 - rows["sync"]["speed"] / compute_speed if compute_speed and "sync" in rows else None)
+        # A slowed race's SyncAverage step also holds the slow rank's sleep: not the link's time.
+        share = (1 - rows["sync"]["speed"] / compute_speed
+                 if compute_speed and "sync" in rows and not settings.get("slow_rank") else None)
         rates.append({"rate": rate, "rows": rows, "sync_comm_share": share, "seeds": index["seeds"]})
     return settings, rates
 
 
 def judge(settings, entry):
     """The goal of a rate, "met"/"**missed**" with its figure; None before every seed is in, where no fixed
-    configuration but SyncAverage raced (a race of sync and auto judges auto alone), or for a workload the
-    goal is not set on (the real-workloads issue sets it on the language model)."""
+    configuration but SyncAverage raced (a race of sync and auto judges auto alone), for a workload the
+    goal is not set on (the real-workloads issue sets it on the language model), or for a race with a slow
+    rank (the goal is of ranks of equal speed)."""
     rivals = [n for n in entry["rows"] if n not in ("sync", AUTO)]
-    if (not settings["workload"].slow_link_goal or "sync" not in entry["rows"]
+    if (not settings["workload"].slow_link_goal or "sync" not in entry["rows"] or settings.get("slow_rank")
             or entry["seeds"] < parity.SEEDS_TO_JUDGE or not rivals):
         return None
     if entry["rows"]["sync"]["median"] is None:
@@ -439,9 +535,9 @@ def judge(settings, entry):
 def judge_auto(settings, entry):
     """``--strategy auto``'s goals at a rate (docs/auto.md): its time to target at most ``AUTO_RATIO`` × the
     best fixed configuration's, and at the fastest rate at most ``AUTO_FAST_LINK_RATIO`` × SyncAverage's;
-    None without an auto row or before every seed is in."""
+    None without an auto row, before every seed is in, or with a slow rank (auto prices ranks of equal speed)."""
     rows = entry["rows"]
-    if AUTO not in rows or entry["seeds"] < parity.SEEDS_TO_JUDGE:
+    if AUTO not in rows or entry["seeds"] < parity.SEEDS_TO_JUDGE or settings.get("slow_rank"):
         return None
     mine = rows[AUTO]["median"]
     fixed = {n: r["median"] for n, r in rows.items() if n != AUTO and r["median"] is not None}
@@ -456,6 +552,45 @@ def judge_auto(settings, entry):
     return "; ".join(goals)
 
 
+def balance_pairs(entry):
+    """``[(NAME_balance, NAME)]``: the configurations raced with ``--balance speed`` beside NAME, at a rate."""
+    rows = entry["rows"]
+    return [(name, name[:-len(BALANCE)]) for name in rows if name.endswith(BALANCE) and name[:-len(BALANCE)] in rows]
+
+
+def judge_balance(settings, entry):
+    """Issue 42's goal of a race with a slow rank: each ``NAME_balance`` configuration's median time to target
+    at most ``BALANCE_RATIO`` × NAME's; None without ``--slow-rank``, without such a pair, or before every seed
+    is in."""
+    pairs = balance_pairs(entry)
+    if not settings.get("slow_rank") or not pairs or entry["seeds"] < parity.SEEDS_TO_JUDGE:
+        return None
+    goals = []
+    for balanced, fixed in pairs:
+        mine, theirs = entry["rows"][balanced]["median"], entry["rows"][fixed]["median"]
+        if theirs is None:
+            goals.append(f"`{balanced}` not judged (`{fixed}` did not reach the target on every seed)")
+        elif mine is None:
+            goals.append(f"`{balanced}` ≤ {BALANCE_RATIO:g} × `{fixed}` **missed** (it did not reach the target "
+                         "on every seed)")
+        else:
+            goals.append(f"`{balanced}` at {mine / theirs:.2f} × `{fixed}`: ≤ {BALANCE_RATIO:g} × "
+                         + ("met" if mine <= BALANCE_RATIO * theirs else "**missed**"))
+    return "; ".join(goals)
+
+
+def slow_rank_line(settings):
+    """What the report says of a race with ``--slow-rank``: which rank was slow, by how much, and the hook."""
+    slow = settings["slow_rank"]
+    if "hook" not in slow:
+        return f"The slow rank's hook was not measured (`{slow['reference']}`'s run over loopback failed)."
+    seconds = slowed_seconds(slow["hook"], slow["rank"])
+    return (f"Every run's last rank, rank {slow['rank']} (on node{settings['hosts']}), was made {slow['factor']} × "
+            f"slower by the test hook `{HOOK}={slow['hook']}`: after each step it slept {1e3 * seconds:.2f} ms per "
+            f"sample of its micro-batch, ({slow['factor']} − 1) × the per-rank compute per sample of "
+            f"`{slow['reference']}`'s run over loopback (its ranks ÷ its samples/s).")
+
+
 def _fmt(seconds):
     return "not reached" if seconds is None else f"{seconds:,.0f}"
 
@@ -467,8 +602,11 @@ def render(out):
     lines = [f"Target: {workload.what} {workload.target_sign} {settings['target']:g}{workload.metric_unit}; "
              f"{layout(settings)} on the virtual cluster. Seconds are cumulative training wall time (the slowest "
              f"rank's) at the end of the first epoch {at} the target, the median over seeds with (min–max)."]
+    if settings.get("slow_rank"):
+        lines[0] += " " + slow_rank_line(settings)
     for entry in rates:
         goal, auto_goal = judge(settings, entry), judge_auto(settings, entry)
+        balance_goal = judge_balance(settings, entry)
         share = entry["sync_comm_share"]
         sentences = []
         if share is not None:
@@ -478,10 +616,15 @@ def render(out):
             sentences.append(not_raced_line(entry["rows"].get(AUTO)))
         elif goal:
             sentences.append(f"Goal: {goal}.")
-        elif entry["seeds"] < parity.SEEDS_TO_JUDGE:
+        elif entry["seeds"] < parity.SEEDS_TO_JUDGE and not settings.get("slow_rank"):
             sentences.append(f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds).")
         if auto_goal:
             sentences.append(f"`auto`'s goals: {auto_goal}.")
+        if balance_goal:
+            sentences.append(f"`--balance speed`'s goal: {balance_goal}.")
+        elif settings.get("slow_rank") and balance_pairs(entry):
+            sentences.append(f"`--balance speed`'s goal not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} "
+                             "seeds).")
         lines += ["", f"**{entry['rate']}**: " + " ".join(sentences), ""]
         rows = []
         for name, row in entry["rows"].items():
@@ -593,7 +736,9 @@ def plot(out):
         ax.set_xscale("log")
         ax.set_xlabel("training wall time, s (log scale)")
         ax.set_ylabel(f"{workload.what}{',' if workload.metric_unit else ''}{workload.metric_unit}")
-        ax.set_title(f"{workload.title}, {entry['rate']}, {layout(settings)}", fontsize=9)
+        slow = settings.get("slow_rank")
+        ax.set_title(f"{workload.title}, {entry['rate']}, {layout(settings)}"
+                     + (f", rank {slow['rank']} {slow['factor']}x slow" if slow else ""), fontsize=9)
     plots._save_panels(fig, axes[0], os.path.join(out, workload.plot))
     return workload.plot
 

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from benchmarks.accuracy import slow_rank
+from benchmarks.accuracy.accuracy import LocalLaunch
 from benchmarks.suite.runner import REPO_ROOT
 
 pytestmark = pytest.mark.unit
@@ -36,7 +37,7 @@ def test_each_strategy_runs_four_ways_and_only_the_slow_ones_set_the_hook():
     equal, slow = slow_rank.variants(["diloco"])
     assert [v.name for v in equal + slow] == ["diloco", "diloco_balance", "diloco_slow", "diloco_slow_balance"]
     assert slow[1].flags == ("--data", "python_docs", "--strategy", "diloco", "--balance", "speed")
-    launch = slow_rank.SlowRankLaunch(4, "3:0.01")
+    launch = slow_rank.SlowRankLaunch(LocalLaunch(4), "3:0.01", slow_rank.is_slow)
     assert launch.command(slow[1], 0, "/tmp/run")[:2] == ["env", "HVD_EASGD_TEST_SLOW_RANKS=3:0.01"]
     assert launch.command(equal[1], 0, "/tmp/run")[:2] != ["env", "HVD_EASGD_TEST_SLOW_RANKS=3:0.01"]
     assert launch.shown(slow[0], 2) == ("HVD_EASGD_TEST_SLOW_RANKS=3:0.01 horovodrun -np 4 python train.py --data "

@@ -1,14 +1,18 @@
-"""benchmarks.accuracy.time_to_target: the launches it makes across the virtual cluster, when a run reached the
-target, and the report's ratios and goals, from a results folder written here by hand."""
+"""benchmarks.accuracy.time_to_target: the launches it makes across the virtual cluster (with ``--slow-rank``, the
+hook it measures and hands to every rank), when a run reached the target, and the report's ratios and goals,
+from a results folder written here by hand."""
 import glob
 import json
 import os
+import pathlib
+import types
 
 import pytest
 
+from benchmarks.accuracy import slow_hook
 from benchmarks.accuracy import time_to_target as ttt
 from benchmarks.accuracy.accuracy import Variant
-from benchmarks.suite.runner import REPO_ROOT
+from benchmarks.suite.runner import REPO_ROOT, horovodrun
 from tools.vcluster import VirtualCluster
 
 pytestmark = pytest.mark.unit
@@ -58,9 +62,9 @@ def test_the_target_is_reached_at_the_first_epoch_at_or_below_it():
 
 
 def write_folder(folder, values_by_name, seconds_by_name, speed_by_name, seeds=3, rate=None,
-                 workload=ttt.WORKLOADS["language_model"], data="text:/made/here/data/c.txt"):
+                 workload=ttt.WORKLOADS["language_model"], data="text:/made/here/data/c.txt", final=None):
     """A rate's folder of runs: each configuration's metric after each epoch (``values_by_name``), its epochs'
-    seconds (x1.0, x1.1, x1.2 for seeds 0-2) and its speed."""
+    seconds (x1.0, x1.1, x1.2 for seeds 0-2) and its speed; ``final``, more of every run's final figures."""
     runs = []
     for name, values in values_by_name.items():
         for seed in range(seeds):
@@ -70,7 +74,7 @@ def write_folder(folder, values_by_name, seconds_by_name, speed_by_name, seeds=3
                        workload.speed: speed_by_name[name]} for value in values]
             with open(folder / label / "metrics.json", "w") as f:
                 json.dump({"epochs": epochs, "final": {workload.metric: values[-1],
-                                                       workload.speed: speed_by_name[name]}}, f)
+                                                       workload.speed: speed_by_name[name], **(final or {})}}, f)
             runs.append({"run": label, "variant": name, "twin": None, "seed": seed, "command":
                          f"horovodrun ... --data {data} --strategy {name} --seed {seed}"})
     with open(folder / "runs.json", "w") as f:
@@ -284,3 +288,179 @@ def test_the_measured_step_is_the_median_epoch_after_the_first_which_traces_the_
     metrics = {"epochs": [{"tokens_per_sec": t} for t in (512.0, 1024.0, 2048.0, 1024.0)]}
     assert ttt.steady_step(metrics, 1024) == 1.0
     assert ttt.steady_step({"epochs": [{"tokens_per_sec": 512.0}]}, 1024) == 2.0  # one epoch: that one
+
+
+# --- --slow-rank: one rank SLOW_FACTOR times slower, and --balance speed against equal shares -------------
+SLOWED = {"rank": 1, "factor": 2, "reference": "diloco_tau10", "hook": "1:0.005000"}
+
+
+def test_a_balance_configuration_is_its_fixed_one_with_balance_speed_and_slow_rank_is_checked(monkeypatch, capsys):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # this machine's 2 cores, wherever it runs
+    args = ttt.parse_args(["--out", "/tmp/x", "--configurations", "diloco_tau10,diloco_tau10_balance",
+                           "--slow-rank"], "ttt")
+    assert args.slow_rank and ttt.slow_reference(args.names) == "diloco_tau10"
+    assert ttt.variants(args.workload, args.names, "text:/c.txt")[1].flags == (
+        "--data", "text:/c.txt", "--strategy", "diloco", "--tau", "10", "--balance", "speed", *ttt.MODEL_FLAGS)
+    assert not ttt.parse_args(["--out", "/tmp/x"], "ttt").slow_rank  # off unless asked
+    for argv, message in (
+            (["--configurations", "sync,diloco_tau10_balance"], "--slow-rank needs a configuration other than sync"),
+            (["--configurations", "diloco_tau10", "--ranks-per-host", "2"], "Received: 4 ranks on 2 cores"),
+            (["--configurations", "diloco_tau50_balance"], "--configurations must be chosen from")):
+        with pytest.raises(SystemExit):
+            ttt.parse_args(["--out", "/tmp/x", "--slow-rank", *argv], "ttt")
+        assert message in capsys.readouterr().err
+
+
+class FakeCluster:
+    """What ``main`` asks of the virtual cluster, without one (no network namespace is made)."""
+    def __init__(self, name):
+        self.name = name
+
+    def up(self, hosts, ranks_per_host, rate):
+        return {"link": {"qdisc": f"tbf rate {rate}"}}
+
+    def down(self):
+        pass
+
+
+def race_without_launching(monkeypatch, out, argv, samples_per_sec=400.0):
+    """``main(argv)`` with its launches recorded instead of made: ``[(folder, its Variants, launch, extra)]``;
+    the runs over loopback are written by hand at ``samples_per_sec``."""
+    launched = []
+
+    def run_folder(workload, folder, chosen, np_, seeds, timeout, launch, extra):
+        launched.append((os.path.basename(folder), chosen, launch, extra))
+        if os.path.basename(folder) == ttt.LOOPBACK and not os.path.isdir(folder):  # kept runs are not made again
+            os.makedirs(folder)
+            write_folder(pathlib.Path(folder), {v.name: [1.9] for v in chosen}, {v.name: 5.0 for v in chosen},
+                         {v.name: 100 * samples_per_sec for v in chosen}, seeds=1,
+                         final={"samples_per_sec": samples_per_sec})
+        return []
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(ttt, "check_privileges", lambda: None)
+    monkeypatch.setattr(ttt, "VirtualCluster", FakeCluster)
+    monkeypatch.setattr(ttt, "_run_folder", run_folder)
+    monkeypatch.setitem(ttt.WORKLOADS, "language_model",
+                        ttt.WORKLOADS["language_model"]._replace(write_data=lambda out: "text:/c.txt"))
+    assert ttt.main(["--out", str(out), "--link-rates", "100mbit", *argv]) == 0
+    return launched
+
+
+def test_a_slow_rank_race_measures_the_hook_over_loopback_and_every_cluster_run_sets_it(tmp_path, monkeypatch):
+    launched = race_without_launching(monkeypatch, tmp_path, ["--configurations", "diloco_tau10_balance,sync,"
+                                                               "diloco_tau10", "--slow-rank"])
+    (local, local_runs, local_launch, _), (rate, raced, launch, extra) = launched
+    # Over loopback, at equal speed: SyncAverage's reference as before, and the hook's, at the race's threads
+    assert (local, type(local_launch)) == ("loopback", ttt.LocalLaunch)
+    assert [(v.name, v.flags[-2:]) for v in local_runs] == [("sync", ttt.MODEL_FLAGS[-2:]),
+                                                            ("diloco_tau10", ttt.CLUSTER_FLAGS)]
+    # 2 ranks at 400 samples/s: 5 ms a sample on each, and (2 - 1) x that more makes the last rank twice as slow
+    hook = f"1:{(slow_hook.SLOW_FACTOR - 1) * 2 / 400.0:.6f}"
+    assert hook == "1:0.005000" and slow_hook.slowed_seconds(hook, 1) == 0.005  # as train.py reads it
+    assert extra == {"link_rate": "100mbit", "slow_rank": hook}  # the rate's runs.json: continued only at it
+    with open(tmp_path / "settings.json") as f:
+        assert json.load(f)["slow_rank"] == {"rank": 1, "factor": 2, "reference": "diloco_tau10", "hook": hook}
+    assert rate == "100mbit" and [v.name for v in raced] == ["sync", "diloco_tau10_balance", "diloco_tau10"]
+    for variant in raced:  # every run is slowed
+        cmd = launch.command(variant, 1, "/runs/r")
+        # horovodrun, run on node1, starts in the hook's environment (and hands it to every rank: next test)
+        assert cmd[:9] == ["env", f"HVD_EASGD_TEST_SLOW_RANKS={hook}", horovodrun(), "--disable-cache", "-np", "2",
+                           "-H", "node1:1,node2:1", "--mpi"] and cmd.count("--run-dir") == 1
+        assert launch.shown(variant, 1).startswith(f"HVD_EASGD_TEST_SLOW_RANKS={hook} horovodrun -np 2 -H "
+                                                   "node1:1,node2:1 --mpi python train.py")
+    assert launch.launch == ttt.ClusterLaunch(launch.launch.cluster, 2, 1)
+
+
+def test_without_slow_rank_the_launches_are_as_before(tmp_path, monkeypatch):
+    (local, _, _, _), (_, _, launch, extra) = race_without_launching(monkeypatch, tmp_path,
+                                                                     ["--configurations", "sync,diloco_tau10"])
+    assert type(launch) is ttt.ClusterLaunch and extra == {"link_rate": "100mbit"}
+    with open(tmp_path / "settings.json") as f:
+        assert "slow_rank" not in json.load(f)
+
+
+def test_horovodrun_over_mpi_exports_the_hook_to_the_ranks_on_every_host(monkeypatch):
+    """What carries the hook from node1 to the ranks on the other hosts: horovodrun --mpi hands mpirun its whole
+    environment, one ``-x NAME`` a variable (Horovod 0.28.1's mpi_run), which Open MPI sets in every rank."""
+    mpi_run = pytest.importorskip("horovod.runner.mpi_run")
+    ran = []
+    monkeypatch.setattr(mpi_run, "_get_mpi_implementation_flags",
+                        lambda tcp_flag, env=None: ([], [], mpi_run._OMPI_IMPL))
+    monkeypatch.setattr(mpi_run.safe_shell_exec, "execute",
+                        lambda command, env=None, stdout=None, stderr=None: ran.append((command, env)) or 0)
+    settings = types.SimpleNamespace(tcp_flag=None, ssh_port=None, ssh_identity_file=None, hosts="node1:1,node2:1",
+                                     prefix_output_with_timestamp=False, binding_args=None, output_filename=None,
+                                     extra_mpi_args=None, num_proc=2, verbose=0, run_func_mode=True)
+    # horovodrun's environment is its process's (horovod/runner/launch.py: os.environ.copy()), here with the hook
+    mpi_run.mpi_run(settings, None, {"PATH": "/usr/bin", slow_hook.HOOK: "1:0.005000"}, ["python", "train.py"])
+    (command, env), = ran
+    assert f" -x {slow_hook.HOOK} " in command and "-H node1:1,node2:1" in command
+    assert env[slow_hook.HOOK] == "1:0.005000"
+
+
+def test_a_folder_is_continued_only_with_the_slow_rank_it_was_raced_with(tmp_path, monkeypatch):
+    slow, equal = tmp_path / "slow", tmp_path / "equal"
+    race_without_launching(monkeypatch, slow, ["--configurations", "diloco_tau10", "--slow-rank"])
+    race_without_launching(monkeypatch, slow, ["--configurations", "diloco_tau10", "--slow-rank"])  # the same: goes on
+    before = (slow / "settings.json").read_text()
+    with pytest.raises(SystemExit, match=f"^{slow} holds a race with --slow-rank: continue it with --slow-rank, or "
+                                         "choose another --out$"):
+        race_without_launching(monkeypatch, slow, ["--configurations", "diloco_tau10"])
+    assert (slow / "settings.json").read_text() == before  # refused before anything is written
+    with pytest.raises(SystemExit, match=r"set otherwise \(reference='diloco_tau10'\); choose another --out$"):
+        race_without_launching(monkeypatch, slow, ["--configurations", "diloco_tau50,diloco_tau10", "--slow-rank"])
+    os.makedirs(equal)
+    write_settings(equal, ["100mbit"], loopback=False)
+    with pytest.raises(SystemExit, match="holds a race without --slow-rank: continue it without --slow-rank"):
+        race_without_launching(monkeypatch, equal, ["--configurations", "diloco_tau10", "--slow-rank"])
+
+
+def slow_race(folder, balance_values, balance_epoch, seeds=3, slow_rank=SLOWED, sync=True):
+    """A 100mbit race of sync (unless not ``sync``), diloco_tau10 (the target at its 3rd epoch of 10 s x 1.0-1.2)
+    and diloco_tau10_balance, with one rank slow (``slow_rank``; none if None)."""
+    os.makedirs(folder / "100mbit")
+    write_settings(folder, ["100mbit"], **({"slow_rank": slow_rank} if slow_rank else {}))
+    values = {"sync": [2.5, 1.9], "diloco_tau10": [2.5, 2.1, 1.9], "diloco_tau10_balance": balance_values}
+    if not sync:
+        del values["sync"]
+    write_folder(folder / "100mbit", values,
+                 {"sync": 100.0, "diloco_tau10": 10.0, "diloco_tau10_balance": balance_epoch},
+                 {"sync": 2_500, "diloco_tau10": 9_000, "diloco_tau10_balance": 9_000}, seeds=seeds, rate="100mbit")
+    return str(folder)
+
+
+def test_with_a_slow_rank_balance_speed_is_judged_against_its_fixed_configuration(tmp_path):
+    # the fixed one's median 3 x 11 = 33 s; --balance speed's at its 2nd epoch: 2 x 11 = 22 s, 0.67 x
+    settings, (entry,) = ttt.summarise(slow_race(tmp_path / "met", [2.5, 1.9], 10.0))
+    assert ttt.judge_balance(settings, entry) == "`diloco_tau10_balance` at 0.67 × `diloco_tau10`: ≤ 0.75 × met"
+    assert ttt.judge(settings, entry) is None and entry["sync_comm_share"] is None  # goals of equal ranks
+    text = ttt.render(str(tmp_path / "met"))
+    first, _, rate = text.splitlines()[:3]
+    assert first.endswith("Every run's last rank, rank 1 (on node2), was made 2 × slower by the test hook "
+                          "`HVD_EASGD_TEST_SLOW_RANKS=1:0.005000`: after each step it slept 5.00 ms per sample of its "
+                          "micro-batch, (2 − 1) × the per-rank compute per sample of `diloco_tau10`'s run over "
+                          "loopback (its ranks ÷ its samples/s).")
+    assert rate == ("**100mbit**: `--balance speed`'s goal: `diloco_tau10_balance` at 0.67 × `diloco_tau10`: "
+                    "≤ 0.75 × met.")
+    # 2 x 14.3 = 28.6 s: 0.87 x; the race issue 42 asks for, without SyncAverage
+    settings, (entry,) = ttt.summarise(slow_race(tmp_path / "missed", [2.5, 1.9], 13.0, sync=False))
+    assert ttt.judge_balance(settings, entry) == ("`diloco_tau10_balance` at 0.87 × `diloco_tau10`: ≤ 0.75 × "
+                                                  "**missed**")
+    assert ttt.render(str(tmp_path / "missed")).splitlines()[2] == (
+        "**100mbit**: `sync` not raced at this rate (no goal against it is judged). `--balance speed`'s goal: "
+        "`diloco_tau10_balance` at 0.87 × `diloco_tau10`: ≤ 0.75 × **missed**.")
+    settings, (entry,) = ttt.summarise(slow_race(tmp_path / "never", [2.5, 2.1], 1.0))
+    assert ttt.judge_balance(settings, entry) == ("`diloco_tau10_balance` ≤ 0.75 × `diloco_tau10` **missed** (it did "
+                                                  "not reach the target on every seed)")
+    assert "`--balance speed`'s goal not judged (2 of 3 seeds)." in ttt.render(
+        slow_race(tmp_path / "two", [2.5, 1.9], 10.0, seeds=2))
+
+
+def test_without_a_slow_rank_balance_speed_has_no_goal_and_the_report_is_as_before(tmp_path):
+    settings, (entry,) = ttt.summarise(slow_race(tmp_path, [2.5, 1.9], 10.0, slow_rank=None))
+    assert ttt.judge_balance(settings, entry) is None
+    assert entry["sync_comm_share"] == pytest.approx(0.75)  # 1 - 2,500 / 10,000 over loopback
+    text = ttt.render(str(tmp_path))
+    assert "--balance speed" not in text and "slower by the test hook" not in text
+    assert "Goal: `diloco_tau10_balance` at 0.10 × sync: ≤ 0.25 × met." in text  # a rival like any other
