@@ -80,6 +80,12 @@ WORKLOADS = {
             ("diloco_tau50", "--strategy diloco --tau 50", None),
             # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts.
             ("diloco_tau50_streaming", "--strategy diloco --tau 50 --fragments 5 --overlap 5", None),
+            # Which of Streaming DiLoCo's changes costs its loss: the same fragments merged at once, and
+            # merged late with alpha = 0 (every rank restarts from the new synced weights, other
+            # implementations' default) instead of the paper's even mix.
+            ("diloco_tau50_fragments", "--strategy diloco --tau 50 --fragments 5", None),
+            ("diloco_tau50_streaming_mixing0", "--strategy diloco --tau 50 --fragments 5 --overlap 5 --mixing 0",
+             None),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),

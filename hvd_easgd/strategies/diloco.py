@@ -74,8 +74,9 @@ become a mix of the new synced and the local weights::
 with α the mixing factor (``mixing``; the paper's α, default 0.5, the paper's
 value: an even mix of the new θ and what the rank reached meanwhile). It is an
 argument (and ``--mixing``) because no one value is right everywhere: other
-Streaming DiLoCo implementations default to α = 0, and it was not measured
-here. α = 0 drops
+Streaming DiLoCo implementations default to α = 0, which on the language
+model's parity runs did no worse than 0.5 (docs/language-model.md, "Why some
+configurations fall behind"). α = 0 drops
 those δ steps (every rank restarts from θ, stale by δ); α = 1 never pulls a
 rank back to θ, so the ranks drift apart. At δ = 0 nothing is mixed: the
 blocking rule above (x ← θ). The schedule: one synchronisation in flight at a
