@@ -88,14 +88,17 @@ WORKLOADS = {
              None),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
-            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
+            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
+            # Whether the rank is what PowerSGD's loss hangs on: four times rank 4's.
+            ("sync_powersgd16", "--strategy sync --compression powersgd --powersgd-rank 16", None))),
     "fashion_mnist": Workload(
         data=("--data", "fashion_mnist"), metric="test_accuracy", lower_is_better=False, absolute=0.005,
         floor=0.90,
         configurations=_configurations(
             *LOCAL_UPDATES,
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
-            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
+            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
+            ("sync_powersgd16", "--strategy sync --compression powersgd --powersgd-rank 16", None))),
 }
 
 
