@@ -97,8 +97,7 @@ WORKLOADS = {
         configurations=_configurations(
             *LOCAL_UPDATES,
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
-            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
-            ("sync_powersgd16", "--strategy sync --compression powersgd --powersgd-rank 16", None))),
+            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
 }
 
 
