@@ -228,7 +228,7 @@ def render(directory):
               "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
     lines = [summary(workload, found, verdicts, versus_of), "",
-             f"{index['np']} ranks, {seeds}, train.py's defaults otherwise"
+             f"{index['np']} rank{'s' * (index['np'] != 1)}, {seeds}, train.py's defaults otherwise"
              + (f", with `{index['flags']}`" if index.get("flags") else "")
              + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
              "", table(header, rows, "lrrrrrrl")]

@@ -17,8 +17,8 @@ import yaml
 
 from .. import _compat, auto_strategy, checkpoint, validation
 from . import data
-from .config import (BALANCE_MODES, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_OPTIMIZER,
-                     TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL,
+from .config import (BALANCE_MODES, COSINE_IMAGE_SETS, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL,
+                     DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL,
                      TrainConfig)
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
@@ -127,7 +127,7 @@ def build_parser():
     train.add_argument("--lr-schedule", choices=LR_SCHEDULES,
                        help=f"cosine: a linear warm-up from 0 over --lr-warmup-updates, then a cosine decay to "
                             f"--lr-floor x the peak at the last update; not given: constant, or cosine for the "
-                            f"{TEXT_MODEL}")
+                            f"{TEXT_MODEL} and --data {' | '.join(COSINE_IMAGE_SETS)}")
     train.add_argument("--lr-warmup-updates", type=int, metavar="N",
                        help="the cosine schedule's warm-up (default: 5%% of the run's updates, at most 200)")
     train.add_argument("--lr-floor", type=float, help="the cosine schedule's last rate, as a fraction of its peak")
@@ -484,9 +484,11 @@ def _resolve_model(args, variable_size):
 
 
 def _validate_schedule(args):
-    """``--lr-schedule`` as it takes effect (cosine for the transformer), and its options checked."""
+    """``--lr-schedule`` as it takes effect (cosine for the transformer and ``COSINE_IMAGE_SETS``), and its
+    options checked."""
     if args.lr_schedule is None:
-        args.lr_schedule = TEXT_LR_SCHEDULE if args.model == TEXT_MODEL else "constant"
+        cosine = args.model == TEXT_MODEL or args.data.partition(":")[0] in COSINE_IMAGE_SETS
+        args.lr_schedule = TEXT_LR_SCHEDULE if cosine else "constant"
     if not 0 <= args.lr_floor <= 1:
         raise UsageError(f"--lr-floor must satisfy 0 <= floor <= 1. Received: --lr-floor={args.lr_floor}")
     if args.lr_warmup_updates is not None and args.lr_warmup_updates < 0:

@@ -92,6 +92,13 @@ def test_fewer_than_three_seeds_are_not_judged(tmp_path):
     assert "not judged (1 of 3 seeds)" in table and "missed" not in table and "seed 0," in table
 
 
+def test_one_rank_is_said_in_the_singular(tmp_path):
+    runs = [write_run(tmp_path, "sync", 0, 2.0, 30_000)]
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 1, "seeds": 1, "flags": "", "runs": runs, "failures": []}, f)
+    assert "\n1 rank, seed 0," in parity.render(str(tmp_path))
+
+
 def test_a_folder_of_other_runs_is_not_continued(tmp_path):
     with open(tmp_path / "runs.json", "w") as f:
         json.dump({"workload": "language_model", "np": 4, "flags": "", "runs": []}, f)
