@@ -18,8 +18,8 @@ import yaml
 from .. import _compat, auto_strategy, checkpoint, validation
 from . import data
 from .config import (BALANCE_MODES, COSINE_IMAGE_SETS, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL,
-                     DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL,
-                     TrainConfig)
+                     DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE,
+                     VARIABLE_SIZE_MODEL, TrainConfig)
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
 from ..comm.compression import COMPRESSIONS

@@ -47,8 +47,9 @@ TEXT_LR_SCHEDULE = "cosine"
 # The named image sets trained with the cosine schedule when --lr-schedule is not given: at a
 # constant rate the CNN's last-epoch accuracy on Fashion-MNIST still moves by tenths of a point
 # from epoch to epoch and ends lower at 2 and 4 ranks, at 4 ranks only just above 0.90, with
-# PowerSGD under 0.90 at 2 (docs/fashion-mnist.md has the runs). The smoke sets (digits, synthetic, teacher) keep the constant rate their tests
-# and committed evidence were made at; a user's own images ask with --lr-schedule cosine.
+# PowerSGD under 0.90 at 2 (docs/fashion-mnist.md has the runs). The smoke sets (digits,
+# synthetic, teacher) keep the constant rate their tests and committed evidence were made at; a
+# user's own images ask with --lr-schedule cosine.
 COSINE_IMAGE_SETS = ("fashion_mnist",)
 DEFAULT_WARMUP_SHARE = 0.05
 MAX_DEFAULT_WARMUP_UPDATES = 200
