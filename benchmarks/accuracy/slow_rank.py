@@ -2,7 +2,7 @@
 
     python -m benchmarks slow-rank --out docs/results/slow-rank-lm-np2                 # diloco, 2 ranks, 3 seeds
     python -m benchmarks slow-rank --strategies diloco,periodic --seeds 1 --out DIR
-    python -m benchmarks slow-rank --curves --out docs/results/slow-rank-lm-np2-curves    # 8 shorter epochs
+    python -m benchmarks slow-rank --curves --seeds 6 --out docs/results/slow-rank-lm-np2-curves  # 8 short epochs
     python -m benchmarks slow-rank --render DIR          # rewrite DIR/slow-rank.md from DIR's runs
 
 The language model (``--data python_docs``) at train.py's defaults, under each
@@ -181,9 +181,29 @@ def render(directory):
     if chosen:
         lines += ["", "The shares of the global batch `--balance speed` chose at start-up (rank 0 first), seed by "
                       f"seed: {'; '.join(chosen)}."]
+    paired = _paired(runs)
+    if paired:
+        lines += ["", paired]
     if _has_curves(runs):
         lines += ["", f"![validation loss against training wall time]({docs_link(directory, PLOT)})"]
     return "\n".join(lines) + "\n"
+
+
+def _paired(runs):
+    """Seed by seed, each ``S_slow_balance``'s final validation loss against ``S``'s of the same seed (the
+    same initial weights and the same global batches: a paired comparison, which the means over seeds hide),
+    as one sentence; "" without such pairs."""
+    loss = {(run["variant"], run["seed"]): metrics["final"]["test_loss"] for run, metrics in runs}
+    sentences = []
+    for variant in dict.fromkeys(run["variant"] for run, _ in runs):
+        base = variant.split("_")[0]
+        seeds = sorted(seed for name, seed in loss if name == variant and (base, seed) in loss)
+        if variant.endswith("_slow_balance") and seeds:
+            sentences.append(f"`{variant}`'s final validation loss against `{base}`'s of the same seed (the same "
+                             "initial weights and global batches), seed by seed: " + ", ".join(
+                                 f"{seed}: {100 * (loss[variant, seed] / loss[base, seed] - 1):+.2f} %"
+                                 for seed in seeds) + ".")
+    return " ".join(sentences)
 
 
 def _has_curves(runs):

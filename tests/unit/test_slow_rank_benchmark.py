@@ -62,8 +62,8 @@ def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_eq
     assert "today's pace" in rows["`diloco_slow`"] and "| 0.66 |" in rows["`diloco_slow`"]
     assert text.startswith("`diloco_slow` runs at 0.66 of the sum of the ranks' own speeds; `diloco_slow_balance` "
                            "runs at 0.89")
-    assert text.endswith("seed by seed: `diloco_balance` 16 + 16 + 16 + 16, 16 + 16 + 16 + 16, 16 + 16 + 16 + 16; "
-                         "`diloco_slow_balance` 18 + 18 + 18 + 10, 18 + 18 + 17 + 11, 18 + 18 + 18 + 10.\n")
+    assert ("seed by seed: `diloco_balance` 16 + 16 + 16 + 16, 16 + 16 + 16 + 16, 16 + 16 + 16 + 16; "
+            "`diloco_slow_balance` 18 + 18 + 18 + 10, 18 + 18 + 17 + 11, 18 + 18 + 18 + 10.\n") in text
     directory = results(tmp_path / "better", {"diloco": (100.0, 1.800), "diloco_slow_balance": (85.0, 1.820),
                                               "diloco_balance": (104.0, 1.700)})
     text = slow_rank.render(directory)
@@ -71,6 +71,22 @@ def test_the_goals_are_judged_against_the_sum_of_the_ranks_own_speeds_and_the_eq
     assert "costs ≤ 3 % against `diloco` met" in text  # faster and lower: no cost
     directory = results(tmp_path / "costly", {"diloco": (100.0, 1.800), "diloco_balance": (96.0, 1.800)})
     assert "costs ≤ 3 % against `diloco` **missed**" in slow_rank.render(directory)
+
+
+def test_each_seed_of_the_slow_rank_under_balance_is_compared_with_the_equal_ranks_of_the_same_seed(tmp_path):
+    directory = results(tmp_path, {"diloco": (100.0, 2.0), "diloco_slow": (57.0, 2.0),
+                                   "diloco_slow_balance": (85.0, 2.0)}, np_=2)
+    for seed, loss in enumerate((2.1, 1.95, 2.0)):  # +5 %, -2.5 %, 0 % against the equal ranks' 2.0
+        path = os.path.join(directory, f"diloco_slow_balance-seed{seed}", "metrics.json")
+        with open(path, "w") as f:
+            json.dump({"final": {"samples_per_sec": 85.0, "test_loss": loss}}, f)
+    text = slow_rank.render(directory)
+    assert text.endswith("`diloco_slow_balance`'s final validation loss against `diloco`'s of the same seed (the "
+                         "same initial weights and global batches), seed by seed: 0: +5.00 %, 1: -2.50 %, "
+                         "2: +0.00 %.\n")
+    assert "| +0.83 % |" in text  # the mean over seeds, 2.0167 against 2.0, beside it in the table
+    directory = results(tmp_path / "without", {"diloco": (100.0, 2.0), "diloco_balance": (99.0, 2.0)}, np_=2)
+    assert "seed by seed: 0:" not in slow_rank.render(directory)
 
 
 def test_curves_train_several_epochs_of_the_short_corpus_and_draw_each_runs_validation_loss(tmp_path):
