@@ -3,10 +3,11 @@
     python -m benchmarks slow-rank --out docs/results/slow-rank-lm-np2                 # diloco, 2 ranks, 3 seeds
     python -m benchmarks slow-rank --strategies diloco,periodic --seeds 1 --out DIR
     python -m benchmarks slow-rank --curves --seeds 6 --out docs/results/slow-rank-lm-np2-curves  # 8 short epochs
+    python -m benchmarks slow-rank --curves --seeds 6 --configurations diloco,diloco_nudged --out DIR
     python -m benchmarks slow-rank --render DIR          # rewrite DIR/slow-rank.md from DIR's runs
 
 The language model (``--data python_docs``) at train.py's defaults, under each
-strategy, four ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
+strategy, five ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
 
 - ``S``: every rank at its own speed, equal shares (train.py's default);
 - ``S_balance``: the same ranks under ``--balance speed``;
@@ -14,7 +15,13 @@ strategy, four ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
   as long: the test hook ``HVD_EASGD_TEST_SLOW_RANKS`` adds c seconds per
   sample, c the per-rank compute per sample of ``S``'s seed-0 run: ``slow_hook``), equal shares:
   what every strategy does today;
-- ``S_slow_balance``: the same slow rank under ``--balance speed``.
+- ``S_slow_balance``: the same slow rank under ``--balance speed``;
+- ``S_nudged``: every rank at its own speed, the shares set by hand one sample off
+  equal (rank 0 takes one of the last rank's: ``nudged_shares``): a null comparison,
+  what a change of the shares does to the loss where no rank is slow.
+
+``--configurations`` runs some of them (each with its strategy's ``S``, which every
+figure is read against).
 
 Every run trains the same tokens (one epoch). With ``--curves`` every run trains ``CURVE_EPOCHS`` epochs of the
 first 500 kB of the Python docs instead (the corpus of ``time-to-target``), so that its validation loss is
@@ -37,6 +44,7 @@ The table, ``OUT/slow-rank.md``, is rendered from each run's metrics.json
 (``render``), never typed. This process never imports TensorFlow.
 """
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -55,15 +63,25 @@ CURVE_EPOCHS = 8
 THROUGHPUT_GOAL = 0.9  # of the sum of the ranks' own speeds
 LOSS_RELATIVE = 0.015  # of the equal ranks' loss
 NEEDLESS_RELATIVE = 0.03  # --balance speed on equal ranks: at most this much slower, or higher in loss, than without
+MICRO_BATCH = 32  # train.py's samples per rank and step on the language model (config.DEFAULT_BATCH_SIZE)
 
 
-def variants(strategies, data=DATA):
+def nudged_shares(np_):
+    """The shares of ``S_nudged``: equal but for one sample that rank 0 takes from the last rank."""
+    return [MICRO_BATCH + 1] + [MICRO_BATCH] * (np_ - 2) + [MICRO_BATCH - 1]
+
+
+def variants(strategies, data=DATA, np_=2):
     """``(equal-speed variants, slow-rank variants)`` of each strategy at train.py's defaults, on ``data``
-    (train.py's flags of what to train)."""
+    (train.py's flags of what to train), at ``np_`` ranks."""
     equal, slow = [], []
     for strategy in strategies:
         flags = (*data, "--strategy", strategy)
-        equal += [Variant(strategy, flags), Variant(f"{strategy}_balance", (*flags, "--balance", "speed"))]
+        # --sample-shares is the flag a resume passes --balance speed's shares back with: set by hand, it
+        # skips the start-up measurement
+        nudged = ("--balance", "speed", "--sample-shares", json.dumps(nudged_shares(np_), separators=(",", ":")))
+        equal += [Variant(strategy, flags), Variant(f"{strategy}_balance", (*flags, "--balance", "speed")),
+                  Variant(f"{strategy}_nudged", (*flags, *nudged))]
         slow += [Variant(f"{strategy}_slow", flags),
                  Variant(f"{strategy}_slow_balance", (*flags, "--balance", "speed"))]
     return equal, slow
@@ -83,6 +101,9 @@ def parse_args(argv, prog):
     p.add_argument("--curves", action="store_true",
                    help=f"train {CURVE_EPOCHS} epochs of the first 500 kB of the Python docs instead of one of "
                         "all, and plot each run's validation loss after every epoch")
+    p.add_argument("--configurations", metavar="NAMES",
+                   help="comma-separated configurations to run, each with its strategy's S, e.g. diloco,diloco_nudged "
+                        "(default: all)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per launch (default 2400)")
     p.add_argument("--render", metavar="DIR", help="rewrite DIR/slow-rank.md from DIR's runs, print it and exit")
     args = p.parse_args(argv)
@@ -96,6 +117,13 @@ def parse_args(argv, prog):
     unknown = [s for s in args.strategy_list if s not in ("diloco", "periodic", "sync")]
     if unknown:
         p.error(f"--strategies must be chosen from diloco, periodic, sync. Received: {','.join(unknown)}")
+    names = [v.name for v in sum(variants(args.strategy_list, np_=args.np), [])]
+    args.configuration_list = args.configurations.split(",") if args.configurations else names
+    unknown = [c for c in args.configuration_list if c not in names]
+    unread = sorted({c.split("_")[0] for c in args.configuration_list} - set(args.configuration_list))
+    if unknown or unread:
+        p.error(f"--configurations must be chosen from {', '.join(names)}, with each one's strategy (every figure "
+                f"is read against it). Received: --configurations={args.configurations}")
     return args
 
 
@@ -112,11 +140,14 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
         # time-to-target's corpus, written under OUT/data as it writes it
         data = ("--data", time_to_target.WORKLOADS["language_model"].write_data(out), "--epochs", str(CURVE_EPOCHS))
         index["curves"] = True
-    equal, slow = variants(args.strategy_list, data)
+    equal, slow = ([v for v in group if v.name in args.configuration_list]
+                   for group in variants(args.strategy_list, data, args.np))
     shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
     failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                              launch=SlowRankLaunch(LocalLaunch(args.np), "", is_slow))
     for strategy in args.strategy_list:
+        if not any(v.name.startswith(f"{strategy}_") for v in slow):
+            continue
         setting = hook_setting(out, strategy, args.np)
         print(f"[slow-rank] {strategy}: {HOOK}={setting}", flush=True)
         failures += continue_runs(out, index, [v for v in slow if v.name.startswith(f"{strategy}_")], args.np,
@@ -144,7 +175,7 @@ def render(directory):
         entry = found.setdefault(run["variant"], {"speed": [], "loss": [], "shares": [], "command": run["command"]})
         entry["speed"].append(metrics["final"]["samples_per_sec"])
         entry["loss"].append(metrics["final"]["test_loss"])
-        if run["variant"].endswith("_balance"):
+        if run["variant"].endswith(("_balance", "_nudged")):
             entry["shares"].append(_chosen_shares(os.path.join(directory, run["run"])))
     rows, answers = [], []
     for name, entry in found.items():
@@ -166,7 +197,7 @@ def render(directory):
                          + ("met" if cheap else "**missed**")]
         rows.append([f"`{name}`", _spread(entry["speed"], "{:,.1f}"), f"{speed / ideal:.2f}",
                      _spread(entry["loss"], "{:.4f}"), f"{100 * loss_vs:+.2f} %" if name != strategy else "—",
-                     "; ".join(goals) or _no_goal(name, strategy, len(entry["loss"]))])
+                     "; ".join(goals) or _no_goal(name, strategy, entry)])
         if name.endswith("_slow_balance") or name.endswith("_slow"):
             answers.append(f"`{name}` runs at {speed / ideal:.2f} of the sum of the ranks' own speeds")
     header = ["configuration", "samples/s, median (min–max)", "of the sum of own speeds",
@@ -176,8 +207,8 @@ def render(directory):
     lines = [lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
              f"like `{command}`" + (" (OUT: the results folder)." if "OUT/data/" in command else "."), "",
              table(header, rows, "lrrrrl")]
-    chosen = [f"`{name}` {', '.join(' + '.join(map(str, s)) if s else '?' for s in entry['shares'])}"
-              for name, entry in found.items() if entry["shares"]]
+    chosen = [f"`{name}` {', '.join(_shown_shares(s) for s in entry['shares'])}"
+              for name, entry in found.items() if entry["shares"] and name.endswith("_balance")]
     if chosen:
         lines += ["", "The shares of the global batch `--balance speed` chose at start-up (rank 0 first), seed by "
                       f"seed: {'; '.join(chosen)}."]
@@ -190,15 +221,17 @@ def render(directory):
 
 
 def _paired(runs):
-    """Seed by seed, each ``S_slow_balance``'s final validation loss against ``S``'s of the same seed (the
-    same initial weights and the same global batches: a paired comparison, which the means over seeds hide),
-    as one sentence; "" without such pairs."""
+    """Seed by seed, each ``S_slow_balance``'s and ``S_nudged``'s final validation loss against ``S``'s of the
+    same seed (the same initial weights and the same global batches: a paired comparison, which the means over
+    seeds hide), a sentence each; "" without such pairs."""
     loss = {(run["variant"], run["seed"]): metrics["final"]["test_loss"] for run, metrics in runs}
     sentences = []
     for variant in dict.fromkeys(run["variant"] for run, _ in runs):
+        if not variant.endswith(("_slow_balance", "_nudged")):
+            continue
         base = variant.split("_")[0]
         seeds = sorted(seed for name, seed in loss if name == variant and (base, seed) in loss)
-        if variant.endswith("_slow_balance") and seeds:
+        if seeds:
             sentences.append(f"`{variant}`'s final validation loss against `{base}`'s of the same seed (the same "
                              "initial weights and global batches), seed by seed: " + ", ".join(
                                  f"{seed}: {100 * (loss[variant, seed] / loss[base, seed] - 1):+.2f} %"
@@ -237,17 +270,25 @@ def plot(directory):
 
 
 def _chosen_shares(run_dir):
-    """The per-rank samples of a step that ``--balance speed`` chose (config.yaml's ``sample_shares``), or None."""
+    """The per-rank samples of a step that ``--balance speed`` chose, or was given by hand (config.yaml's
+    ``sample_shares``), or None."""
     with open(os.path.join(run_dir, "config.yaml")) as f:
         return yaml.safe_load(f)["config"].get("sample_shares")
 
 
-def _no_goal(name, strategy, seeds):
+def _no_goal(name, strategy, entry):
     if name == strategy:
         return "— (the equal ranks)"
     if name.endswith("_slow"):
         return "— (equal shares: today's pace)"
-    return f"not judged ({seeds} of 3 seeds)"
+    if name.endswith("_nudged"):
+        shares = ", ".join(dict.fromkeys(_shown_shares(s) for s in entry["shares"]))
+        return f"— (no rank slow, shares {shares} set by hand: a null comparison)"
+    return f"not judged ({len(entry['loss'])} of 3 seeds)"
+
+
+def _shown_shares(shares):
+    return " + ".join(map(str, shares)) if shares else "?"
 
 
 def _spread(values, fmt):

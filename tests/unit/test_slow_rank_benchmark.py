@@ -10,6 +10,7 @@ import pytest
 from benchmarks.accuracy import slow_rank
 from benchmarks.accuracy.accuracy import LocalLaunch
 from benchmarks.suite.runner import REPO_ROOT
+from hvd_easgd.app.config import DEFAULT_BATCH_SIZE
 
 pytestmark = pytest.mark.unit
 
@@ -33,15 +34,33 @@ def results(tmp_path, figures, np_=4):
     return str(tmp_path)
 
 
-def test_each_strategy_runs_four_ways_and_only_the_slow_ones_set_the_hook():
+def test_each_strategy_runs_five_ways_and_only_the_slow_ones_set_the_hook():
     equal, slow = slow_rank.variants(["diloco"])
-    assert [v.name for v in equal + slow] == ["diloco", "diloco_balance", "diloco_slow", "diloco_slow_balance"]
+    assert [v.name for v in equal + slow] == ["diloco", "diloco_balance", "diloco_nudged", "diloco_slow",
+                                              "diloco_slow_balance"]
     assert slow[1].flags == ("--data", "python_docs", "--strategy", "diloco", "--balance", "speed")
     launch = slow_rank.SlowRankLaunch(LocalLaunch(4), "3:0.01", slow_rank.is_slow)
     assert launch.command(slow[1], 0, "/tmp/run")[:2] == ["env", "HVD_EASGD_TEST_SLOW_RANKS=3:0.01"]
     assert launch.command(equal[1], 0, "/tmp/run")[:2] != ["env", "HVD_EASGD_TEST_SLOW_RANKS=3:0.01"]
     assert launch.shown(slow[0], 2) == ("HVD_EASGD_TEST_SLOW_RANKS=3:0.01 horovodrun -np 4 python train.py --data "
                                         "python_docs --strategy diloco --seed 2 --run-dir DIR")
+
+
+def test_the_null_comparison_moves_one_sample_of_the_global_batch_from_the_last_rank_to_rank_0():
+    equal, _ = slow_rank.variants(["periodic"], np_=4)
+    assert equal[2].name == "periodic_nudged"
+    assert equal[2].flags == ("--data", "python_docs", "--strategy", "periodic", "--balance", "speed",
+                              "--sample-shares", "[33,32,32,31]")
+    assert sum(slow_rank.nudged_shares(2)) == 2 * slow_rank.MICRO_BATCH == 2 * DEFAULT_BATCH_SIZE
+
+
+def test_configurations_run_some_of_the_five_ways_each_with_its_strategy():
+    args = slow_rank.parse_args(["--out", "/tmp/x", "--configurations", "diloco,diloco_nudged"], "slow-rank")
+    assert args.configuration_list == ["diloco", "diloco_nudged"]
+    assert len(slow_rank.parse_args(["--out", "/tmp/x"], "slow-rank").configuration_list) == 5
+    for wrong in ("diloco_nudged", "diloco,periodic_nudged", "diloco,diloco_fast"):
+        with pytest.raises(SystemExit):
+            slow_rank.parse_args(["--out", "/tmp/x", "--configurations", wrong], "slow-rank")
 
 
 def test_the_slow_rank_waits_the_per_rank_compute_of_a_sample(tmp_path):
@@ -87,6 +106,24 @@ def test_each_seed_of_the_slow_rank_under_balance_is_compared_with_the_equal_ran
     assert "| +0.83 % |" in text  # the mean over seeds, 2.0167 against 2.0, beside it in the table
     directory = results(tmp_path / "without", {"diloco": (100.0, 2.0), "diloco_balance": (99.0, 2.0)}, np_=2)
     assert "seed by seed: 0:" not in slow_rank.render(directory)
+
+
+def test_the_null_comparison_is_compared_seed_by_seed_and_judged_by_no_goal(tmp_path):
+    directory = results(tmp_path, {"diloco": (100.0, 2.0), "diloco_nudged": (99.0, 2.0)}, np_=2)
+    for seed, loss in enumerate((2.2, 2.0, 1.9)):  # +10 %, 0 %, -5 % against the equal ranks' 2.0
+        run = os.path.join(directory, f"diloco_nudged-seed{seed}")
+        with open(os.path.join(run, "metrics.json"), "w") as f:
+            json.dump({"final": {"samples_per_sec": 99.0, "test_loss": loss}}, f)
+        with open(os.path.join(run, "config.yaml"), "w") as f:
+            json.dump({"config": {"sample_shares": [33, 31]}}, f)
+    text = slow_rank.render(directory)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    assert rows["`diloco_nudged`"].endswith("| +1.67 % | — (no rank slow, shares 33 + 31 set by hand: a null "
+                                            "comparison) |")
+    assert text.endswith("`diloco_nudged`'s final validation loss against `diloco`'s of the same seed (the same "
+                         "initial weights and global batches), seed by seed: 0: +10.00 %, 1: +0.00 %, "
+                         "2: -5.00 %.\n")
+    assert "The shares of the global batch" not in text  # set by hand, not chosen by --balance speed
 
 
 def test_curves_train_several_epochs_of_the_short_corpus_and_draw_each_runs_validation_loss(tmp_path):
