@@ -200,9 +200,14 @@ def render(directory):
                      "; ".join(goals) or _no_goal(name, strategy, entry)])
         if name.endswith("_slow_balance") or name.endswith("_slow"):
             answers.append(f"`{name}` runs at {speed / ideal:.2f} of the sum of the ranks' own speeds")
+        if name.endswith("_nudged"):
+            answers.append(f"with no rank slow, one sample moved between the ranks (`{name}`) ends "
+                           f"{100 * loss_vs:+.2f} % from `{strategy}`'s validation loss on the mean of "
+                           f"{len(entry['loss'])} seeds")
     header = ["configuration", "samples/s, median (min–max)", "of the sum of own speeds",
               "validation loss, median (min–max)", "mean vs equal ranks", "goals"]
     lead = ("; ".join(answers) + ".") if answers else ""
+    lead = lead[:1].upper() + lead[1:]
     command = data_under_out(next(iter(found.values()))["command"]) if found else ""
     lines = [lead, "", f"{np_} ranks, train.py's defaults on the language model otherwise; commands "
              f"like `{command}`" + (" (OUT: the results folder)." if "OUT/data/" in command else "."), "",
@@ -264,7 +269,9 @@ def plot(directory):
     for ax, strategy in zip(axes[0], strategies):
         ax.set_xlabel("training wall time, s")
         ax.set_ylabel("validation loss, nats/token")
-        ax.set_title(f"{strategy}: one rank 2x slow, and none; every seed a line", fontsize=9)
+        slow = any("_slow" in run["variant"] and run["variant"].startswith(f"{strategy}_") for run, _ in runs)
+        ax.set_title(f"{strategy}: {'one rank 2x slow, and none' if slow else 'no rank slow'}; every seed a line",
+                     fontsize=9)
     plots._save_panels(fig, axes[0], os.path.join(directory, PLOT))
     return PLOT
 
