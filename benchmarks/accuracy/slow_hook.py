@@ -26,13 +26,14 @@ SLOW_FACTOR = 2  # the slow rank's steps take this many times as long
 
 class SlowRankLaunch(NamedTuple):
     """``launch``'s runs (``accuracy.LocalLaunch``, or ``time_to_target.ClusterLaunch``) with the hook set to
-    ``setting`` in the launcher's environment for the variants ``slowed(variant)`` names (None: every one)."""
+    ``setting`` in the launcher's environment for the variants whose names ``slowed(name)`` accepts (None: every
+    one)."""
     launch: object
     setting: str
     slowed: object = None
 
     def _env(self, variant):
-        slow = self.setting and (self.slowed is None or self.slowed(variant))
+        slow = self.setting and (self.slowed is None or self.slowed(variant.name))
         return [f"{HOOK}={self.setting}"] if slow else []
 
     def command(self, variant, seed, run_dir):

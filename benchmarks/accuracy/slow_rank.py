@@ -4,6 +4,7 @@
     python -m benchmarks slow-rank --strategies diloco,periodic --seeds 1 --out DIR
     python -m benchmarks slow-rank --curves --seeds 6 --out docs/results/slow-rank-lm-np2-curves  # 8 short epochs
     python -m benchmarks slow-rank --curves --seeds 6 --configurations diloco,diloco_nudged --out DIR
+    python -m benchmarks slow-rank --curves --seeds 6 --flags "--outer-momentum 0.5" --out DIR  # another setting
     python -m benchmarks slow-rank --render DIR          # rewrite DIR/slow-rank.md from DIR's runs
 
 The language model (``--data python_docs``) at train.py's defaults, under each
@@ -21,7 +22,9 @@ strategy, five ways, each run for seeds 0..N-1 under ``horovodrun -np N``:
   what a change of the shares does to the loss where no rank is slow.
 
 ``--configurations`` runs some of them (each with its strategy's ``S``, which every
-figure is read against).
+figure is read against); ``--flags`` adds train.py flags to every run (another
+setting of the strategy, e.g. its outer momentum), kept in runs.json so that
+one folder never mixes two settings.
 
 Every run trains the same tokens (one epoch). With ``--curves`` every run trains ``CURVE_EPOCHS`` epochs of the
 first 500 kB of the Python docs instead (the corpus of ``time-to-target``), so that its validation loss is
@@ -71,15 +74,15 @@ def nudged_shares(np_):
     return [MICRO_BATCH + 1] + [MICRO_BATCH] * (np_ - 2) + [MICRO_BATCH - 1]
 
 
-def variants(strategies, data=DATA, np_=2):
-    """``(equal-speed variants, slow-rank variants)`` of each strategy at train.py's defaults, on ``data``
-    (train.py's flags of what to train), at ``np_`` ranks."""
+def variants(strategies, data=DATA, np_=2, extra=()):
+    """``(equal-speed variants, slow-rank variants)`` of each strategy at train.py's defaults but for ``extra``
+    (train.py's flags for every run), on ``data`` (train.py's flags of what to train), at ``np_`` ranks."""
     equal, slow = [], []
+    # --sample-shares is the flag a resume passes --balance speed's shares back with: set by hand, it
+    # skips the start-up measurement
+    nudged = ("--balance", "speed", "--sample-shares", json.dumps(nudged_shares(np_), separators=(",", ":")))
     for strategy in strategies:
-        flags = (*data, "--strategy", strategy)
-        # --sample-shares is the flag a resume passes --balance speed's shares back with: set by hand, it
-        # skips the start-up measurement
-        nudged = ("--balance", "speed", "--sample-shares", json.dumps(nudged_shares(np_), separators=(",", ":")))
+        flags = (*data, "--strategy", strategy, *extra)
         equal += [Variant(strategy, flags), Variant(f"{strategy}_balance", (*flags, "--balance", "speed")),
                   Variant(f"{strategy}_nudged", (*flags, *nudged))]
         slow += [Variant(f"{strategy}_slow", flags),
@@ -87,9 +90,10 @@ def variants(strategies, data=DATA, np_=2):
     return equal, slow
 
 
-def is_slow(variant):
-    """Whether ``variant`` runs with the slow rank (``slow_hook.SlowRankLaunch`` sets the hook for it)."""
-    return "_slow" in variant.name
+def is_slow(name):
+    """Whether the configuration ``name`` runs with the slow rank (``slow_hook.SlowRankLaunch`` sets the hook
+    for it)."""
+    return "_slow" in name
 
 
 def parse_args(argv, prog):
@@ -104,6 +108,8 @@ def parse_args(argv, prog):
     p.add_argument("--configurations", metavar="NAMES",
                    help="comma-separated configurations to run, each with its strategy's S, e.g. diloco,diloco_nudged "
                         "(default: all)")
+    p.add_argument("--flags", default="", help="more train.py flags for every run, e.g. \"--outer-momentum 0.5\" "
+                                               "(kept in runs.json: a folder holds the runs of one setting)")
     p.add_argument("--timeout", type=float, default=2400, help="seconds per launch (default 2400)")
     p.add_argument("--render", metavar="DIR", help="rewrite DIR/slow-rank.md from DIR's runs, print it and exit")
     args = p.parse_args(argv)
@@ -140,8 +146,10 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
         # time-to-target's corpus, written under OUT/data as it writes it
         data = ("--data", time_to_target.WORKLOADS["language_model"].write_data(out), "--epochs", str(CURVE_EPOCHS))
         index["curves"] = True
+    if args.flags:
+        index["flags"] = args.flags
     equal, slow = ([v for v in group if v.name in args.configuration_list]
-                   for group in variants(args.strategy_list, data, args.np))
+                   for group in variants(args.strategy_list, data, args.np, tuple(args.flags.split())))
     shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
     failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                              launch=SlowRankLaunch(LocalLaunch(args.np), "", is_slow))
@@ -182,7 +190,7 @@ def render(directory):
         strategy = name.split("_")[0]
         base = found.get(strategy)
         speed, loss = statistics.fmean(entry["speed"]), statistics.fmean(entry["loss"])
-        ideal = statistics.fmean(base["speed"]) * ((np_ - 1 + 1 / SLOW_FACTOR) / np_ if "_slow" in name else 1)
+        ideal = statistics.fmean(base["speed"]) * ((np_ - 1 + 1 / SLOW_FACTOR) / np_ if is_slow(name) else 1)
         loss_vs = (loss - statistics.fmean(base["loss"])) / statistics.fmean(base["loss"])
         goals = []
         if len(entry["loss"]) >= 3 and name != strategy:
@@ -269,7 +277,7 @@ def plot(directory):
     for ax, strategy in zip(axes[0], strategies):
         ax.set_xlabel("training wall time, s")
         ax.set_ylabel("validation loss, nats/token")
-        slow = any("_slow" in run["variant"] and run["variant"].startswith(f"{strategy}_") for run, _ in runs)
+        slow = any(is_slow(run["variant"]) and run["variant"].startswith(f"{strategy}_") for run, _ in runs)
         ax.set_title(f"{strategy}: {'one rank 2x slow, and none' if slow else 'no rank slow'}; every seed a line",
                      fontsize=9)
     plots._save_panels(fig, axes[0], os.path.join(directory, PLOT))

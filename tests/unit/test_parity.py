@@ -23,6 +23,16 @@ def test_a_configuration_brings_the_baseline_and_its_twin_and_the_workloads_data
     assert args.variants[2].twin == "diloco_tau10"
 
 
+@pytest.mark.parametrize("workload", sorted(parity.WORKLOADS))
+def test_diloco_at_the_candidate_outer_momentum_is_read_against_diloco_at_its_defaults(workload):
+    args = parity.parse_args(["--workload", workload, "--out", "/tmp/x", "--configurations",
+                              "diloco_tau10_momentum05"], "parity")
+    assert [v.name for v in args.variants] == ["sync", "diloco_tau10", "diloco_tau10_momentum05"]
+    assert args.variants[2].flags == (*parity.WORKLOADS[workload].data, "--strategy", "diloco", "--tau", "10",
+                                      "--outer-momentum", "0.5")
+    assert args.variants[2].twin == "diloco_tau10"
+
+
 def test_unknown_configurations_and_a_missing_workload_are_refused(capsys):
     with pytest.raises(SystemExit):
         parity.parse_args(["--workload", "fashion_mnist", "--out", "/tmp/x", "--configurations", "nope"], "parity")

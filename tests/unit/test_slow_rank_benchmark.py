@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from benchmarks.accuracy import slow_rank
+from benchmarks.accuracy import accuracy, slow_rank
 from benchmarks.accuracy.accuracy import LocalLaunch
 from benchmarks.suite.runner import REPO_ROOT
 from hvd_easgd.app.config import DEFAULT_BATCH_SIZE
@@ -61,6 +61,26 @@ def test_configurations_run_some_of_the_five_ways_each_with_its_strategy():
     for wrong in ("diloco_nudged", "diloco,periodic_nudged", "diloco,diloco_fast"):
         with pytest.raises(SystemExit):
             slow_rank.parse_args(["--out", "/tmp/x", "--configurations", wrong], "slow-rank")
+
+
+def test_flags_reach_every_run_and_a_folder_never_mixes_two_settings(tmp_path, monkeypatch):
+    launched = []
+    monkeypatch.setattr(slow_rank, "continue_runs", lambda out, index, variants, *a, **k: launched.append(
+        (index, variants)) or [])
+    monkeypatch.setattr(slow_rank, "write_table", lambda directory: "")
+    assert slow_rank.main(["--out", str(tmp_path), "--configurations", "diloco,diloco_nudged",
+                           "--flags", "--outer-momentum 0.5"]) == 0
+    (index, variants), = launched
+    assert index == {"workload": "language_model", "np": 2, "strategies": "diloco", "flags": "--outer-momentum 0.5"}
+    assert [v.flags[:6] for v in variants] == [("--data", "python_docs", "--strategy", "diloco",
+                                                "--outer-momentum", "0.5")] * 2
+    assert variants[1].flags[6:] == ("--balance", "speed", "--sample-shares", "[33,31]")
+    # runs kept without the flags (the committed folders' runs.json has no "flags") are not continued with them
+    (tmp_path / "runs.json").write_text(json.dumps({"workload": "language_model", "np": 2, "strategies": "diloco",
+                                                    "seeds": 1, "runs": [], "failures": []}))
+    with pytest.raises(SystemExit, match="other flags"):
+        accuracy.earlier_runs(str(tmp_path), index)
+    assert accuracy.earlier_runs(str(tmp_path), {k: v for k, v in index.items() if k != "flags"}) == []
 
 
 def test_the_slow_rank_waits_the_per_rank_compute_of_a_sample(tmp_path):
