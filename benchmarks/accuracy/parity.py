@@ -70,7 +70,7 @@ LOCAL_UPDATES = (
     ("easgd_tau10", "--strategy easgd --tau 10", None),
     ("periodic_tau10", "--strategy periodic --tau 10", None),
     ("diloco_tau10", "--strategy diloco --tau 10", None),
-    # The candidate default outer momentum (issue 42's short runs, docs/slow-ranks.md): is it as good here?
+    # A smaller outer momentum, steadier over issue 42's short runs (docs/slow-ranks.md): what it costs a whole run.
     ("diloco_tau10_momentum05", "--strategy diloco --tau 10 --outer-momentum 0.5", "diloco_tau10"),
 )
 WORKLOADS = {

@@ -24,7 +24,7 @@ def test_a_configuration_brings_the_baseline_and_its_twin_and_the_workloads_data
 
 
 @pytest.mark.parametrize("workload", sorted(parity.WORKLOADS))
-def test_diloco_at_the_candidate_outer_momentum_is_read_against_diloco_at_its_defaults(workload):
+def test_diloco_at_outer_momentum_0_5_is_read_against_diloco_at_its_defaults(workload):
     args = parity.parse_args(["--workload", workload, "--out", "/tmp/x", "--configurations",
                               "diloco_tau10_momentum05"], "parity")
     assert [v.name for v in args.variants] == ["sync", "diloco_tau10", "diloco_tau10_momentum05"]
