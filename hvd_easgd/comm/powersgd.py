@@ -39,8 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import validation
-
-DEFAULT_RANK = 4
+from .compression.powersgd_choice import DEFAULT_RANK
 # PyTorch's start_powerSGD_iter defaults to 1,000 steps, sized for runs of
 # tens of thousands; this project's runs are hundreds of steps (digits at
 # np = 2: 22 steps an epoch), so 1,000 would never compress. A few

@@ -1,10 +1,10 @@
-"""The ``powersgd`` choice of ``--compression``, until its compressor lands.
+"""The ``powersgd`` choice of ``--compression``: the choice and its rank.
 
 PowerSGD (Vogels et al. 2019, arXiv:1905.13727) sends rank-R factors of
 each gradient matrix; the factors are summed by the ordinary allreduce. It
 applies to gradients only (SyncAverage). Its compressor is
-``hvd_easgd/comm/powersgd.py`` (``PowerSGD``); this object only carries the
-choice and its rank, so the option and the refusals exist before it does.
+``hvd_easgd/comm/powersgd.py`` (``PowerSGD``), which SyncAverage builds from
+this choice; ``DEFAULT_RANK`` here is the one default of both.
 """
 from ... import validation
 from .kinds import GRADIENTS
