@@ -90,6 +90,12 @@ def variants(strategies, data=DATA, np_=2, extra=()):
     return equal, slow
 
 
+def strategy_of(name):
+    """The strategy of the configuration ``name`` (``diloco`` of ``diloco_slow_balance``): the ``S`` it is read
+    against."""
+    return name.split("_")[0]
+
+
 def is_slow(name):
     """Whether the configuration ``name`` runs with the slow rank (``slow_hook.SlowRankLaunch`` sets the hook
     for it)."""
@@ -126,7 +132,7 @@ def parse_args(argv, prog):
     names = [v.name for v in sum(variants(args.strategy_list, np_=args.np), [])]
     args.configuration_list = args.configurations.split(",") if args.configurations else names
     unknown = [c for c in args.configuration_list if c not in names]
-    unread = sorted({c.split("_")[0] for c in args.configuration_list} - set(args.configuration_list))
+    unread = sorted({strategy_of(c) for c in args.configuration_list} - set(args.configuration_list))
     if unknown or unread:
         p.error(f"--configurations must be chosen from {', '.join(names)}, with each one's strategy (every figure "
                 f"is read against it). Received: --configurations={args.configurations}")
@@ -154,12 +160,12 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
     failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                              launch=SlowRankLaunch(LocalLaunch(args.np), "", is_slow))
     for strategy in args.strategy_list:
-        if not any(v.name.startswith(f"{strategy}_") for v in slow):
+        mine = [v for v in slow if strategy_of(v.name) == strategy]
+        if not mine:
             continue
         setting = hook_setting(out, strategy, args.np)
         print(f"[slow-rank] {strategy}: {HOOK}={setting}", flush=True)
-        failures += continue_runs(out, index, [v for v in slow if v.name.startswith(f"{strategy}_")], args.np,
-                                  args.seeds, args.timeout, "slow-rank", shown=shown,
+        failures += continue_runs(out, index, mine, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                                   launch=SlowRankLaunch(LocalLaunch(args.np), setting, is_slow))
     print(write_table(out), end="", flush=True)
     return 1 if failures else 0
@@ -187,7 +193,7 @@ def render(directory):
             entry["shares"].append(_chosen_shares(os.path.join(directory, run["run"])))
     rows, answers = [], []
     for name, entry in found.items():
-        strategy = name.split("_")[0]
+        strategy = strategy_of(name)
         base = found.get(strategy)
         speed, loss = statistics.fmean(entry["speed"]), statistics.fmean(entry["loss"])
         ideal = statistics.fmean(base["speed"]) * ((np_ - 1 + 1 / SLOW_FACTOR) / np_ if is_slow(name) else 1)
@@ -206,7 +212,7 @@ def render(directory):
         rows.append([f"`{name}`", _spread(entry["speed"], "{:,.1f}"), f"{speed / ideal:.2f}",
                      _spread(entry["loss"], "{:.4f}"), f"{100 * loss_vs:+.2f} %" if name != strategy else "—",
                      "; ".join(goals) or _no_goal(name, strategy, entry)])
-        if name.endswith("_slow_balance") or name.endswith("_slow"):
+        if is_slow(name):
             answers.append(f"`{name}` runs at {speed / ideal:.2f} of the sum of the ranks' own speeds")
         if name.endswith("_nudged"):
             answers.append(f"with no rank slow, one sample moved between the ranks (`{name}`) ends "
@@ -242,7 +248,7 @@ def _paired(runs):
     for variant in dict.fromkeys(run["variant"] for run, _ in runs):
         if not variant.endswith(("_slow_balance", "_nudged")):
             continue
-        base = variant.split("_")[0]
+        base = strategy_of(variant)
         seeds = sorted(seed for name, seed in loss if name == variant and (base, seed) in loss)
         if seeds:
             sentences.append(f"`{variant}`'s final validation loss against `{base}`'s of the same seed (the same "
@@ -264,11 +270,11 @@ def plot(directory):
         return None
     from ..suite import plots
 
-    strategies = list(dict.fromkeys(run["variant"].split("_")[0] for run, _ in runs))
+    strategies = list(dict.fromkeys(strategy_of(run["variant"]) for run, _ in runs))
     fig, axes = plots.plt.subplots(1, len(strategies), figsize=(7 * len(strategies), 4.5), squeeze=False)
     colours = {}
     for run, metrics in runs:
-        ax = axes[0][strategies.index(run["variant"].split("_")[0])]
+        ax = axes[0][strategies.index(strategy_of(run["variant"]))]
         points = time_to_target.curve(metrics)
         first = run["variant"] not in colours
         line, = ax.plot(*zip(*points), marker="o", markersize=3, linewidth=1.2, color=colours.get(run["variant"]),
@@ -277,7 +283,7 @@ def plot(directory):
     for ax, strategy in zip(axes[0], strategies):
         ax.set_xlabel("training wall time, s")
         ax.set_ylabel("validation loss, nats/token")
-        slow = any(is_slow(run["variant"]) and run["variant"].startswith(f"{strategy}_") for run, _ in runs)
+        slow = any(is_slow(run["variant"]) and strategy_of(run["variant"]) == strategy for run, _ in runs)
         ax.set_title(f"{strategy}: {'one rank 2x slow, and none' if slow else 'no rank slow'}; every seed a line",
                      fontsize=9)
     plots._save_panels(fig, axes[0], os.path.join(directory, PLOT))
