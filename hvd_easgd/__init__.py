@@ -44,6 +44,7 @@ _LAZY = {
     "broadcast_initial_state": ".initial_state",
     "KeptWeights": ".kept_model",
     "kept_weights": ".kept_model",
+    "merge_at_end": ".kept_model",
     "save_kept_model": ".kept_model",
     "shard_dataset": ".sharding",
     "communicator": ".runtime",

@@ -120,6 +120,19 @@ class LocalWeights:
         return False
 
 
+def merge_at_end(model, optimizers=None):
+    """Once training is over, on every rank alike: merges what the ranks hold since their
+    last synchronisation into the kept model (``SyncStrategy.merge_at_end``: DiLoCo's outer
+    step on the partial period, PeriodicAverage's average, EASGD's center onto the workers'
+    mean), so that the model you keep holds every update. A synchronisation in flight is
+    merged first. Call it before evaluating or saving the kept model; ``fit`` with
+    ``callbacks.defaults()`` calls it when it ends. ``optimizers`` as for ``KeptWeights``."""
+    for optimizer in _optimizers(model, optimizers):
+        if optimizer.built:
+            optimizer.strategy.drain()
+            optimizer.strategy.merge_at_end()
+
+
 def save_kept_model(model, filepath, optimizers=None):
     """Saves the kept model as a plain Keras file (``keras.models.load_model``
     reads it without hvd_easgd). Call it on one rank, after ``fit`` (whose

@@ -116,6 +116,9 @@ def build_parser():
                                        f"{VARIABLE_SIZE_MODEL} for images:DIR, {TEXT_MODEL} for text")
     train.add_argument("--data", help=f"{data.SPEC_HELP} (python_docs and text:PATH are text, read as bytes; "
                                       "docs/train.md)")
+    train.add_argument("--train-fraction", type=float, metavar="F",
+                       help="train on this share of the training split, its samples spread evenly through it "
+                            "(default 1; the held-out split stays whole)")
     train.add_argument("--image-shape", help="H,W,C of --data synthetic")
     train.add_argument("--num-classes", type=int, help="classes of --data synthetic")
     train.add_argument("--optimizer", choices=OPTIMIZERS,
@@ -437,6 +440,8 @@ def _validate(args, options):
         raise UsageError(f"--checkpoint-on-signal must be none or names among {','.join(sorted(SIGNALS))}. "
                          f"Received: --checkpoint-on-signal={args.checkpoint_on_signal}")
     args.checkpoint_on_signal = ",".join(names) or "none"
+    if not 0 < args.train_fraction <= 1:
+        raise UsageError(f"--train-fraction must satisfy 0 < F <= 1. Received: --train-fraction={args.train_fraction}")
     if args.lr_warmup_epochs < 0:
         raise UsageError(f"--lr-warmup-epochs must be >= 0. Received: --lr-warmup-epochs={args.lr_warmup_epochs}")
     _validate_schedule(args)
@@ -633,6 +638,7 @@ def main(argv=None):
         try:
             dataset = data.load(config.data, tuple(int(s) for s in config.image_shape.split(",")),
                                 config.num_classes, seed=config.seed, context=config.context)
+            dataset = data.train_slice(dataset, config.train_fraction)
         except data.DataError as err:
             raise UsageError(str(err)) from None
         train(config, dataset, strategy)

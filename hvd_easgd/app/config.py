@@ -87,6 +87,8 @@ class TrainConfig:
     powersgd_rank: int = POWERSGD_DEFAULT_RANK
     model: Optional[str] = None
     data: str = "digits"
+    # The share of the training split trained on, spread through it (data.train_slice); the test split is whole.
+    train_fraction: float = 1.0
     image_shape: str = ",".join(map(str, SYNTHETIC_IMAGE_SHAPE))  # H,W,C as the flag takes it
     num_classes: int = SYNTHETIC_NUM_CLASSES
     # Text: tokens a sample holds; the transformer's size.

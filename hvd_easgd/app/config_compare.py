@@ -28,7 +28,9 @@ ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
                # --strategy auto's (a run saved before it chose nothing)
                "auto_utilisation": 0.9, "auto_choice": None,
                # --balance's (a run saved before it gave every rank an equal share)
-               "balance": "off", "sample_shares": None}
+               "balance": "off", "sample_shares": None,
+               # --train-fraction's (a run saved before it trained on the whole training split)
+               "train_fraction": 1.0}
 
 
 def config_differences(saved, current):

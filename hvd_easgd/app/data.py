@@ -23,7 +23,7 @@ bytes and its target the same window one byte on. The held-out split and the
 windows are fixed functions of the stream's length (``text_windows``).
 """
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
@@ -450,6 +450,28 @@ def teacher(train_size=TEACHER_TRAIN_SIZE, test_size=TEACHER_TEST_SIZE, input_di
 
 NAMED = ("digits", "fashion_mnist", "python_docs", "synthetic", "teacher")
 SPEC_HELP = "digits | fashion_mnist[:DIR] | python_docs | synthetic | teacher | npz:PATH | images:DIR | text:PATH"
+
+
+def train_slice(dataset, fraction):
+    """``dataset`` with ``fraction`` of its training samples, spread evenly through the training
+    split (sample ⌊i·N/n⌋ of N for i < n = round(fraction·N)), and its held-out split unchanged
+    (``--train-fraction``: shorter epochs, judged on the same test set). Refuses a fraction that
+    keeps no sample."""
+    total = len(dataset.y_train)
+    count = int(round(fraction * total))
+    if count < 1:
+        raise DataError(f"--train-fraction {fraction:g} keeps none of the {total} training samples of "
+                        f"{dataset.name}; give at least {1 / total:.3g}")
+    if count == total:
+        return dataset
+    index = np.arange(count, dtype=np.int64) * total // count
+    return replace(dataset, x_train=_subset(dataset.x_train, index), y_train=_subset(dataset.y_train, index))
+
+
+def _subset(samples, index):
+    if isinstance(samples, TokenWindows):  # its indexing gathers windows; a subset keeps their starts
+        return TokenWindows(samples.tokens, samples.starts[index], samples.context, samples.offset)
+    return samples[index]
 
 
 def is_text(spec):

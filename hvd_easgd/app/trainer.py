@@ -27,7 +27,7 @@ from .config_compare import resume_mismatches
 from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from ..callbacks.run_recorder import perplexity
-from ..kept_model import save_kept_model
+from ..kept_model import merge_at_end, save_kept_model
 from .lr_scaling import auto_scales, default_epochs
 from ..optimizer import DistributedOptimizer
 from ..strategies import registry, unequal_shares_refusal
@@ -84,6 +84,8 @@ def train(config, dataset, strategy):
 def _finish(config, model, comm, recorder, test_ds, exact_evaluation, wall, start_epoch, steps):
     """The final figures over the whole test set; rank 0 saves them and model.keras."""
     run_dir = config.run_dir
+    # After the last checkpoint, on every rank: the kept model takes the ranks' last local steps.
+    merge_at_end(model)
     final = _final_figures(model, test_ds, exact_evaluation, recorder, start_epoch, steps,
                            config.batch_size * comm.size, wall)
     if comm.rank == 0:

@@ -446,6 +446,16 @@ class SyncStrategy:
         for child in self.children():
             child.drain()
 
+    def merge_at_end(self):
+        """Eager, on every rank alike, once training is over (after ``drain``): merges what
+        the ranks hold since their last synchronisation into the kept model, so that the
+        model you keep holds every update (DiLoCo: an outer step on the partial period;
+        PeriodicAverage: an average; EASGD: the center onto the workers' mean). The
+        training state a checkpoint holds is never merged: the merge comes after the
+        last one. The default asks the children (nothing to merge without any)."""
+        for child in self.children():
+            child.merge_at_end()
+
     def kept_variables(self):
         """The variables of the model you keep, one per trainable variable, in
         the order ``build`` received them; ``None`` when the kept model is the

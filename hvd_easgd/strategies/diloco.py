@@ -354,8 +354,22 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         self.schedule.after_sync(self.comm)
         return tf.no_op()
 
-    def _outer_step(self, f=0):
-        """Fragment f's synchronisation: its Δ, one allreduce, its outer step, x ← θ on its variables."""
+    def merge_at_end(self):
+        """The partial period (``SyncStrategy.merge_at_end``): every fragment takes an outer step
+        on the mean pseudo-gradient of the local steps since its last synchronisation, and every
+        rank restarts from θ. Where that mean is zero (the fragment synchronised at the last
+        step, and no residual is left) the step is not taken: an outer step on zero would still
+        move θ by its momentum. With overlap the synchronisation in flight is merged first."""
+        super().merge_at_end()
+        if not self._built or int(self.step_counter.numpy()) <= self.warmup_steps:
+            return  # in the warm-up every rank holds the same weights, the kept model
+        self.drain()
+        for f in range(self.fragments):
+            self._outer_step(f, only_if_moved=True)
+
+    def _outer_step(self, f=0, only_if_moved=False):
+        """Fragment f's synchronisation: its Δ, one allreduce, its outer step, x ← θ on its variables.
+        ``only_if_moved``: no outer step where the mean Δ is zero (``merge_at_end``)."""
         indices = self.fragment_indices[f]
         synced = [self.synced[i] for i in indices]
         variables = [self.variables[i] for i in indices]
@@ -378,7 +392,11 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             self.skipped_outer_steps.assign_add(1)
             return tf.no_op()
 
-        tf.cond(tf.equal(bad_ranks, 0), apply, skip)
+        def apply_if_moved():  # the sums are every rank's alike, and so is the decision
+            moved = tf.reduce_any(tf.stack([tf.reduce_any(tf.not_equal(total, 0)) for total in sums]))
+            return tf.cond(moved, apply, tf.no_op)
+
+        tf.cond(tf.equal(bad_ranks, 0), apply_if_moved if only_if_moved else apply, skip)
         if error_feedback is not None:
             error_feedback.keep(errors, tf.equal(bad_ranks, 0))
         # Every rank restarts from θ: the new one, or after a skip the unchanged one.

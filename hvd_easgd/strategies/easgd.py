@@ -346,8 +346,18 @@ class EASGD(MergesOnDrain, SyncStrategy):
     def _add_elastic_force(self, grads):
         return [g + self.scaled(self.rho * (v - c)) for g, v, c in zip(grads, self.variables, self.center)]
 
-    def _start_elastic(self):
-        alpha = self.moving_rate
+    def merge_at_end(self):
+        """The center onto the workers' mean (``SyncStrategy.merge_at_end``): one elastic step at
+        α = 1/p, x̃ ← x̃ + Σ_j (x_j − x̃)/p = mean_j(x_j) (module docstring: pα = 1 lands the
+        center on the mean). In the warm-up the ranks hold the same weights, the kept model."""
+        super().merge_at_end()
+        if not self._built or int(self.step_counter.numpy()) < self.warmup_steps:
+            return
+        self.drain()
+        self._finish_elastic(*self._start_elastic(1.0 / self.comm.size))
+
+    def _start_elastic(self, alpha=None):
+        alpha = self.moving_rate if alpha is None else alpha
         diffs = [alpha * (v - c) for v, c in zip(self.variables, self.center)]
         # A non-finite d never goes on the wire; the flag tells every rank to
         # skip this elastic step, in the same grouped call. (The unmasked d

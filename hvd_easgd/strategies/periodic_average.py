@@ -220,6 +220,15 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         self.schedule.after_sync(self.comm)
         return tf.no_op()
 
+    def merge_at_end(self):
+        """An average (``SyncStrategy.merge_at_end``), as at t ≡ 0 (mod τ): the steps each rank
+        took since the last one are in it. With overlap the average in flight is merged first."""
+        super().merge_at_end()
+        if not self._built or int(self.step_counter.numpy()) <= self.warmup_steps:
+            return  # in the warm-up every rank holds the same weights
+        self.drain()
+        self._average()
+
     # --- overlap (module docstring) ---------------------------------------------------
     def _start_pending(self):
         sent = [tf.convert_to_tensor(v) for v in self.averaged_variables]

@@ -292,3 +292,36 @@ def test_the_language_model_page_states_the_corpus_as_it_loads():
     held = len(d.x_test)
     assert f"{files} files, {size / 1e6:.1f} MB" in page
     assert f"{held:,} windows, {round(held * 128 / 1e3)} k tokens" in page
+
+
+@pytest.mark.parametrize("fraction", [0.4, 0.3333])
+def test_a_train_slice_is_spread_through_the_training_split_and_keeps_the_held_out_split(tmp_path, fraction):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(bytes(range(256)) * 200)  # 51,200 bytes: 380 training windows of 128
+    whole = data.text_file(str(path))
+    sliced = data.train_slice(whole, fraction)
+    total, kept = len(whole.y_train), len(sliced.y_train)
+    assert kept == round(fraction * total)
+    # sample floor(i N / n) of the N: evenly spread, the first and roughly the last kept
+    expected = whole.x_train.starts[(np.arange(kept) * total) // kept]
+    np.testing.assert_array_equal(sliced.x_train.starts, expected)
+    np.testing.assert_array_equal(sliced.y_train[np.arange(kept)], whole.y_train[(np.arange(kept) * total) // kept])
+    assert expected[-1] >= whole.x_train.starts[total - 1 - int(1 / fraction)]
+    for part in ("x_test", "y_test"):  # the held-out windows, the same bytes
+        np.testing.assert_array_equal(getattr(sliced, part)[np.arange(len(whole.y_test))],
+                                      getattr(whole, part)[np.arange(len(whole.y_test))])
+    assert data.train_slice(whole, 1.0) is whole
+
+
+def test_a_train_slice_of_images_takes_their_labels_along():
+    digits = data.digits()
+    sliced = data.train_slice(digits, 0.5)
+    index = (np.arange(len(sliced.y_train)) * len(digits.y_train)) // len(sliced.y_train)
+    np.testing.assert_array_equal(sliced.x_train, digits.x_train[index])
+    np.testing.assert_array_equal(sliced.y_train, digits.y_train[index])
+    np.testing.assert_array_equal(sliced.x_test, digits.x_test)
+
+
+def test_a_train_slice_that_keeps_nothing_is_refused():
+    with pytest.raises(data.DataError, match=r"--train-fraction 0.0001 keeps none of the 1437 training samples of digits"):
+        data.train_slice(data.digits(), 0.0001)

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 DEFAULTS_EFFECTIVE = {
     "config": None, "plugin": [], "strategy": "sync", "accumulate": 1, "accumulate_reduction": "mean",
     "compression": "none", "powersgd_rank": 4, "model": "cnn",
-    "data": "digits", "image_shape": "32,32,3", "num_classes": 10,
+    "data": "digits", "train_fraction": 1.0, "image_shape": "32,32,3", "num_classes": 10,
     "context": 128, "layers": 2, "width": 64, "heads": 4,  # the transformer's (wave 4: real workloads)
     "optimizer": "momentum", "momentum": 0.9,
     "lr": 0.02, "lr_schedule": "constant", "lr_warmup_updates": None, "lr_floor": 0.1, "batch_size": 32, "epochs": None, "seed": 0, "scale_lr": True, "lr_warmup_epochs": 0.0,

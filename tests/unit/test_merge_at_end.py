@@ -1,0 +1,155 @@
+"""The end-of-training merge (``SyncStrategy.merge_at_end``, ``hvd_easgd.merge_at_end``) on p
+simulated ranks, after a step count that is not a multiple of τ: DiLoCo's outer step on the
+partial period (fragments too), PeriodicAverage's average, EASGD's center onto the workers'
+mean, each against a NumPy reference from the update equations; nothing moves where nothing
+is pending, or in a warm-up."""
+import keras
+import numpy as np
+import pytest
+
+import hvd_easgd
+from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage
+from hvd_easgd.comm import SimulatedCluster
+from tests import least_squares, reference as ref
+from tests.least_squares import least_squares_ranks
+from tests.unit.test_periodic_diloco import diloco_reference, momentum_sgd, momentum_sgd_ref, periodic_reference
+
+pytestmark = pytest.mark.unit
+BATCH = 4
+TAU = 4
+
+
+def ranks(p, make_strategy):
+    shards, w0 = ref.least_squares_shards(p)
+    cluster = SimulatedCluster(p)
+    models, opts = least_squares_ranks(cluster, make_strategy, momentum_sgd, w0)
+    return shards, w0, cluster, models, opts
+
+
+def weights(models):
+    return [m.layers[0].kernel.numpy().ravel() for m in models]
+
+
+def merge(cluster, models, opts):
+    # A custom loop's model was never compiled: it names its optimizer, as for KeptWeights.
+    cluster.run(lambda r: hvd_easgd.merge_at_end(models[r], opts[r]))
+
+
+def assert_close(got, expected):
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) <= 1e-5, (got, expected)
+
+
+def diloco_with_outer(shards, w0, updates):
+    """``diloco_reference``'s local weights and θ, with its outer optimizer (its momentum) too."""
+    p = len(shards)
+    xs, inner = [w0.copy() for _ in range(p)], [momentum_sgd_ref() for _ in range(p)]
+    theta, outer = w0.copy(), ref.SGDRef(0.7, 0.7, nesterov=True)
+    for step in range(updates):
+        xs = [inner[i].step(xs[i], ref.grad(xs[i], *ref.batch(shards[i], step, BATCH))) for i in range(p)]
+        if (step + 1) % TAU == 0:
+            theta = outer.step(theta, np.mean([theta - x for x in xs], axis=0))
+            xs = [theta.copy() for _ in range(p)]
+    return xs, theta, outer
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_diloco_takes_an_outer_step_on_the_partial_period(p):
+    shards, w0, cluster, models, opts = ranks(p, lambda: DiLoCo(TAU))
+    least_squares.train(cluster, models, opts, shards, 10, BATCH)  # 2 outer steps, then 2 local steps
+    xs, theta, outer = diloco_with_outer(shards, w0, 10)
+    assert_close(weights(models)[0], xs[0])
+    assert not np.allclose(xs[0], theta)  # the last 2 steps are in the local weights only
+    merge(cluster, models, opts)
+    expected = outer.step(theta, np.mean([theta - x for x in xs], axis=0))
+    for o, got in zip(opts, weights(models)):
+        assert_close(o.strategy.kept_variables()[0].numpy().ravel(), expected)
+        assert np.array_equal(got, o.strategy.kept_variables()[0].numpy().ravel())  # every rank restarts from θ
+    assert all(int(o.strategy.skipped_outer_steps.numpy()) == 0 for o in opts)
+
+
+def test_diloco_takes_no_step_where_every_fragment_just_synchronised():
+    # At a multiple of τ the mean pseudo-gradient is zero; an outer step on it would still move θ
+    # by its momentum (μ·m ≠ 0 after 2 outer steps).
+    shards, w0, cluster, models, opts = ranks(2, lambda: DiLoCo(TAU))
+    least_squares.train(cluster, models, opts, shards, 8, BATCH)
+    before = [o.strategy.kept_variables()[0].numpy().copy() for o in opts]
+    momentum = [v.numpy().copy() for v in opts[0].strategy.outer_optimizers[0].variables]
+    merge(cluster, models, opts)
+    assert all(np.array_equal(b, o.strategy.kept_variables()[0].numpy()) for b, o in zip(before, opts))
+    assert all(np.array_equal(m, v.numpy()) for m, v in zip(momentum, opts[0].strategy.outer_optimizers[0].variables))
+
+
+def test_diloco_fragments_each_merge_their_own_partial_period():
+    # Two variables (kernel and bias) in two fragments: F = 2, τ = 4, offsets 0 and 2. After 7 steps
+    # fragment 0 synchronised at 4 (3 steps pending), fragment 1 at 2 and 6 (1 step pending): both move.
+    p = 2
+    shards, w0 = ref.least_squares_shards(p)
+    cluster = SimulatedCluster(p)
+    models, opts = [], []
+    for comm in cluster.communicators:
+        model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1)])
+        models.append(model)
+        opts.append(hvd_easgd.DistributedOptimizer(momentum_sgd(), DiLoCo(TAU, fragments=2), comm=comm))
+    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    least_squares.train(cluster, models, opts, shards, 7, BATCH)
+    strategy = opts[0].strategy
+    assert [len(indices) for indices in strategy.fragment_indices] == [1, 1]
+    before = [s.numpy().copy() for s in strategy.synced]
+    locals_ = [[v.numpy().copy() for v in m.trainable_variables] for m in models]
+    # Each fragment's own Nesterov optimizer (slots: iteration, learning rate, the momentum).
+    momenta = [o.variables[2].numpy().copy() for o in strategy.outer_optimizers]
+    assert all(np.any(m != 0) for m in momenta)  # both fragments have stepped before
+    merge(cluster, models, opts)
+    for (i,), momentum in zip(strategy.fragment_indices, momenta):
+        delta = np.mean([before[i] - x[i] for x in locals_], axis=0)
+        m = 0.7 * momentum - 0.7 * delta
+        assert_close(strategy.synced[i].numpy(), before[i] + 0.7 * m - 0.7 * delta)
+        assert all(np.array_equal(model.trainable_variables[i].numpy(), strategy.synced[i].numpy())
+                   for model in models)
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_periodic_average_averages_the_steps_since_its_last_average(p):
+    shards, w0, cluster, models, opts = ranks(p, lambda: PeriodicAverage(TAU))
+    least_squares.train(cluster, models, opts, shards, 10, BATCH)
+    xs = periodic_reference(shards, w0, momentum_sgd_ref, TAU, 10)
+    assert len({tuple(w) for w in weights(models)}) == p
+    merge(cluster, models, opts)
+    got = weights(models)
+    assert all(np.array_equal(got[0], w) for w in got[1:])
+    assert_close(got[0], np.mean(xs, axis=0))
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_easgd_moves_the_center_onto_the_workers_mean(p):
+    alpha = 0.9 / p
+    shards, w0, cluster, models, opts = ranks(p, lambda: EASGD(TAU))
+    least_squares.train(cluster, models, opts, shards, 10, BATCH)
+    xs, center = ref.easgd_reference(shards, w0, 0.05, TAU, alpha, 10, BATCH, momentum=0.9)
+    assert_close(opts[0].strategy.center[0].numpy().ravel(), center)
+    merge(cluster, models, opts)
+    # One elastic step at α = 1/p: the center lands on the mean, each worker moves 1/p toward the center.
+    mean = np.mean(xs, axis=0)
+    for o, x, got in zip(opts, xs, weights(models)):
+        assert_close(o.strategy.center[0].numpy().ravel(), mean)
+        assert_close(got, x - (x - center) / p)
+
+
+@pytest.mark.parametrize("make_strategy", [lambda: DiLoCo(TAU, warmup_steps=6), lambda: EASGD(TAU, warmup_steps=6),
+                                           lambda: PeriodicAverage(TAU, warmup_steps=6), SyncAverage],
+                         ids=["diloco", "easgd", "periodic", "sync"])
+def test_nothing_moves_in_a_warmup_or_under_sync_average(make_strategy):
+    shards, w0, cluster, models, opts = ranks(2, make_strategy)
+    least_squares.train(cluster, models, opts, shards, 5, BATCH)
+    before = weights(models)
+    accounts = [comm.account() for comm in cluster.communicators]
+    merge(cluster, models, opts)
+    assert all(np.array_equal(b, a) for b, a in zip(before, weights(models)))
+    assert accounts == [comm.account() for comm in cluster.communicators]  # nothing was sent
+
+
+def test_fit_merges_when_it_ends_with_the_default_callbacks():
+    assert isinstance(hvd_easgd.callbacks.defaults()[-1], hvd_easgd.callbacks.MergeAtEnd)
+    assert not any(isinstance(c, hvd_easgd.callbacks.MergeAtEnd)
+                   for c in hvd_easgd.callbacks.defaults(merge_at_end=False))
