@@ -21,8 +21,10 @@ class RunRecorder(keras.callbacks.Callback):
     Training time is measured from the epoch's start to the start of its
     validation (or its end), so evaluation does not dilute samples/s.
 
-    A language model's rows (``tokens_per_sample``: its context) also hold
-    ``tokens_per_sec`` and the perplexities exp(loss) of training and test
+    Every row holds ``samples``, what the epoch trained over every rank, so a
+    curve against samples (or tokens) is read off the rows. A language model's
+    rows (``tokens_per_sample``: its context) also hold ``tokens`` (the same
+    in tokens), ``tokens_per_sec`` and the perplexities exp(loss) of training and test
     (its loss is in nats per token); the perplexities go into the epoch's logs
     too, for the loggers after this callback (TensorBoard).
 
@@ -81,6 +83,7 @@ class RunRecorder(keras.callbacks.Callback):
             "accuracy": logs.get("accuracy"),
             "test_loss": logs.get("val_loss"),
             "test_accuracy": logs.get("val_accuracy"),
+            "samples": steps * self.global_batch,  # the epoch's, over every rank: a curve's x from the rows
             "samples_per_sec": steps * self.global_batch / self._train_seconds,
             "bytes_sent_per_step": (self._account_train["bytes"] - self._account0["bytes"]) / steps,
             "collective_calls_per_step": (self._account_train["calls"] - self._account0["calls"]) / steps,
@@ -93,6 +96,7 @@ class RunRecorder(keras.callbacks.Callback):
             row["tau"] = reading[0]
             row["synchronisations"] = reading[1] - (self._syncs0 or 0)
         if self.tokens_per_sample:
+            row["tokens"] = row["samples"] * self.tokens_per_sample
             row["tokens_per_sec"] = row["samples_per_sec"] * self.tokens_per_sample
             for key in ("loss", "test_loss"):
                 if row[key] is not None:
