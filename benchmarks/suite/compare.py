@@ -30,6 +30,7 @@ from tools.vcluster import parse_rate
 
 from . import machine, mwms, plots, rated_links, report, runner
 from .curves import mean_over_seeds, summarise
+from .machine import foreign_cpu_busy, wait_until_idle
 from .names import BASELINES, BY_NAME, CUSTOM_LOOP, FIT
 from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
 from .runner import REPO_ROOT, local_launch, report_failed_launch, run_local
@@ -177,36 +178,6 @@ def parse_args(argv=None, prog=PROG):
         if quick:
             args.steps, args.wide_mlp_steps, args.link_probe_mb = 2 * args.steps_per_call, args.steps_per_call, 4
     return args
-
-
-# --- the machine around us ---------------------------------------------------------------------
-def _cpu_times():
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields), idle
-
-
-def foreign_cpu_busy(seconds=1.0):
-    """Share of all CPUs busy over ``seconds`` while none of our workers runs:
-    other people's processes, which the suite cannot control but reports."""
-    try:
-        total0, idle0 = _cpu_times()
-        time.sleep(seconds)
-        total1, idle1 = _cpu_times()
-    except OSError:
-        return None
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
-
-
-def wait_until_idle(limit, threshold=0.2):
-    busy = foreign_cpu_busy()
-    deadline = time.monotonic() + limit
-    while busy is not None and busy > threshold and time.monotonic() < deadline:
-        print(f"[compare] other processes keep {busy:.0%} of the CPUs busy; waiting", flush=True)
-        time.sleep(5)
-        busy = foreign_cpu_busy()
-    return busy
 
 
 # --- launching ------------------------------------------------------------------------------------
