@@ -500,12 +500,7 @@ def finish(results, args, out_dir, started):
     results["seconds"] = time.perf_counter() - started
     results["plots"] = plots.write_all(results, out_dir)
     text = report.markdown(results) + f"\nTotal wall time of the suite: {results['seconds']:.0f} s.\n"
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text)
-    print(text, flush=True)
-    print(f"[compare] wrote {out_dir}/results.json, results.md, {', '.join(results['plots'])}", flush=True)
+    report.write(out_dir, results, text)
 
 
 if __name__ == "__main__":
