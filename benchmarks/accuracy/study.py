@@ -15,7 +15,8 @@ Every run gets the same from ``continue_runs``:
   again with the same ``--out``, a study continues: at the same index it makes only the runs not kept
   yet (a study of hours can be run in parts); at another it is refused in one line.
 * **The quiet machine.** Before each launch, the share of the CPUs other processes keep busy (the
-  suite's check, ``suite.machine.foreign_cpu_busy``) is printed and kept with the run.
+  suite's check, ``suite.machine.foreign_cpu_busy``) is kept with the run, and said when it is more
+  than ``QUIET``.
 * **The command.** runs.json names each run's command as a user types it
   (``horovodrun -np 2 python train.py FLAGS --seed S --run-dir DIR``); the pages quote it.
 
@@ -35,7 +36,8 @@ How a study is written (``parity.py`` is the model): a module of ``benchmarks/ac
    metrics.json), never typed; ``write_rendered`` writes it into the results folder as ``PAGE``.
 4. Its ``main``: ``run_or_render(args, write, lambda out: continue_runs(out, index, variants, ...))``:
    ``--render DIR`` rewrites DIR's page from its runs; otherwise the runs are made (or continued) and
-   the page follows.
+   the page follows. ``index`` holds the settings a folder's runs must share; ``continue_runs`` starts
+   each run with ``LocalLaunch`` unless the study passes its own ``launch``.
 
 This process never imports TensorFlow: it launches, waits and copies.
 """
