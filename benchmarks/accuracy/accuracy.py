@@ -7,11 +7,13 @@ Each variant is a set of ``train.py`` flags and, for a compressed one, its
 fp32 twin (the same flags without ``--compression``). Every (variant, seed)
 is one ``horovodrun -np N python train.py --seed S ...`` at train.py's
 defaults otherwise (default lr, epochs and collectives: what a user gets),
-each launch bounded in time. The run's own ``config.yaml`` and
-``metrics.json`` are copied to ``OUT/<variant>-seed<S>/`` and ``OUT/runs.json``
-names every command, so the docs page rendered from them
-(``python -m benchmarks defaults-report``: ``docs/compression-accuracy.md``)
-shows what train.py wrote, never numbers copied by hand.
+each launch bounded in time (``study``, the runner of every study). The
+run's own ``config.yaml`` and ``metrics.json`` are kept in
+``OUT/<variant>-seed<S>/`` and ``OUT/runs.json`` names every command, so the
+docs page rendered from them (``python -m benchmarks defaults-report``:
+``docs/compression-accuracy.md``) shows what train.py wrote, never numbers
+copied by hand. Invoked again with the same ``--out``, it continues: the
+runs already kept are not made again.
 
 The targets it measures against: every compressed variant reaches
 ``--floor`` (0.95) and its mean over the seeds is within ``--within`` (1 pp)
@@ -23,22 +25,11 @@ number of steps).
 
 This process never imports TensorFlow: it launches, waits and copies.
 """
-import argparse
-import json
-import os
-import re
-import shutil
 import statistics
 import sys
-from typing import NamedTuple
 
-from ..suite.runner import REPO_ROOT, local_launch, log_tail, run_local, table
-
-
-class Variant(NamedTuple):
-    name: str
-    flags: tuple
-    twin: str = None  # the fp32 variant it is compared with; None for an fp32 one
+from .study import Variant, chosen, continue_runs, kept_runs, parsed, parser, run_or_render
+from ..suite.runner import table
 
 
 def _compressed(strategy, formats, extra=()):
@@ -58,188 +49,19 @@ FLOOR = 0.95
 WITHIN_PP = 1.0
 
 
-class LocalLaunch(NamedTuple):
-    """How a run of ``np`` ranks starts on this host: ``horovodrun`` over loopback (the default of
-    ``run_over_seeds``; ``time_to_target.ClusterLaunch`` starts one across the virtual cluster's hosts)."""
-    np: int
-    controller: str = "mpi"
-
-    def command(self, variant, seed, run_dir):
-        """The launch of one run (with ``run_dir`` where train.py writes)."""
-        return (local_launch(self.np, self.controller)
-                + [sys.executable, os.path.join(REPO_ROOT, "train.py"), "--run-dir", run_dir, "--seed", str(seed),
-                   *variant.flags])
-
-    def shown(self, variant, seed):
-        """The command as the docs show it: what a user types."""
-        return shown_command(f"horovodrun -np {self.np}", variant, seed)
-
-    def run(self, cmd, log, timeout):
-        return run_local(cmd, log, timeout)
-
-
-def shown_command(launcher, variant, seed):
-    """``launcher python train.py FLAGS --seed S --run-dir DIR``, as a user types it."""
-    return " ".join([f"{launcher} python train.py", *variant.flags, "--seed", str(seed), "--run-dir DIR"])
-
-
 def parse_args(argv, prog):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, metavar="DIR", help="where each run's config.yaml and metrics.json go")
-    p.add_argument("--np", type=int, default=2, help="ranks per run (default 2)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per variant (default 3)")
+    p = parser(prog, __doc__, None, timeout=300)
     p.add_argument("--variants", help=f"comma-separated, from {','.join(BY_NAME)} (default all; a compressed "
                                       "variant brings its twin)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per launch (default 300)")
-    args = p.parse_args(argv)
-    if args.np < 1 or args.seeds < 1:
-        p.error(f"--np and --seeds must be integers >= 1. Received: --np={args.np} --seeds={args.seeds}")
-    names = args.variants.split(",") if args.variants else list(BY_NAME)
-    unknown = [n for n in names if n not in BY_NAME]
-    if unknown:
-        p.error(f"--variants must be chosen from {','.join(BY_NAME)}. Received: --variants={args.variants}")
-    with_twins = []
-    for name in names:
-        for n in (BY_NAME[name].twin, name):
-            if n and n not in with_twins:
-                with_twins.append(n)
-    args.variant_list = [BY_NAME[n] for n in with_twins]
+    args = parsed(p, argv)
+    args.variant_list = chosen(p, args.variants, VARIANTS, option="--variants")
     return args
 
 
 def main(argv=None, prog="python -m benchmarks accuracy"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    out = os.path.abspath(args.out)
-    runs, failures = run_over_seeds(args.variant_list, args.np, args.seeds, out, args.timeout, "accuracy")
-    with open(os.path.join(out, "runs.json"), "w") as f:
-        json.dump({"np": args.np, "seeds": args.seeds, "runs": runs, "failures": failures}, f, indent=1)
-    print(render(out), flush=True)
-    return 1 if failures else 0
-
-
-def run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=None, done=(), launch=None, on_run=None):
-    """Launches every (variant, seed) once, seeds 0..``seeds``-1, one after the other, each bounded by
-    ``timeout`` seconds, and keeps each run's config.yaml and metrics.json in ``out/<variant>-seed<S>/``
-    (its log in ``out/logs/``).
-
-    Args:
-      variants: the ``Variant`` s.
-      np_, seeds, out, timeout: ranks per run, seeds per variant, the output folder, seconds per launch.
-      tag: the prefix of the progress lines (``[tag]``).
-      shown: ``metrics.json -> str``, what a progress line says of a finished run (default: its final
-        test accuracy).
-      done: labels (``<variant>-seed<S>``) already kept in ``out`` by an earlier invocation: not run again.
-      launch: how a run starts (``command``, ``shown``, ``run``); default ``LocalLaunch(np_)``.
-      on_run: called with ``(runs, failures)`` so far after every launch, kept or failed.
-
-    Returns:
-      ``(runs, failures)``: one entry per kept run (``run``, ``variant``, ``twin``, ``seed``, ``command``),
-      and one line per failed launch.
-    """
-    shown = shown or (lambda metrics: f"final test accuracy {metrics['final']['test_accuracy']:.4f}")
-    launch = launch or LocalLaunch(np_)
-    os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-    runs, failures = [], []
-    for variant in variants:
-        for seed in range(seeds):
-            label = f"{variant.name}-seed{seed}"
-            if label in done:
-                continue
-            scratch = os.path.join(out, "logs", label)
-            shutil.rmtree(scratch, ignore_errors=True)
-            log = os.path.join(out, "logs", f"{label}.log")
-            outcome = launch.run(launch.command(variant, seed, scratch), log, timeout)
-            if not outcome.ok:
-                failures.append(f"{label}: {outcome.why}")
-                print(f"[{tag}] {label}: {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
-                if on_run:
-                    on_run(runs, failures)
-                continue
-            kept = os.path.join(out, label)
-            os.makedirs(kept, exist_ok=True)
-            for name in ("config.yaml", "metrics.json"):
-                shutil.copy(os.path.join(scratch, name), os.path.join(kept, name))
-            shutil.rmtree(scratch)
-            with open(os.path.join(kept, "metrics.json")) as f:
-                metrics = json.load(f)
-            runs.append({"run": label, "variant": variant.name, "twin": variant.twin, "seed": seed,
-                         "command": launch.shown(variant, seed)})
-            print(f"[{tag}] {label}: {shown(metrics)} ({outcome.seconds:.0f} s)", flush=True)
-            if on_run:
-                on_run(runs, failures)
-    return runs, failures
-
-
-def continue_runs(out, index, variants, np_, seeds, timeout, tag, shown=None, launch=None):
-    """``run_over_seeds`` into ``out``, continuing the runs an earlier invocation kept there (its
-    runs.json, made with the same ``index``: a long benchmark can be run in parts), then ``out/runs.json``:
-    ``index``, the seeds, every kept run and the failures. Returns the failures."""
-    earlier = earlier_runs(out, index)
-
-    def write_index(runs, failures):
-        # After every launch, not only at the end: a benchmark of hours that is stopped keeps the
-        # index of the runs it made, and the next invocation continues from them.
-        kept = earlier + runs
-        with open(os.path.join(out, "runs.json"), "w") as f:
-            json.dump({**index, "seeds": max(run["seed"] for run in kept) + 1 if kept else 0, "runs": kept,
-                       "failures": failures}, f, indent=1)
-
-    runs, failures = run_over_seeds(variants, np_, seeds, out, timeout, tag, shown=shown,
-                                    done={run["run"] for run in earlier}, launch=launch, on_run=write_index)
-    write_index(runs, failures)
-    return failures
-
-
-def earlier_runs(out, index):
-    """The runs an earlier invocation kept in ``out`` (its runs.json), which this one continues.
-    Refused, in one line, if they were made otherwise (another ``index``)."""
-    path = os.path.join(out, "runs.json")
-    if not os.path.isfile(path):
-        return []
-    with open(path) as f:
-        earlier = json.load(f)
-    differs = [key for key in index if earlier.get(key) != index[key]]
-    if differs:
-        raise SystemExit(f"{out} holds runs made with other {', '.join(differs)} "
-                         f"({', '.join(f'{k}={earlier.get(k)!r}' for k in differs)}); choose another --out")
-    return earlier["runs"]
-
-
-def write_rendered(directory, name, render):
-    """``render(directory)``, a results folder's page, written to ``directory``/``name``; returns the text."""
-    text = render(directory)
-    with open(os.path.join(directory, name), "w") as f:
-        f.write(text)
-    return text
-
-
-def data_under_out(command):
-    """``command`` with a data path under a results folder's ``data/`` (written there by the benchmark, wherever
-    the folder was when the runs were made) shown as ``OUT/data/``."""
-    return re.sub(r"(text|fashion_mnist):\S*/data/", r"\1:OUT/data/", command)
-
-
-def docs_link(directory, name):
-    """How a report in ``directory`` links its file ``name``: from docs/ when ``directory`` is under it (the
-    report is included into a page there, and links resolve from the page), else beside the report."""
-    docs = os.path.join(REPO_ROOT, "docs")
-    path = os.path.abspath(os.path.join(directory, name))
-    return os.path.relpath(path, docs) if path.startswith(docs + os.sep) else name
-
-
-def kept_runs(directory):
-    """``(runs.json, [(its run entry, that run's metrics.json)])`` of a results folder, in run order."""
-    path = os.path.join(directory, "runs.json")
-    if not os.path.isfile(path):
-        raise SystemExit(f"{directory} holds no runs.json: not a results folder of this benchmark (or no run "
-                         "of it has finished yet)")
-    with open(path) as f:
-        index = json.load(f)
-    found = []
-    for run in index["runs"]:
-        with open(os.path.join(directory, run["run"], "metrics.json")) as f:
-            found.append((run, json.load(f)))
-    return index, found
+    return run_or_render(args, render, lambda out: continue_runs(out, {"np": args.np}, args.variant_list, args.np,
+                                                                 args.seeds, args.timeout, "accuracy"))
 
 
 # --- the report (also rendered into the docs) ---------------------------------------------------------

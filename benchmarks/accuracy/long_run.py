@@ -3,69 +3,66 @@
     python -m benchmarks long-run --out docs/results/long-run-language-model-np2     # 6 epochs, about 35 min
     python -m benchmarks long-run --render DIR       # rewrite DIR/memory.md from DIR's run (no launch)
 
-One ``horovodrun -np N python train.py --data python_docs --epochs E`` at train.py's defaults otherwise:
-the language model for half an hour or more. train.py samples every rank's resident memory at each
-epoch's end (``rss_mb`` in metrics.json); the table, ``OUT/memory.md``, shows it per epoch with the
-epoch's seconds and validation loss, and leads with each rank's growth after its first epoch and its
-slope per epoch (the real-workloads issue asks for memory flat after the first epoch). Rendered from the run's own
-metrics.json and config.yaml (kept in OUT), never typed. This process never imports TensorFlow.
+One ``horovodrun -np N python train.py --data python_docs --epochs E`` at train.py's defaults otherwise: the
+language model for half an hour or more, launched by the study runner (``study``: the run kept in
+``OUT/long-run-seed0/`` and named in ``OUT/runs.json``; invoked again, a finished run is not made again).
+train.py samples every rank's resident memory at each epoch's end (``rss_mb`` in metrics.json); the table,
+``OUT/memory.md``, shows it per epoch with the epoch's seconds and validation loss, and leads with each
+rank's growth after its first epoch and its slope per epoch (the real-workloads issue asks for memory flat
+after the first epoch). Rendered from the run's own metrics.json, never typed. This process never imports
+TensorFlow.
 """
-import argparse
 import json
 import os
-import shutil
 import sys
 
-from .accuracy import LocalLaunch, Variant, write_rendered
-from ..suite.runner import log_tail, table
+from .study import RUNS, Variant, continue_runs, kept_runs, parsed, parser, run_or_render, write_rendered
+from ..suite.runner import table
 
 TABLE = "memory.md"
 
 
 def parse_args(argv, prog):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--out", metavar="DIR", help="where the run's config.yaml and metrics.json go")
-    p.add_argument("--np", type=int, default=2, help="ranks (default 2)")
+    p = parser(prog, __doc__, TABLE, timeout=5400, seeds=None)
     p.add_argument("--epochs", type=int, default=6, help="epochs of the Python docs (default 6)")
-    p.add_argument("--timeout", type=float, default=5400, help="seconds for the launch (default 5400)")
-    p.add_argument("--render", metavar="DIR", help="rewrite DIR/memory.md from DIR's run, print it and exit")
-    args = p.parse_args(argv)
-    if not args.render and not args.out:
-        p.error("--out is required (or --render DIR)")
-    return args
+    return parsed(p, argv)
 
 
 def main(argv=None, prog="python -m benchmarks long-run"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if args.render:
-        print(write_rendered(args.render, TABLE, render), end="")
-        return 0
-    out = os.path.abspath(args.out)
-    scratch, log = os.path.join(out, "run"), os.path.join(out, "run.log")
-    os.makedirs(out, exist_ok=True)
     variant = Variant("long-run", ("--data", "python_docs", "--epochs", str(args.epochs)))
-    launch = LocalLaunch(args.np)
-    outcome = launch.run(launch.command(variant, 0, scratch), log, args.timeout)
-    if not outcome.ok:
-        print(f"[long-run] {outcome.why}; log tail:\n{log_tail(log, 1500)}", flush=True)
-        return 1
-    for name in ("config.yaml", "metrics.json"):
-        shutil.copy(os.path.join(scratch, name), os.path.join(out, name))
-    shutil.rmtree(scratch)
-    with open(os.path.join(out, "command.txt"), "w") as f:
-        f.write(launch.shown(variant, 0) + "\n")
-    print(write_rendered(out, TABLE, render), end="", flush=True)
-    return 0
+    return run_or_render(args, write_table, lambda out: continue_runs(
+        out, {"np": args.np, "epochs": args.epochs}, [variant], args.np, 1, args.timeout, "long-run", shown=memory))
+
+
+def memory(metrics):
+    """What the progress line says of the run: each rank's resident memory after the last epoch."""
+    ranks = metrics["epochs"][-1]["rss_mb"]
+    return "resident memory after the last epoch " + ", ".join(f"{mb:.0f}" for mb in ranks) + " MB"
+
+
+def write_table(directory):
+    """Renders ``directory``'s table into its memory.md; returns the table."""
+    return write_rendered(directory, TABLE, render)
+
+
+def the_run(directory):
+    """``(command, the epochs of its metrics.json)`` of a results folder's one run: runs.json's, or in a folder
+    made before the study runner, metrics.json and command.txt beside the page."""
+    if os.path.isfile(os.path.join(directory, RUNS)):
+        _, ((run, metrics),) = kept_runs(directory)
+        return run["command"], metrics["epochs"]
+    with open(os.path.join(directory, "metrics.json")) as f:
+        epochs = json.load(f)["epochs"]
+    with open(os.path.join(directory, "command.txt")) as f:
+        return f.read().strip(), epochs
 
 
 def render(directory):
     """Per epoch: seconds, validation loss and every rank's resident memory; first, each rank's growth from
     its first epoch's end to the last, and its slope (least squares, MB an epoch) from the second epoch on:
     a leak grows with every epoch, an allocator settling does not."""
-    with open(os.path.join(directory, "metrics.json")) as f:
-        epochs = json.load(f)["epochs"]
-    with open(os.path.join(directory, "command.txt")) as f:
-        command = f.read().strip()
+    command, epochs = the_run(directory)
     ranks = len(epochs[0]["rss_mb"])
     minutes = sum(e["seconds"] for e in epochs) / 60
     parts = []

@@ -8,7 +8,7 @@
 Each configuration is a set of ``train.py`` flags on the workload's data at
 train.py's defaults otherwise (the model, optimizer, schedule, epochs and
 collectives a user gets), run for seeds 0..N-1 under ``horovodrun -np N``
-(``accuracy.run_over_seeds``: one launch at a time, each bounded). Every run
+(``study.continue_runs``: one launch at a time, each bounded). Every run
 trains the same epochs, so the same tokens or images. The run's own
 config.yaml and metrics.json are kept in ``OUT/<configuration>-seed<S>/`` and
 ``OUT/runs.json`` names every command; the table, ``OUT/parity.md``, is
@@ -26,13 +26,12 @@ The goals each workload is judged by (``Workload``), on the mean over seeds:
 
 This process never imports TensorFlow: it launches, waits and copies.
 """
-import argparse
-import os
 import statistics
 import sys
 from typing import NamedTuple
 
-from .accuracy import Variant, continue_runs, kept_runs, write_rendered
+from .study import (Variant, chosen, configurations, continue_runs, kept_runs, parsed, parser, run_or_render,
+                    write_rendered)
 from ..suite.runner import table
 
 
@@ -61,10 +60,6 @@ class Workload(NamedTuple):
     floor: float = None
 
 
-def _configurations(*entries):
-    return tuple(Variant(name, tuple(flags.split()), twin) for name, flags, twin in entries)
-
-
 LOCAL_UPDATES = (
     ("sync", "--strategy sync", None),
     ("easgd_tau10", "--strategy easgd --tau 10", None),
@@ -77,7 +72,7 @@ WORKLOADS = {
     "language_model": Workload(
         data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
         twin_relative=0.01,
-        configurations=_configurations(
+        configurations=configurations(
             *LOCAL_UPDATES,
             ("diloco_tau50", "--strategy diloco --tau 50", None),
             # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts.
@@ -96,7 +91,7 @@ WORKLOADS = {
     "fashion_mnist": Workload(
         data=("--data", "fashion_mnist"), metric="test_accuracy", lower_is_better=False, absolute=0.005,
         floor=0.90,
-        configurations=_configurations(
+        configurations=configurations(
             *LOCAL_UPDATES,
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
@@ -104,52 +99,32 @@ WORKLOADS = {
 
 
 def parse_args(argv, prog):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = parser(prog, __doc__, TABLE, timeout=1800)
     p.add_argument("--workload", choices=sorted(WORKLOADS), help="what to train (required unless --render)")
-    p.add_argument("--out", metavar="DIR", help="where each run's config.yaml and metrics.json go")
-    p.add_argument("--np", type=int, default=2, help="ranks per run (default 2)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
     p.add_argument("--configurations", help="comma-separated names (default: all of the workload's; a "
                                             "configuration brings its twin)")
     p.add_argument("--flags", default="", help="more train.py flags for every run (e.g. a smaller --epochs "
                                                "for a quick look; the results then answer no goal)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
-    p.add_argument("--render", metavar="DIR", help="rewrite DIR/parity.md from DIR's runs, print it and exit")
-    args = p.parse_args(argv)
+    args = parsed(p, argv, required=("workload", "out"))
     if args.render:
         return args
-    if not args.workload or not args.out:
-        p.error("--workload and --out are required (or --render DIR)")
-    if args.np < 1 or args.seeds < 1:
-        p.error(f"--np and --seeds must be integers >= 1. Received: --np={args.np} --seeds={args.seeds}")
     workload = WORKLOADS[args.workload]
-    by_name = {c.name: c for c in workload.configurations}
-    names = args.configurations.split(",") if args.configurations else list(by_name)
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        p.error(f"--configurations must be chosen from {','.join(by_name)}. Received: {','.join(unknown)}")
-    chosen = [workload.baseline]
-    for name in names:
-        for n in (by_name[name].twin, name):
-            if n and n not in chosen:
-                chosen.append(n)
     extra = tuple(args.flags.split())
-    args.variants = [Variant(n, workload.data + by_name[n].flags + extra, by_name[n].twin) for n in chosen]
+    args.variants = [Variant(c.name, workload.data + c.flags + extra, c.twin)
+                     for c in chosen(p, args.configurations, workload.configurations, first=(workload.baseline,))]
     return args
 
 
 def main(argv=None, prog="python -m benchmarks parity"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if args.render:
-        print(write_table(args.render), end="")
-        return 0
-    workload = WORKLOADS[args.workload]
-    out = os.path.abspath(args.out)
-    failures = continue_runs(out, {"workload": args.workload, "np": args.np, "flags": args.flags}, args.variants,
+
+    def run(out):
+        metric = WORKLOADS[args.workload].metric
+        return continue_runs(out, {"workload": args.workload, "np": args.np, "flags": args.flags}, args.variants,
                              args.np, args.seeds, args.timeout, "parity",
-                             shown=lambda m: f"final {workload.metric} {m['final'][workload.metric]:.4f}")
-    print(write_table(out), end="", flush=True)
-    return 1 if failures else 0
+                             shown=lambda m: f"final {metric} {m['final'][metric]:.4f}")
+
+    return run_or_render(args, write_table, run)
 
 
 def write_table(directory):

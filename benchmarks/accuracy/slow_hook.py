@@ -18,14 +18,14 @@ from typing import NamedTuple
 
 from hvd_easgd.sample_shares import TEST_SLOW_RANKS, test_slowdown
 
-from .accuracy import kept_runs
+from .study import kept_runs
 
 HOOK = TEST_SLOW_RANKS
 SLOW_FACTOR = 2  # the slow rank's steps take this many times as long
 
 
 class SlowRankLaunch(NamedTuple):
-    """``launch``'s runs (``accuracy.LocalLaunch``, or ``time_to_target.ClusterLaunch``) with the hook set to
+    """``launch``'s runs (``study.LocalLaunch``, or ``time_to_target.ClusterLaunch``) with the hook set to
     ``setting`` in the launcher's environment for the variants whose names ``slowed(name)`` accepts (None: every
     one)."""
     launch: object

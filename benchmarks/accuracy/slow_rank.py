@@ -46,7 +46,6 @@ The goals (issue 42), on the means over seeds:
 The table, ``OUT/slow-rank.md``, is rendered from each run's metrics.json
 (``render``), never typed. This process never imports TensorFlow.
 """
-import argparse
 import json
 import os
 import statistics
@@ -55,8 +54,9 @@ import sys
 import yaml
 
 from . import time_to_target
-from .accuracy import LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, write_rendered
 from .slow_hook import HOOK, SLOW_FACTOR, SlowRankLaunch, hook_setting
+from .study import (LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, parsed, parser,
+                    run_or_render, write_rendered)
 from ..suite.runner import table
 
 TABLE = "slow-rank.md"
@@ -103,10 +103,7 @@ def is_slow(name):
 
 
 def parse_args(argv, prog):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--out", metavar="DIR", help="where each run's config.yaml and metrics.json go")
-    p.add_argument("--np", type=int, default=2, help="ranks per run, at most the cores (default 2)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
+    p = parser(prog, __doc__, TABLE, timeout=2400)
     p.add_argument("--strategies", default="diloco", help="comma-separated: diloco, periodic, sync (default diloco)")
     p.add_argument("--curves", action="store_true",
                    help=f"train {CURVE_EPOCHS} epochs of the first 500 kB of the Python docs instead of one of "
@@ -116,15 +113,9 @@ def parse_args(argv, prog):
                         "(default: all)")
     p.add_argument("--flags", default="", help="more train.py flags for every run, e.g. \"--outer-momentum 0.5\" "
                                                "(kept in runs.json: a folder holds the runs of one setting)")
-    p.add_argument("--timeout", type=float, default=2400, help="seconds per launch (default 2400)")
-    p.add_argument("--render", metavar="DIR", help="rewrite DIR/slow-rank.md from DIR's runs, print it and exit")
-    args = p.parse_args(argv)
+    args = parsed(p, argv, min_np=2)
     if args.render:
         return args
-    if not args.out:
-        p.error("--out is required (or --render DIR)")
-    if args.np < 2 or args.seeds < 1:
-        p.error(f"--np must be >= 2 and --seeds >= 1. Received: --np={args.np} --seeds={args.seeds}")
     args.strategy_list = args.strategies.split(",")
     unknown = [s for s in args.strategy_list if s not in ("diloco", "periodic", "sync")]
     if unknown:
@@ -141,10 +132,12 @@ def parse_args(argv, prog):
 
 def main(argv=None, prog="python -m benchmarks slow-rank"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if args.render:
-        print(write_table(args.render), end="")
-        return 0
-    out = os.path.abspath(args.out)
+    return run_or_render(args, write_table, lambda out: run(args, out))
+
+
+def run(args, out):
+    """The equal-speed runs first, then each strategy's slow ones, its hook set from its equal run's speed;
+    returns the failures."""
     os.makedirs(out, exist_ok=True)
     index = {"workload": "language_model", "np": args.np, "strategies": args.strategies}
     data = DATA
@@ -156,7 +149,6 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
         index["flags"] = args.flags
     equal, slow = ([v for v in group if v.name in args.configuration_list]
                    for group in variants(args.strategy_list, data, args.np, tuple(args.flags.split())))
-    shown = lambda m: f"final validation loss {m['final']['test_loss']:.4f}, {m['final']['samples_per_sec']:.1f} samples/s"  # noqa: E731
     failures = continue_runs(out, index, equal, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                              launch=SlowRankLaunch(LocalLaunch(args.np), "", is_slow))
     for strategy in args.strategy_list:
@@ -167,8 +159,13 @@ def main(argv=None, prog="python -m benchmarks slow-rank"):
         print(f"[slow-rank] {strategy}: {HOOK}={setting}", flush=True)
         failures += continue_runs(out, index, mine, args.np, args.seeds, args.timeout, "slow-rank", shown=shown,
                                   launch=SlowRankLaunch(LocalLaunch(args.np), setting, is_slow))
-    print(write_table(out), end="", flush=True)
-    return 1 if failures else 0
+    return failures
+
+
+def shown(metrics):
+    """What a progress line says of a finished run."""
+    final = metrics["final"]
+    return f"final validation loss {final['test_loss']:.4f}, {final['samples_per_sec']:.1f} samples/s"
 
 
 def write_table(directory):

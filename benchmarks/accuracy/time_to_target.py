@@ -15,10 +15,10 @@ sends 1.6 MB of gradients). Either runs on the virtual
 cluster (``tools/vcluster.py``): ``--hosts`` hosts of ``--ranks-per-host`` ranks (default one), their links
 shaped to each ``--link-rates`` rate. Every (configuration, seed) is one ``horovodrun --mpi`` of train.py from node1
 (``ClusterLaunch``), at train.py's defaults otherwise, each bounded in time; its own config.yaml and
-metrics.json are kept in ``OUT/<rate>/<configuration>-seed<S>/`` (``accuracy.run_over_seeds``, the launch loop
-of every accuracy benchmark). The same configurations' SyncAverage also runs once with every rank on this
-host over loopback (``OUT/loopback/``): its step is the compute c that a link adds its time to, so the share
-of a SyncAverage step spent communicating at a rate is 1 − c / step.
+metrics.json are kept in ``OUT/<rate>/<configuration>-seed<S>/`` (``study.continue_runs``, the runner of every
+study). The same configurations' SyncAverage also runs once with every rank on this host over loopback
+(``OUT/loopback/``): its step is the compute c that a link adds its time to, so the share of a SyncAverage
+step spent communicating at a rate is 1 − c / step.
 
 The corpus is the first ``CORPUS_BYTES`` of the Python docs' byte stream (``--data python_docs``), written to
 ``OUT/data/`` and read with ``--data text:PATH`` (the images likewise, as idx files read with ``--data
@@ -57,7 +57,6 @@ hook sleeps, so the slow rank's core idles as a slow device leaves the others' a
 device only where each rank has a core to itself, and this machine has 2 cores, which the virtual hosts
 share. ``--slow-rank`` refuses more ranks than the cores this process may run on.
 """
-import argparse
 import json
 import os
 import statistics
@@ -70,8 +69,9 @@ from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse
 from hvd_easgd import auto_strategy
 
 from . import parity
-from .accuracy import LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, shown_command
 from .slow_hook import HOOK, SLOW_FACTOR, SlowRankLaunch, hook_setting, slowed_seconds
+from .study import (LocalLaunch, Variant, continue_runs, data_under_out, docs_link, kept_runs, parsed, parser,
+                    run_or_render, shown_command)
 from ..costmodel.cluster_check import LOOSE, TIGHT
 from ..suite.rated_links import hosts_argument, run_on_cluster
 from ..suite.runner import REPO_ROOT, horovodrun, table
@@ -138,13 +138,11 @@ class ClusterLaunch(NamedTuple):
 
 
 def parse_args(argv, prog):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--out", metavar="DIR", help="the results folder (required unless --render)")
+    p = parser(prog, __doc__, REPORT, timeout=1800, np_=None)
     p.add_argument("--link-rates", default="100mbit,1gbit", help="comma-separated tc rates, the slowest judged "
                                                                  "against SLOW_LINK_RATIO (default 100mbit,1gbit)")
     p.add_argument("--hosts", type=int, default=2, help="virtual hosts (default 2)")
     p.add_argument("--ranks-per-host", type=int, default=1, help="ranks on each host (default 1)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per configuration (default 3)")
     p.add_argument("--configurations", default=",".join(CONFIGURATIONS),
                    help=f"comma-separated names of parity's language model, or {AUTO}; sync races first when "
                         f"named, and is not raced when left out (default {','.join(CONFIGURATIONS)})")
@@ -154,24 +152,19 @@ def parse_args(argv, prog):
     p.add_argument("--target", type=float,
                    help=f"the workload's metric to reach: validation loss in nats/token (default "
                         f"{DEFAULT_TARGET_LOSS}), or test accuracy (default {DEFAULT_TARGET_ACCURACY})")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds per launch (default 1800)")
     p.add_argument("--cluster-name", default="hvdtta", help="the virtual cluster's name (default hvdtta)")
     p.add_argument("--slow-rank", action="store_true",
                    help=f"make every run's last rank {SLOW_FACTOR} times slower ({HOOK}, set from a run over "
                         f"loopback), and judge each NAME{BALANCE} against NAME")
-    p.add_argument("--render", metavar="DIR", help=f"rewrite DIR/{REPORT} and its plot from DIR's runs and exit")
-    args = p.parse_args(argv)
+    args = parsed(p, argv)
     if args.render:
         return args
-    if not args.out:
-        p.error("--out is required (or --render DIR)")
     args.workload = WORKLOADS[args.workload]
     if args.target is None:
         args.target = args.workload.target
-    if args.hosts < 2 or args.ranks_per_host < 1 or args.seeds < 1 or args.target <= 0:
-        p.error(f"--hosts must be >= 2, --ranks-per-host, --seeds >= 1 and --target > 0. Received: "
-                f"--hosts={args.hosts} --ranks-per-host={args.ranks_per_host} "
-                f"--seeds={args.seeds} --target={args.target}")
+    if args.hosts < 2 or args.ranks_per_host < 1 or args.target <= 0:
+        p.error(f"--hosts must be >= 2, --ranks-per-host >= 1 and --target > 0. Received: "
+                f"--hosts={args.hosts} --ranks-per-host={args.ranks_per_host} --target={args.target}")
     args.rates = args.link_rates.split(",")
     try:
         for rate in args.rates:
@@ -329,18 +322,19 @@ def variants(workload, names, data):
 
 
 def _run_folder(workload, folder, chosen, np_, seeds, timeout, launch, extra):
-    """Runs what ``folder`` does not hold yet (``accuracy.continue_runs``); returns its failures."""
+    """Runs what ``folder`` does not hold yet (``study.continue_runs``); returns its failures."""
     return continue_runs(folder, {"workload": workload.parity, "np": np_, "flags": " ".join(workload.flags), **extra},
                          chosen, np_, seeds, timeout, "time-to-target", shown=workload.shown, launch=launch)
 
 
 def main(argv=None, prog="python -m benchmarks time-to-target"):
     args = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    if args.render:
-        print(write_report(args.render), end="")
-        return 0
+    return run_or_render(args, write_report, lambda out: race(args, out))
+
+
+def race(args, out):
+    """The runs over loopback, then the race at every rate on the virtual cluster; returns the failures."""
     check_privileges()
-    out = os.path.abspath(args.out)
     workload = args.workload
     ranks = args.hosts * args.ranks_per_host
     settings = {"workload": workload.parity, "target": args.target, "hosts": args.hosts,
@@ -365,7 +359,7 @@ def main(argv=None, prog="python -m benchmarks time-to-target"):
         if not os.path.isfile(os.path.join(loopback, f"{reference}-seed0", "metrics.json")):
             print(f"[time-to-target] --slow-rank: {reference}'s run over loopback failed, so the hook is not "
                   "measured: nothing raced", flush=True)
-            return 1
+            return [f"{reference} over loopback: the slow rank's hook not measured"]
         setting = hook_setting(loopback, reference, ranks)
         settings["slow_rank"]["hook"] = setting
         write_settings(out, settings)
@@ -382,8 +376,7 @@ def main(argv=None, prog="python -m benchmarks time-to-target"):
         failures.append(f"virtual cluster: {err}")
     finally:
         cluster.down()
-    print(write_report(out), end="", flush=True)
-    return 1 if failures else 0
+    return failures
 
 
 def write_settings(out, settings):
@@ -712,7 +705,7 @@ def _span(values):
 
 
 def plot_link(out, workload):
-    """The plot's path as the report links it (``accuracy.docs_link``)."""
+    """The plot's path as the report links it (``study.docs_link``)."""
     return docs_link(out, workload.plot)
 
 

@@ -36,7 +36,6 @@ one, and why each judged row outside its band misses (``misses``);
 and page equal what this module computes from the committed runs. It imports no
 TensorFlow (``--run`` launches the ranks that do).
 """
-import argparse
 import json
 import pathlib
 import statistics
@@ -46,6 +45,7 @@ from typing import NamedTuple
 from hvd_easgd import cost_model, link_probe
 
 from . import calibration, format_compute, workloads
+from ..suite import committed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "validation"
@@ -517,24 +517,18 @@ def render(validation=None):
 def write(check=False):
     """Writes (or, with ``check``, compares) validation.json and the page; returns the stale paths."""
     validation = compute()
-    files = {OUT / "validation.json": json.dumps(validation, indent=1) + "\n", PAGE: render(validation)}
-    stale = [p for p, text in files.items() if not p.exists() or p.read_text() != text]
-    if not check:
-        for path in stale:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(files[path])
-    return stale
+    return committed.update({OUT / "validation.json": json.dumps(validation, indent=1) + "\n",
+                             PAGE: render(validation)}, check)
 
 
 def main(argv=None, prog=COMMAND):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = committed.parser(prog, __doc__)
     parser.add_argument("--run", action="store_true",
                         help="run the validation set first (48 min here, alone on the machine)")
     parser.add_argument("--only", default=None, help=f"with --run: one run, from {', '.join(r.name for r in RUNS)}")
     parser.add_argument("--measure-formats", action="store_true",
                         help="first measure the compute a format's encoding adds to a step (PowerSGD's, int8's), in one "
                              "process, into docs/results/validation/format_compute.json (about a minute)")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a committed file is stale")
     args = parser.parse_args(argv)
     names = [r.name for r in RUNS]
     if args.only is not None and (not args.run or args.only not in names):
@@ -556,8 +550,4 @@ def main(argv=None, prog=COMMAND):
                 if status:
                     print(f"{prog}: run {run.name} failed (exit {status}); see {OUT / run.name}", file=sys.stderr)
                     return status
-    stale = write(check=args.check)
-    for path in stale:
-        print(f"{prog}: {path} is stale; run `{prog}`" if args.check else path,
-              file=sys.stderr if args.check else sys.stdout)
-    return 1 if args.check and stale else 0
+    return committed.status(prog, write(check=args.check), args.check, prog)

@@ -11,7 +11,6 @@ draws its plots with matplotlib, a few seconds). The formulas are
 ``hvd_easgd/cost_model.py``'s (the table ``calibration.py``'s); the models ``workloads.py``'s; the papers'
 inputs ``paper_check.py``'s and ``diloco_paper_check.py``'s; the generated pages ``projection_report.py``'s.
 """
-import argparse
 import json
 import pathlib
 import sys
@@ -19,6 +18,7 @@ import sys
 from hvd_easgd import cost_model
 
 from . import calibration, diloco_paper_check, format_compute, paper_check, projection_report, workloads
+from ..suite import committed
 
 PAPERS = {"horovod": paper_check, "streaming-diloco": diloco_paper_check}
 
@@ -76,7 +76,7 @@ def _models(args, known):
 
 
 def main(argv=None, prog="python -m benchmarks project"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = committed.parser(prog, __doc__, "with --report: exit 1 if a committed file is stale")
     parser.add_argument("--hosts", default="8,64,512,1024")
     parser.add_argument("--ranks-per-host", default="8")
     parser.add_argument("--link", default="100gbit", help=f"{', '.join(calibration.LINKS)} or bits/s")
@@ -92,7 +92,6 @@ def main(argv=None, prog="python -m benchmarks project"):
     parser.add_argument("--report", action="store_true",
                         help="write docs/results/projection/, docs/projection.md and docs/projection-tables.md (the "
                              "papers' tables included)")
-    parser.add_argument("--check", action="store_true", help="with --report: exit 1 if a committed file is stale")
     args = parser.parse_args(argv)
     try:
         if args.paper is not None and args.paper not in PAPERS:
@@ -114,11 +113,7 @@ def main(argv=None, prog="python -m benchmarks project"):
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
     if args.report:
-        stale = projection_report.write(check=args.check)
-        for path in stale:
-            print(f"{prog}: {path} is stale; run `{prog} --report`" if args.check else path,
-                  file=sys.stderr if args.check else sys.stdout)
-        return 1 if args.check and stale else 0
+        return committed.status(prog, projection_report.write(check=args.check), args.check, f"{prog} --report")
     if args.paper:
         print(PAPERS[args.paper].render_table(PAPERS[args.paper].results()))
         return 0

@@ -33,6 +33,7 @@ import textwrap
 from hvd_easgd import cost_model
 
 from . import calibration, diloco_paper_check, format_compute, paper_check, workloads
+from ..suite import committed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs" / "results" / "projection"
@@ -585,13 +586,12 @@ def files():
 
 
 def write(check=False):
-    """Writes (or, with ``check``, compares) every generated file; returns the paths written or stale."""
+    """Writes (or, with ``check``, compares) every generated file that differs from its render, and draws the
+    plots unless ``check``; returns the paths written (the plots too) or stale."""
     texts = files()
+    stale = committed.update(texts, check)
     if check:
-        return [path for path, text in texts.items() if not path.exists() or path.read_text() != text]
-    OUT.mkdir(parents=True, exist_ok=True)
-    for path, text in texts.items():
-        path.write_text(text)
+        return stale
     data = json.loads(texts[OUT / "projection.json"])
     plots = [FIGURES / "projection_h200.png"]
     _plot_h200(data, plots[0])
@@ -599,4 +599,4 @@ def write(check=False):
         path = FIGURES / f"projection_{model}.png"
         _plot(data, model, path)
         plots.append(path)
-    return list(texts) + plots
+    return stale + plots

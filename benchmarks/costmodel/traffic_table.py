@@ -13,15 +13,13 @@ formula. Two model sizes fix ``a`` and ``b``. A strategy added
 later projects once this file is regenerated; the model needs no edit.
 ``tests/unit/test_traffic_table.py`` regenerates it and compares.
 """
-import argparse
 import json
 import math
 import pathlib
-import sys
 
 import keras
 
-from ..suite import configurations
+from ..suite import committed, configurations
 from ..suite.names import TABLE
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "docs" / "results" / "traffic" / "traffic.json"
@@ -79,16 +77,5 @@ def render():
 
 
 def main(argv=None, prog="python -m benchmarks traffic"):
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed table is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if PATH.read_text() != text:
-            print(f"{prog}: {PATH} is stale; run `{prog}`", file=sys.stderr)
-            return 1
-        return 0
-    PATH.parent.mkdir(parents=True, exist_ok=True)
-    PATH.write_text(text)
-    print(PATH)
-    return 0
+    args = committed.parser(prog, __doc__, "exit 1 if the committed table is stale").parse_args(argv)
+    return committed.status(prog, committed.update({PATH: render()}, args.check), args.check, prog)

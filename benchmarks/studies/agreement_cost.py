@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 
+from .digits_cnn import sync_average_cnn
 from ..suite.runner import local_launch, log_tail, run_local, spread, summary
 
 VARIANTS = {"off": None, "agree every 10": 10, "agree every 1": 1}
@@ -37,23 +38,13 @@ def load():
 
 # --- the worker (one rank of the horovodrun job) -------------------------------------
 def worker(out_path, repeats, epochs):
-    import keras
-
     import hvd_easgd
     from hvd_easgd import callbacks, runtime
-    from hvd_easgd.app.data import digits, steps_per_epoch, training_dataset
-    from hvd_easgd.app.models import cnn
-    from hvd_easgd.optimizer import DistributedOptimizer
+    from hvd_easgd.app.data import steps_per_epoch, training_dataset
     from hvd_easgd.preemption import StopRequests
-    from hvd_easgd.strategies import SyncAverage
 
     comm = runtime.init(threads_per_rank=1)
-    data = digits()
-    keras.utils.set_random_seed(1)
-    model = cnn(data.input_shape, data.num_classes)
-    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9), strategy=SyncAverage(), comm=comm)
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], jit_compile=False)
+    data, model, optimizer = sync_average_cnn(comm, 0.02)
     hvd_easgd.broadcast_initial_state(model, optimizer)
     steps = steps_per_epoch(len(data.y_train), BATCH, comm.size)
     run_dir = tempfile.mkdtemp(prefix="agreement-cost-")

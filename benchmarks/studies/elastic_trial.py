@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 
+from .digits_cnn import sync_average_cnn
 from ..suite import runner
 
 KILLED_HOST = "127.0.0.1"
@@ -52,17 +53,13 @@ RECOGNISED = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast")
 def worker(progress_dir, workarounds):
     import horovod.tensorflow as hvd
     import horovod.tensorflow.elastic as hvd_elastic
-    import keras
     import numpy as np
     from horovod.common.elastic import ObjectState
     from horovod.common.exceptions import HorovodInternalError
 
     from hvd_easgd import runtime
     from hvd_easgd.checkpoint import state_groups
-    from hvd_easgd.app.data import digits, steps_per_epoch, training_dataset
-    from hvd_easgd.app.models import cnn
-    from hvd_easgd.optimizer import DistributedOptimizer
-    from hvd_easgd.strategies import SyncAverage
+    from hvd_easgd.app.data import steps_per_epoch, training_dataset
 
     comm = runtime.init(threads_per_rank=1)
     host = os.environ.get("HOROVOD_HOSTNAME", "?")
@@ -73,12 +70,7 @@ def worker(progress_dir, workarounds):
 
     with open(os.path.join(progress_dir, f"pid-{host}-{os.environ.get('HOROVOD_LOCAL_RANK')}"), "w") as f:
         f.write(str(os.getpid()))
-    data = digits()
-    keras.utils.set_random_seed(1)
-    model = cnn(data.input_shape, data.num_classes)
-    optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), strategy=SyncAverage(), comm=comm)
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], jit_compile=False)
+    data, model, optimizer = sync_average_cnn(comm, 0.05)
     optimizer.attach(model)
     optimizer.build(model.trainable_variables)
 

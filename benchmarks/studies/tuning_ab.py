@@ -37,7 +37,8 @@ import time
 
 from hvd_easgd import tuning
 
-from ..suite.compare import RESULTS_ROOT, foreign_cpu_busy
+from ..suite.compare import RESULTS_ROOT
+from ..suite.machine import foreign_cpu_busy
 from ..suite.order import balanced_order
 from ..suite.runner import local_launch, log_tail, run_local, spread, summary, table
 

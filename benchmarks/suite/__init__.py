@@ -7,7 +7,9 @@ counting the collectives each really makes (``collective_count.py``, ``host_traf
 allreduce microbenchmark (``allreduce.py``) and TensorFlow's MWMS baseline (``mwms.py``), or the
 same across the virtual cluster's rated links (``rated_links.py``). ``report.py``, ``plots.py`` and
 ``curves.py`` turn what was measured into results.md and its figures; ``machine.py`` records what it
-ran on. ``runner.py`` is the one launcher, bound and summary every benchmark program uses.
+ran on and whether the machine was quiet. ``runner.py`` is the one launcher, bound and summary every
+benchmark program uses; ``committed.py`` writes, or compares with ``--check``, the files a program
+renders and commits.
 
 May import: ``hvd_easgd`` and third-party packages only. Nothing in ``costmodel``, ``accuracy`` or
 ``studies``: they build on the suite, not the other way round.

@@ -30,7 +30,8 @@ from tools.vcluster import parse_rate
 
 from . import machine, mwms, plots, rated_links, report, runner
 from .curves import mean_over_seeds, summarise
-from .names import BASELINES, BY_NAME, CUSTOM_LOOP, FIT
+from .machine import foreign_cpu_busy, wait_until_idle
+from .names import BASELINES, BY_NAME, CUSTOM_LOOP, FIT, TOPOLOGY_SUITE
 from .order import MIN_REPEATS, default_repeats, design_length, is_whole_design
 from .runner import REPO_ROOT, local_launch, report_failed_launch, run_local
 
@@ -94,35 +95,32 @@ def parse_args(argv=None, prog=PROG):
     p.add_argument("--no-resnet", action="store_true", help="skip the synthetic-image ResNet")
     p.add_argument("--no-tta", action="store_true", help="skip time-to-accuracy")
     p.add_argument("--launch-timeout", type=int, help="seconds per launch (default 170 quick, 600 full)")
-    rated = p.add_argument_group("across a rated link (on the virtual cluster, tools/vcluster.py; needs root)")
+    rated = p.add_argument_group("across a rated link (on the virtual cluster, tools/vcluster.py; needs root)",
+                                 "the options after --link-rates set that run, and need it")
     rated.add_argument("--link-rates", metavar="RATES",
-                       help="comma-separated tc rates, e.g. 1gbit,100mbit: run SyncAverage, EASGD tau=4 and 10, "
-                            "accumulation k=4, raw Horovod and no_comm across hosts whose links have each rate")
-    rated.add_argument("--hosts", type=int, default=2, help="virtual hosts (with --link-rates)")
-    rated.add_argument("--ranks-per-host", type=int,
-                       help="ranks per virtual host (with --link-rates; default 1, with --topology 2)")
+                       help=f"comma-separated tc rates, e.g. 1gbit,100mbit: run {', '.join(rated_links.CONFIGS)} "
+                            "across hosts whose links have each rate")
+    rated.add_argument("--hosts", type=int, default=2, help="virtual hosts")
+    rated.add_argument("--ranks-per-host", type=int, help="ranks per virtual host (default 1, with --topology 2)")
     rated.add_argument("--topology", action="store_true",
-                       help="with --link-rates: compare the strategies for several hosts (flat SyncAverage and "
-                            "EASGD tau=10, the two-level allreduce, Hierarchical(SyncAverage, EASGD tau=10), "
-                            "PeriodicAverage and DiLoCo tau=10, no_comm), time to accuracy at every rate")
-    rated.add_argument("--cluster-name", default="hvdbench",
-                       help="the virtual cluster's name (with --link-rates); the tests use hvdt<pid>")
+                       help=f"compare the strategies for several hosts ({', '.join(TOPOLOGY_SUITE)}), time to "
+                            "accuracy at every rate")
+    rated.add_argument("--cluster-name", default="hvdbench", help="the virtual cluster's name; the tests use hvdt<pid>")
     rated.add_argument("--wide-mlp-steps", type=int, default=20,
-                       help="wide-MLP (5.4 M parameters) steps per timed repeat (with --link-rates)")
-    rated.add_argument("--link-probe-mb", type=float, default=32,
-                       help="MB of the allreduce that measures each link (with --link-rates)")
+                       help="wide-MLP (5.4 M parameters) steps per timed repeat")
+    rated.add_argument("--link-probe-mb", type=float, default=32, help="MB of the allreduce that measures each link")
     rated.add_argument("--no-alpha-sweep", action="store_true",
-                       help="with --link-rates: skip the small-message sweep for the latency alpha (across hosts, "
-                            "and within a host in the level probes); results.json then has no alpha to "
-                            "calibrate the cost model with (python -m benchmarks validate, project --calibration)")
+                       help="skip the small-message sweep for the latency alpha (across hosts, and within a host in "
+                            "the level probes); results.json then has no alpha to calibrate the cost model with "
+                            "(python -m benchmarks validate, project --calibration)")
     rated.add_argument("--configs", metavar="NAMES",
-                       help="with --link-rates: comma-separated configurations to run instead of the suite's "
-                            "(benchmarks/suite/names.py), e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
+                       help="comma-separated configurations to run instead of the suite's (benchmarks/suite/names.py), "
+                            "e.g. no_comm,sync,diloco_tau10,diloco_tau10_int8")
     rated.add_argument("--models", metavar="NAMES", dest="rated_models_given",
-                       help="with --link-rates: comma-separated, from cnn,wide_mlp (default both; quick: cnn)")
+                       help=f"comma-separated, from {','.join(rated_links.MODELS)} (default all; quick: cnn)")
     rated.add_argument("--collectives", choices=("horovod", "auto"), default="horovod",
-                       help="with --link-rates: hvd_easgd's collectives in the launches (auto: what a job gets by "
-                            "default, the direct MPI path; horovod: Horovod's, which raw Horovod's rows need)")
+                       help="hvd_easgd's collectives in the launches (auto: what a job gets by default, the direct "
+                            "MPI path; horovod: Horovod's, which raw Horovod's rows need)")
     p.add_argument("--wait-idle", type=float, default=0.0, metavar="SECONDS",
                    help="before each launch, wait up to this long for other processes to leave the CPUs idle")
     args = p.parse_args(argv)
@@ -177,36 +175,6 @@ def parse_args(argv=None, prog=PROG):
         if quick:
             args.steps, args.wide_mlp_steps, args.link_probe_mb = 2 * args.steps_per_call, args.steps_per_call, 4
     return args
-
-
-# --- the machine around us ---------------------------------------------------------------------
-def _cpu_times():
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields), idle
-
-
-def foreign_cpu_busy(seconds=1.0):
-    """Share of all CPUs busy over ``seconds`` while none of our workers runs:
-    other people's processes, which the suite cannot control but reports."""
-    try:
-        total0, idle0 = _cpu_times()
-        time.sleep(seconds)
-        total1, idle1 = _cpu_times()
-    except OSError:
-        return None
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
-
-
-def wait_until_idle(limit, threshold=0.2):
-    busy = foreign_cpu_busy()
-    deadline = time.monotonic() + limit
-    while busy is not None and busy > threshold and time.monotonic() < deadline:
-        print(f"[compare] other processes keep {busy:.0%} of the CPUs busy; waiting", flush=True)
-        time.sleep(5)
-        busy = foreign_cpu_busy()
-    return busy
 
 
 # --- launching ------------------------------------------------------------------------------------
@@ -529,12 +497,7 @@ def finish(results, args, out_dir, started):
     results["seconds"] = time.perf_counter() - started
     results["plots"] = plots.write_all(results, out_dir)
     text = report.markdown(results) + f"\nTotal wall time of the suite: {results['seconds']:.0f} s.\n"
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text)
-    print(text, flush=True)
-    print(f"[compare] wrote {out_dir}/results.json, results.md, {', '.join(results['plots'])}", flush=True)
+    report.write(out_dir, results, text)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""What the numbers were measured on: CPU, cores, memory, load and versions.
+"""What the numbers were measured on: CPU, cores, memory, load and versions; and whether the machine is quiet.
+
+The quiet-machine check is one measurement every benchmark takes before a launch:
+``foreign_cpu_busy``, the share of the CPUs busy while none of our processes runs (other
+people's work, which a benchmark cannot control but reports); ``wait_until_idle`` waits for it
+to fall. ``ForeignLoad`` measures the same share during a launch on this host.
 
 Nothing here imports mpi4py (that would initialise MPI in a Gloo launch) or
 TensorFlow at module level.
@@ -72,12 +77,46 @@ def mpi_library():
     return out.strip().splitlines()[0] if out.strip() else None
 
 
-def _busy_cpu_seconds():
-    """CPU-seconds all CPUs spent busy since boot (/proc/stat; Linux only)."""
+def _cpu_ticks():
+    """Clock ticks all CPUs spent in each state since boot: the first line of /proc/stat (Linux only)."""
     with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system + irq softirq steal
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def _busy_cpu_seconds():
+    """CPU-seconds all CPUs spent busy since boot."""
+    ticks = _cpu_ticks()
+    busy = sum(ticks[:3]) + sum(ticks[5:8])  # user nice system + irq softirq steal
     return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _total_and_idle_ticks():
+    ticks = _cpu_ticks()
+    return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+
+
+def foreign_cpu_busy(seconds=1.0):
+    """Share of all CPUs busy over ``seconds`` while none of our launches runs: other people's
+    processes (None where unmeasurable)."""
+    try:
+        total0, idle0 = _total_and_idle_ticks()
+        time.sleep(seconds)
+        total1, idle1 = _total_and_idle_ticks()
+    except OSError:
+        return None
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_until_idle(limit, threshold=0.2, tag="[compare]"):
+    """Waits up to ``limit`` seconds for other processes to keep at most ``threshold`` of the CPUs busy;
+    returns the last ``foreign_cpu_busy``."""
+    busy = foreign_cpu_busy()
+    deadline = time.monotonic() + limit
+    while busy is not None and busy > threshold and time.monotonic() < deadline:
+        print(f"{tag} other processes keep {busy:.0%} of the CPUs busy; waiting", flush=True)
+        time.sleep(5)
+        busy = foreign_cpu_busy()
+    return busy
 
 
 def _children_cpu_seconds():

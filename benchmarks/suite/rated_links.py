@@ -319,10 +319,5 @@ def main(args, out_dir, command, stamp):
     results["plots"] = (plots.throughput_vs_link_rate(results, out_dir)
                         + plots.time_to_accuracy_by_rate(results["time_to_accuracy_by_rate"], out_dir))
     text = markdown(results)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(text)
-    print(text, flush=True)
-    print(f"[compare] wrote {out_dir}/results.json, results.md, {', '.join(results['plots'])}", flush=True)
+    report.write(out_dir, results, text)
     return 0 if results["rows"] and not results["failures"] else 1

@@ -5,6 +5,8 @@ nothing is typed in. Rows from the same launch ran interleaved, repeat by
 repeat, so their ratio is also given per repeat (paired) as a min–max
 range; a ratio against another launch (MWMS) is of medians only.
 """
+import json
+import os
 import statistics
 
 from . import curves
@@ -255,3 +257,14 @@ def markdown(results):
         parts += ["## Allreduce microbenchmark", "", allreduce_tables(results["allreduce"]), ""]
     parts += ["## Method", "", *[f"- {note}" for note in results["method"]], ""]
     return "\n".join(parts)
+
+
+def write(out_dir, results, text):
+    """A suite run's record: ``results`` as results.json and its page ``text`` as results.md in ``out_dir``;
+    prints the page and what was written."""
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(text)
+    print(text, flush=True)
+    print(f"[compare] wrote {out_dir}/results.json, results.md, {', '.join(results['plots'])}", flush=True)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from benchmarks.accuracy import accuracy, parity
+from benchmarks.accuracy import parity, study
 from benchmarks.suite.runner import REPO_ROOT, Outcome
 
 pytestmark = pytest.mark.unit
@@ -113,8 +113,8 @@ def test_a_folder_of_other_runs_is_not_continued(tmp_path):
     with open(tmp_path / "runs.json", "w") as f:
         json.dump({"workload": "language_model", "np": 4, "flags": "", "runs": []}, f)
     with pytest.raises(SystemExit, match="holds runs made with other np"):
-        accuracy.earlier_runs(str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""})
-    assert accuracy.earlier_runs(str(tmp_path / "none"), {"np": 2}) == []
+        study.earlier_runs(str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""})
+    assert study.earlier_runs(str(tmp_path / "none"), {"np": 2}) == []
 
 
 @pytest.mark.parametrize("directory", sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "results", "parity-*"))))
@@ -160,17 +160,17 @@ class _FakeLaunch:
 
 def test_a_stopped_benchmark_keeps_the_index_of_its_runs_and_the_next_one_continues_from_them(tmp_path):
     out, index = str(tmp_path), {"workload": "language_model", "np": 2, "flags": ""}
-    sync = [accuracy.Variant("sync", ("--strategy", "sync"), None)]
+    sync = [study.Variant("sync", ("--strategy", "sync"), None)]
     # Seed 1 fails, seed 2 is interrupted: runs.json already names seed 0 and the failure.
     with pytest.raises(KeyboardInterrupt):
-        accuracy.continue_runs(out, index, sync, 2, 3, 60, "t", launch=_FakeLaunch(failing=(1,), interrupt_at=2))
+        study.continue_runs(out, index, sync, 2, 3, 60, "t", launch=_FakeLaunch(failing=(1,), interrupt_at=2))
     kept = json.loads((tmp_path / "runs.json").read_text())
     assert [r["run"] for r in kept["runs"]] == ["sync-seed0"] and kept["failures"] == ["sync-seed1: exit status 1"]
     # The next invocation runs only what is not kept, and the index ends with all three.
     launched = []
     launch = _FakeLaunch()
     launch.run = lambda cmd, log, timeout, run=launch.run: launched.append(cmd[1]) or run(cmd, log, timeout)
-    assert accuracy.continue_runs(out, index, sync, 2, 3, 60, "t", launch=launch) == []
+    assert study.continue_runs(out, index, sync, 2, 3, 60, "t", launch=launch) == []
     assert launched == [1, 2]
     kept = json.loads((tmp_path / "runs.json").read_text())
     assert [r["run"] for r in kept["runs"]] == ["sync-seed0", "sync-seed1", "sync-seed2"] and kept["seeds"] == 3

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from benchmarks.accuracy import accuracy, slow_rank
-from benchmarks.accuracy.accuracy import LocalLaunch
+from benchmarks.accuracy import slow_rank, study
+from benchmarks.accuracy.study import LocalLaunch
 from benchmarks.suite.runner import REPO_ROOT
 from hvd_easgd.app.config import DEFAULT_BATCH_SIZE
 
@@ -79,8 +79,8 @@ def test_flags_reach_every_run_and_a_folder_never_mixes_two_settings(tmp_path, m
     (tmp_path / "runs.json").write_text(json.dumps({"workload": "language_model", "np": 2, "strategies": "diloco",
                                                     "seeds": 1, "runs": [], "failures": []}))
     with pytest.raises(SystemExit, match="other flags"):
-        accuracy.earlier_runs(str(tmp_path), index)
-    assert accuracy.earlier_runs(str(tmp_path), {k: v for k, v in index.items() if k != "flags"}) == []
+        study.earlier_runs(str(tmp_path), index)
+    assert study.earlier_runs(str(tmp_path), {k: v for k, v in index.items() if k != "flags"}) == []
 
 
 def test_the_slow_rank_waits_the_per_rank_compute_of_a_sample(tmp_path):

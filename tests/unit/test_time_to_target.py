@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.accuracy import slow_hook
 from benchmarks.accuracy import time_to_target as ttt
-from benchmarks.accuracy.accuracy import Variant
+from benchmarks.accuracy.study import Variant
 from benchmarks.suite.runner import REPO_ROOT, horovodrun
 from tools.vcluster import VirtualCluster
 
