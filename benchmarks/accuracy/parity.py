@@ -9,7 +9,12 @@ Each configuration is a set of ``train.py`` flags on the workload's data at
 train.py's defaults otherwise (the model, optimizer, schedule, epochs and
 collectives a user gets), run for seeds 0..N-1 under ``horovodrun -np N``
 (``study.continue_runs``: one launch at a time, each bounded). Every run
-trains the same epochs, so the same tokens or images. The run's own
+trains the same epochs, so the same tokens or images: the language model
+a budget of passes over its training split's tokens (``--budget``, 2 by
+default: SyncAverage's loss has flattened by its end; ``budget_flags``),
+Fashion-MNIST train.py's epochs. A budgeted folder's table reads every
+configuration at one pass and at the budget, and ``curves.png`` plots the
+validation loss against tokens (``plot``). The run's own
 config.yaml and metrics.json are kept in ``OUT/<configuration>-seed<S>/`` and
 ``OUT/runs.json`` names every command; the table, ``OUT/parity.md``, is
 rendered from them (``render``), never typed, and the workload's docs page
@@ -26,12 +31,14 @@ The goals each workload is judged by (``Workload``), on the mean over seeds:
 
 This process never imports TensorFlow: it launches, waits and copies.
 """
+import json
+import os
 import statistics
 import sys
 from typing import NamedTuple
 
-from .study import (Variant, chosen, configurations, continue_runs, kept_runs, parsed, parser, run_or_render,
-                    write_rendered)
+from .study import (RUNS, Variant, chosen, configurations, continue_runs, docs_link, kept_runs, parsed, parser,
+                    run_or_render, write_rendered)
 from ..suite.runner import table
 
 
@@ -58,6 +65,29 @@ class Workload(NamedTuple):
     absolute: float = None
     twin_relative: float = None
     floor: float = None
+    # Passes over the training split's tokens a run trains (``--budget``; None: train.py's own epochs). A
+    # run of B passes trains 2B epochs of half the split (``budget_flags``), so its curve has a point every
+    # half pass, one of them at one pass.
+    budget: float = None
+    # Configurations also judged at one pass, within ``early_relative`` of the baseline's mean there.
+    early: tuple = ()
+    early_relative: float = None
+
+
+# A budgeted run's epochs are of this share of the training split (``--train-fraction``): a point of
+# the curve every half pass over the split's tokens. The held-out set is the whole one.
+SLICE = 0.5
+CURVES = "curves.png"  # the budgeted folder's plot, beside parity.md
+
+
+def budget_flags(passes):
+    """train.py's flags for a run of ``passes`` passes over the training split's tokens: 2·passes epochs
+    of ``SLICE`` of it. Refuses a budget that is not a whole number of half passes."""
+    epochs = passes / SLICE
+    if passes <= 0 or abs(epochs - round(epochs)) > 1e-9:
+        raise SystemExit(f"--budget must be a positive multiple of {SLICE:g} (passes over the training split's "
+                         f"tokens). Received: --budget={passes:g}")
+    return ("--epochs", str(round(epochs)), "--train-fraction", f"{SLICE:g}")
 
 
 LOCAL_UPDATES = (
@@ -71,7 +101,7 @@ LOCAL_UPDATES = (
 WORKLOADS = {
     "language_model": Workload(
         data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
-        twin_relative=0.01,
+        twin_relative=0.01, budget=2.0, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
         configurations=configurations(
             *LOCAL_UPDATES,
             ("diloco_tau50", "--strategy diloco --tau 50", None),
@@ -103,13 +133,20 @@ def parse_args(argv, prog):
     p.add_argument("--workload", choices=sorted(WORKLOADS), help="what to train (required unless --render)")
     p.add_argument("--configurations", help="comma-separated names (default: all of the workload's; a "
                                             "configuration brings its twin)")
+    p.add_argument("--budget", type=float, metavar="PASSES",
+                   help="passes over the training split's tokens a run trains, a multiple of 0.5 (default: the "
+                        "workload's, 2 for the language model; none for Fashion-MNIST, which trains train.py's "
+                        "epochs)")
     p.add_argument("--flags", default="", help="more train.py flags for every run (e.g. a smaller --epochs "
                                                "for a quick look; the results then answer no goal)")
     args = parsed(p, argv, required=("workload", "out"))
     if args.render:
         return args
     workload = WORKLOADS[args.workload]
-    extra = tuple(args.flags.split())
+    args.budget = workload.budget if args.budget is None else args.budget
+    if args.budget is not None and workload.budget is None:
+        p.error(f"--budget is the language model's: --workload {args.workload} trains train.py's epochs")
+    extra = (budget_flags(args.budget) if args.budget is not None else ()) + tuple(args.flags.split())
     args.variants = [Variant(c.name, workload.data + c.flags + extra, c.twin)
                      for c in chosen(p, args.configurations, workload.configurations, first=(workload.baseline,))]
     return args
@@ -120,7 +157,10 @@ def main(argv=None, prog="python -m benchmarks parity"):
 
     def run(out):
         metric = WORKLOADS[args.workload].metric
-        return continue_runs(out, {"workload": args.workload, "np": args.np, "flags": args.flags}, args.variants,
+        index = {"workload": args.workload, "np": args.np, "flags": args.flags}
+        if args.budget is not None:  # a folder of runs of train.py's epochs has no such key, and continues as such
+            index["budget"] = args.budget
+        return continue_runs(out, index, args.variants,
                              args.np, args.seeds, args.timeout, "parity",
                              shown=lambda m: f"final {metric} {m['final'][metric]:.4f}")
 
@@ -128,32 +168,61 @@ def main(argv=None, prog="python -m benchmarks parity"):
 
 
 def write_table(directory):
-    """Renders ``directory``'s table into its parity.md; returns the table."""
-    return write_rendered(directory, TABLE, render)
+    """Renders ``directory``'s table into its parity.md (and a budgeted folder's plot); returns the table."""
+    text = write_rendered(directory, TABLE, render)
+    with open(os.path.join(directory, RUNS)) as f:
+        if "budget" in json.load(f):
+            plot(directory)
+    return text
 
 
 # --- the table ---------------------------------------------------------------------------------
 def summarise(directory):
     """``(runs.json, {configuration: {"values": [final metric per seed], "twin": name, "speed": [tokens or
     samples/s], "training": [the last epoch's training loss, the mean over its steps of the ranks' local
-    weights], "command": the first seed's}})``, in the order the runs were made."""
+    weights], "command": the first seed's, "curves": [each seed's ``curve``] in a budgeted folder}})``, in
+    the order the runs were made."""
     index, runs = kept_runs(directory)
     metric = WORKLOADS[index["workload"]].metric
+    budgeted = "budget" in index
     found = {}
     for run, metrics in runs:
         final = metrics["final"]
         entry = found.setdefault(run["variant"], {"values": [], "twin": run["twin"], "speed": [], "training": [],
-                                                  "command": run["command"]})
+                                                  "command": run["command"], "curves": []})
         entry["values"].append(final[metric])
         entry["speed"].append(final.get("tokens_per_sec") or final.get("samples_per_sec"))
         entry["training"].append(metrics["epochs"][-1]["loss"] if metrics.get("epochs") else None)
+        if budgeted:
+            entry["curves"].append(curve(metrics, metric))
     return index, found
 
 
-def judge(workload, name, values, found):
-    """The goals a configuration's values answer, each "met" or "**missed**" with its figure."""
+def curve(metrics, metric):
+    """``[(tokens trained, the metric after them)]`` of a run: one point an epoch (its evaluation of the
+    kept model as the epoch ended), tokens summed over the epochs (a row's ``tokens``, or for runs made
+    before rows held it, its tokens/s times its seconds)."""
+    points, tokens = [], 0
+    for row in metrics["epochs"]:
+        tokens += row["tokens"] if "tokens" in row else round(row["tokens_per_sec"] * row["seconds"])
+        points.append((tokens, row[metric]))
+    return points
+
+
+def at_one_pass(entry):
+    """The metric of each seed one pass into the budget: its curve's point at epoch 1/SLICE."""
+    return [points[round(1 / SLICE) - 1][1] for points in entry["curves"]]
+
+
+def judge(workload, name, values, found, budgeted=False):
+    """The goals a configuration's values answer, each "met" or "**missed**" with its figure; in a budgeted
+    folder, also the early goal at one pass for the workload's ``early`` configurations."""
     mean = statistics.fmean(values)
     goals = []
+    if budgeted and name in workload.early and workload.baseline in found:
+        early, reference = (statistics.fmean(at_one_pass(found[n])) for n in (name, workload.baseline))
+        goals.append(f"within {100 * workload.early_relative:g} % of {workload.baseline} at 1 pass "
+                     + ("met" if early - reference <= workload.early_relative * abs(reference) else "**missed**"))
     if workload.floor is not None:
         worst = max(values) if workload.lower_is_better else min(values)
         good = worst <= workload.floor if workload.lower_is_better else worst >= workload.floor
@@ -176,42 +245,97 @@ def judge(workload, name, values, found):
 
 def render(directory):
     """The Markdown table of the runs in ``directory``: one row per configuration, the median over seeds
-    with (min–max), the mean against the baseline's, and the goals judged on the means."""
+    with (min–max), the mean against the baseline's, and the goals judged on the means. A budgeted
+    folder's table (runs.json's ``budget``) also has each mean at one pass, leads with how far the
+    baseline moved over the budget's last half pass, and links the plot of the curves (``plot``)."""
     index, found = summarise(directory)
     workload = WORKLOADS[index["workload"]]
+    budgeted = "budget" in index
     baseline = found.get(workload.baseline)
     base_mean = statistics.fmean(baseline["values"]) if baseline else None
+    base_early = statistics.fmean(at_one_pass(baseline)) if budgeted and baseline else None
     rows, verdicts, versus_of = [], {}, {}
     for name, entry in found.items():
         values = entry["values"]
         mean = statistics.fmean(values)
-        versus = "—"
-        if base_mean and name != workload.baseline:
-            versus = (f"{100 * (mean - base_mean) / base_mean:+.2f} %" if workload.relative is not None
-                      else f"{100 * (mean - base_mean):+.2f} pp")
-        versus_of[name] = versus
+        versus_of[name] = _versus(workload, name, mean, base_mean)
         if len(values) >= SEEDS_TO_JUDGE:
-            verdicts[name] = judge(workload, name, values, found)
+            verdicts[name] = judge(workload, name, values, found, budgeted)
         speed = statistics.median(s for s in entry["speed"] if s) if any(entry["speed"]) else None
         training = [t for t in entry["training"] if t is not None]
-        rows.append([f"`{name}`", f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
-                     f"{mean:.4f}", versus, f"{statistics.fmean(training):.4f}" if training else "—",
+        early = []
+        if budgeted:
+            early_mean = statistics.fmean(at_one_pass(entry))
+            early = [f"{early_mean:.4f}", _versus(workload, name, early_mean, base_early)]
+        rows.append([f"`{name}`", *early, f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
+                     f"{mean:.4f}", versus_of[name], f"{statistics.fmean(training):.4f}" if training else "—",
                      "—" if speed is None else f"{speed:,.0f}",
                      ("; ".join(verdicts[name]) or "—") if name in verdicts
                      else f"not judged ({len(values)} of {SEEDS_TO_JUDGE} seeds)"])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
     what = "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
-    header = ["configuration", f"{what}, median", "min–max", "mean", f"mean vs {workload.baseline}",
+    at = ""
+    early_header = []
+    if budgeted and found:
+        tokens = next(iter(found.values()))["curves"][0][-1][0]
+        at = f" at the budget ({tokens / 1e6:.1f} M tokens)"
+        early_header = ["at 1 pass, mean", f"vs {workload.baseline}"]
+    header = ["configuration", *early_header, f"{what}{at}, median", "min–max", "mean", f"mean vs {workload.baseline}",
               "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
-    lines = [summary(workload, found, verdicts, versus_of), "",
-             f"{index['np']} rank{'s' * (index['np'] != 1)}, {seeds}, train.py's defaults otherwise"
-             + (f", with `{index['flags']}`" if index.get("flags") else "")
-             + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
-             "", table(header, rows, "lrrrrrrl")]
+    setting = (f"{index['budget']:g} passes over the training split's tokens ({budget_flags(index['budget'])[1]} "
+               f"epochs of {SLICE:g} of it, the whole held-out set)" if budgeted else "")
+    lines = [summary(workload, found, verdicts, versus_of)]
+    if budgeted and baseline:
+        lines += ["", flattening(workload, baseline), "", f"![Validation loss against tokens]"
+                  f"({docs_link(directory, CURVES)})"]
+    lines += ["", f"{index['np']} rank{'s' * (index['np'] != 1)}, {seeds}, "
+              + (f"{setting}, " if setting else "") + "train.py's defaults otherwise"
+              + (f", with `{index['flags']}`" if index.get("flags") else "")
+              + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
+              "", table(header, rows, "l" + "rr" * bool(early_header) + "rrrrrrl")]
     if index.get("failures"):
         lines += ["", "Failed runs: " + "; ".join(index["failures"])]
     return "\n".join(lines) + "\n"
+
+
+def _versus(workload, name, mean, base_mean):
+    if not base_mean or name == workload.baseline:
+        return "—"
+    return (f"{100 * (mean - base_mean) / base_mean:+.2f} %" if workload.relative is not None
+            else f"{100 * (mean - base_mean):+.2f} pp")
+
+
+def flattening(workload, baseline):
+    """How far the baseline's mean curve moved over the budget's last half pass, in a sentence: the
+    budget is long enough where that is under 2 % (the last fifth of a budget of 2 passes or more lies
+    within its last half pass)."""
+    last = statistics.fmean(points[-1][1] for points in baseline["curves"])
+    before = statistics.fmean(points[-2][1] for points in baseline["curves"])
+    return (f"Over the budget's last half pass, {workload.baseline}'s mean validation loss moved "
+            f"{100 * (last - before) / before:+.2f} % ({before:.4f} to {last:.4f}, the kept model as each epoch "
+            "ended): the budget ends where it has flattened.")
+
+
+def plot(directory):
+    """``CURVES``: each configuration's mean validation loss over its seeds against tokens trained, a point
+    an epoch, and its final loss (the kept model after ``merge_at_end``) as a cross at the budget."""
+    index, found = summarise(directory)
+    from ..suite import plots
+
+    fig, ax = plots.plt.subplots(figsize=(8, 5))
+    for name, entry in found.items():
+        xs = [x / 1e6 for x, _ in entry["curves"][0]]
+        ys = [statistics.fmean(points[i][1] for points in entry["curves"]) for i in range(len(xs))]
+        line, = ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.2, label=f"{name} ({len(entry['values'])})")
+        ax.plot([xs[-1]], [statistics.fmean(entry["values"])], marker="x", markersize=7, color=line.get_color())
+    ax.set_xlabel("tokens trained, millions")
+    ax.set_ylabel("validation loss, nats/token (mean over seeds)")
+    ax.set_title(f"{index['np']} ranks; a point an epoch, x: the final loss after the end-of-training merge",
+                 fontsize=9)
+    ax.set_yscale("log")
+    plots._save_panels(fig, [ax], os.path.join(directory, CURVES))
+    return CURVES
 
 
 def summary(workload, found, verdicts, versus_of):

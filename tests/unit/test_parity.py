@@ -18,8 +18,9 @@ def test_a_configuration_brings_the_baseline_and_its_twin_and_the_workloads_data
     args = parity.parse_args(["--workload", "language_model", "--out", "/tmp/x", "--configurations",
                               "diloco_tau10_int4"], "parity")
     assert [v.name for v in args.variants] == ["sync", "diloco_tau10", "diloco_tau10_int4"]
+    # the language model's runs train its budget: 2 passes, as 4 epochs of half the training split
     assert args.variants[2].flags == ("--data", "python_docs", "--strategy", "diloco", "--tau", "10",
-                                      "--compression", "int4")
+                                      "--compression", "int4", "--epochs", "4", "--train-fraction", "0.5")
     assert args.variants[2].twin == "diloco_tau10"
 
 
@@ -28,9 +29,24 @@ def test_diloco_at_outer_momentum_0_5_is_read_against_diloco_at_its_defaults(wor
     args = parity.parse_args(["--workload", workload, "--out", "/tmp/x", "--configurations",
                               "diloco_tau10_momentum05"], "parity")
     assert [v.name for v in args.variants] == ["sync", "diloco_tau10", "diloco_tau10_momentum05"]
+    budget = parity.WORKLOADS[workload].budget
     assert args.variants[2].flags == (*parity.WORKLOADS[workload].data, "--strategy", "diloco", "--tau", "10",
-                                      "--outer-momentum", "0.5")
+                                      "--outer-momentum", "0.5", *(parity.budget_flags(budget) if budget else ()))
     assert args.variants[2].twin == "diloco_tau10"
+
+
+def test_a_budget_is_half_passes_of_epochs_of_half_the_training_split(capsys):
+    assert parity.budget_flags(2) == ("--epochs", "4", "--train-fraction", "0.5")
+    assert parity.budget_flags(2.5) == ("--epochs", "5", "--train-fraction", "0.5")
+    args = parity.parse_args(["--workload", "language_model", "--out", "/tmp/x", "--budget", "1"], "parity")
+    assert args.variants[0].flags[-4:] == ("--epochs", "2", "--train-fraction", "0.5") and args.budget == 1
+    for bad in ("0.75", "0"):
+        with pytest.raises(SystemExit, match=f"--budget must be a positive multiple of 0.5 .* Received: --budget={bad}"):
+            parity.parse_args(["--workload", "language_model", "--out", "/tmp/x", "--budget", bad], "parity")
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--workload", "fashion_mnist", "--out", "/tmp/x", "--budget", "2"], "parity")
+    assert "--budget is the language model's" in capsys.readouterr().err
+    assert parity.parse_args(["--workload", "fashion_mnist", "--out", "/tmp/x"], "parity").budget is None
 
 
 def test_unknown_configurations_and_a_missing_workload_are_refused(capsys):
@@ -92,6 +108,41 @@ def test_the_table_gives_the_median_the_range_and_the_mean_against_sync(tmp_path
     assert "2 ranks, seeds 0–2" in table
     # the answer first, from the same verdicts
     assert table.splitlines()[0] == "**Missing a goal:** `diloco_tau10` (+3.97 % vs sync)."
+
+
+def write_budgeted_run(directory, name, seed, curve, final):
+    """A run of 4 epochs of 1,000 tokens each: ``curve`` the kept model's loss after each, ``final`` after
+    the end-of-training merge."""
+    os.makedirs(directory / f"{name}-seed{seed}")
+    epochs = [{"loss": loss + 0.5, "test_loss": loss, "tokens": 1000, "tokens_per_sec": 500.0} for loss in curve]
+    with open(directory / f"{name}-seed{seed}" / "metrics.json", "w") as f:
+        json.dump({"epochs": epochs, "final": {"test_loss": final, "tokens_per_sec": 500.0}}, f)
+    return {"run": f"{name}-seed{seed}", "variant": name, "twin": None, "seed": seed,
+            "command": f"horovodrun -np 2 python train.py --strategy {name} --seed {seed}"}
+
+
+def test_a_budgeted_table_reads_each_configuration_at_one_pass_and_at_the_budget(tmp_path):
+    runs = [write_budgeted_run(tmp_path, "sync", s, [3.0, 2.0, 1.9, 1.88 + s / 100], 1.88 + s / 100)
+            for s in range(3)]
+    # easgd: at one pass (epoch 2) 2.05, 2.06, 2.07: +3.0 % of sync's 2.0, missing the 3 % early goal;
+    # at the budget 1.9, 1.9, 1.9 against sync's 1.89: +0.53 %, within 1.5 %
+    runs += [write_budgeted_run(tmp_path, "easgd_tau10", s, [3.1, 2.05 + s / 100, 1.95, 1.92], 1.9) for s in range(3)]
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "seeds": 3, "flags": "", "budget": 2.0, "runs": runs,
+                   "failures": []}, f)
+    table = parity.write_table(str(tmp_path))
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in table.splitlines()
+            if line.startswith("| `")}
+    assert rows["easgd_tau10"][1:7] == ["2.0600", "+3.00 %", "1.9000", "1.9000–1.9000", "1.9000", "+0.53 %"]
+    assert rows["easgd_tau10"][-1].strip(" |") == ("within 3 % of sync at 1 pass **missed**; "
+                                                   "within 1.5 % of sync met")
+    assert rows["sync"][1:3] == ["2.0000", "—"]
+    assert "at the budget (0.0 M tokens), median" in table  # 4 epochs of 1,000 tokens
+    # sync's mean curve: 1.90 after epoch 3, 1.89 after epoch 4: -0.53 % over the last half pass
+    assert "Over the budget's last half pass, sync's mean validation loss moved -0.53 % (1.9000 to 1.8900" in table
+    assert "2 passes over the training split's tokens (4 epochs of 0.5 of it, the whole held-out set)" in table
+    assert f"![Validation loss against tokens]({parity.CURVES})" in table
+    assert (tmp_path / parity.CURVES).stat().st_size > 10_000
 
 
 def test_fewer_than_three_seeds_are_not_judged(tmp_path):
