@@ -25,7 +25,7 @@ from ..comm import RanksDisagreeError
 from ..comm.compression import COMPRESSIONS
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEXT_EPOCHS, MIN_UPDATES, auto_scales, \
-    rule_help
+    lr_factor, rule_help
 from .models import MODELS
 from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
 from ..runtime import COLLECTIVES, check_collectives
@@ -552,7 +552,7 @@ def _resolve_scale_lr(config, lr_given):
             scale_lr = auto_scales(strategy, config.optimizer, lr_given)
         else:
             try:  # at one rank: the number of ranks is not known yet
-                strategy.lr_scale_factor(1)
+                lr_factor(strategy, 1, optimizer=config.optimizer)
             except ValueError as err:
                 raise UsageError(f"--scale-lr: {err}") from None
     if config.lr_warmup_epochs and not scale_lr:

@@ -27,7 +27,12 @@ at 0.881; 20 epochs alone (×1) at 0.953; the rule alone (×5.66, 10 epochs)
 at 0.972 and 0.967 (seeds 0, 1); both (×5.66, 20 epochs = 100 updates) at
 0.983 and 0.969, the default. At 4 ranks (11 updates an epoch, 10 epochs)
 the rule (×4) ends at 0.978 and 0.981. The rule keeps what it was measured
-with: SGD with or without momentum (``RULE_OPTIMIZERS``).
+with: SGD with or without momentum. Adam (the language model's optimizer)
+adapts its own step size, so a strategy states its Adam rule apart
+(``lr_scale_factor(..., adaptive=True)``, asked through ``lr_factor``):
+PeriodicAverage's √p and EASGD's √p·(p+1)/p keep SyncAverage's pace at
+the same ``--lr``; a strategy that states none (SyncAverage, DiLoCo)
+refuses, and ``--scale-lr auto`` then keeps ``--lr``.
 
 Standard library only (the benchmarks' TF-free parts may import it): the
 strategy classes are handed in, never imported here.
@@ -37,6 +42,7 @@ Example::
     SyncAverage.lr_scale_factor(2, 4)        # 5.657 (m = 8)
     EASGD.lr_scale_factor(2, 4)              # 4.0
     auto_scales(DiLoCo, "momentum", False)   # False: DiLoCo has no rule
+    lr_factor(EASGD, 2, optimizer="adam")    # 2.121: sqrt(2) * 3/2
 """
 import inspect
 
@@ -50,18 +56,36 @@ DEFAULT_EPOCHS = 10
 # Text's: an epoch reads every token of the corpus once, thousands of updates.
 DEFAULT_TEXT_EPOCHS = 1
 MIN_UPDATES = 100
-# The optimizers the rule was measured with; Adam adapts its own step size and was not measured.
-RULE_OPTIMIZERS = ("sgd", "momentum", "nesterov")
+# The optimizers a rule is stated for: SGD's family, and Adam, which adapts its own step size and so
+# takes a rule of its own (``lr_scale_factor``'s ``adaptive``), where the strategy states one.
+RULE_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
+ADAPTIVE_OPTIMIZERS = ("adam",)
 
 
-def _has_rule(strategy):
-    """Whether ``--scale-lr`` has a rule for ``strategy`` (a class or instance): its
-    ``lr_scale_factor`` answers instead of refusing."""
+def lr_factor(strategy, size, accumulate=1, optimizer="momentum"):
+    """``strategy.lr_scale_factor`` for ``optimizer`` (train.py's ``--optimizer``): Adam's rule
+    (``adaptive``) or SGD's. A strategy defined before ``adaptive`` existed (a plugin) answers
+    for SGD only: asked for Adam, it refuses (a ``ValueError``, as ``NoScaleRule`` is)."""
+    adaptive = optimizer in ADAPTIVE_OPTIMIZERS
+    if not adaptive:
+        return strategy.lr_scale_factor(size, accumulate)
+    try:
+        return strategy.lr_scale_factor(size, accumulate, adaptive=True)
+    except TypeError as err:
+        if "adaptive" not in str(err):
+            raise
+        raise ValueError(f"--strategy {strategy.name} states no --scale-lr rule for Adam (its lr_scale_factor "
+                         "takes no `adaptive`); tune --lr") from None
+
+
+def _has_rule(strategy, optimizer="momentum"):
+    """Whether ``--scale-lr`` has a rule for ``strategy`` (a class or instance) under
+    ``optimizer``: its ``lr_scale_factor`` answers instead of refusing."""
     if isinstance(strategy, type) and _rule_needs_options(strategy):
         raise TypeError(f"{strategy.__name__}'s --scale-lr rule needs its options: ask the strategy built "
                         "(cli.make_strategy), not its class")
     try:
-        strategy.lr_scale_factor(1, 1)
+        lr_factor(strategy, 1, 1, optimizer)
     except ValueError:
         return False
     return True
@@ -93,7 +117,7 @@ def auto_scales(strategy, optimizer, lr_given):
     not given, the strategy (an instance, or a class whose rule needs no options) has a rule and the optimizer is
     one it was measured with. A given ``--lr`` is kept as given; ``--scale-lr``
     scales it on purpose."""
-    return not lr_given and optimizer in RULE_OPTIMIZERS and _has_rule(strategy)
+    return not lr_given and optimizer in RULE_OPTIMIZERS and _has_rule(strategy, optimizer)
 
 
 def default_epochs(updates_per_epoch, text=False):

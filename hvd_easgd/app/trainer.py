@@ -28,7 +28,7 @@ from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epo
 from .errors import UsageError
 from ..callbacks.run_recorder import perplexity
 from ..kept_model import merge_at_end, save_kept_model
-from .lr_scaling import auto_scales, default_epochs
+from .lr_scaling import auto_scales, default_epochs, lr_factor
 from ..optimizer import DistributedOptimizer
 from ..strategies import registry, unequal_shares_refusal
 
@@ -351,9 +351,9 @@ def _learning_rate(config, size, updates_per_epoch, strategy=None):
     if not config.scale_lr:
         return config.lr, 1.0, 0
     if strategy is None:
-        factor = registry.get(config.strategy).lr_scale_factor(size, config.accumulate)
+        factor = lr_factor(registry.get(config.strategy), size, config.accumulate, config.optimizer)
     else:  # a GradientAccumulation asks what it wraps at its k
-        factor = strategy.lr_scale_factor(size)
+        factor = lr_factor(strategy, size, optimizer=config.optimizer)
     return config.lr * factor, factor, int(round(config.lr_warmup_epochs * updates_per_epoch))
 
 

@@ -121,9 +121,9 @@ class GradientAccumulation(SyncStrategy):
             self.step_counter.assign(windows)
 
     # --- the hooks (base.py): the wrapped strategy's answers, at k micro-batches per update ----
-    def lr_scale_factor(self, size, accumulate=1):
+    def lr_scale_factor(self, size, accumulate=1, adaptive=False):
         """The wrapped strategy's rule at ``accumulate · k`` micro-batches per update."""
-        return self.strategy.lr_scale_factor(size, accumulate * self.k)
+        return self.strategy.lr_scale_factor(size, accumulate * self.k, adaptive=adaptive)
 
     def resize_refusal(self, saved_ranks, ranks):
         """The wrapped strategy's verdict. The window's rule at p -> q ranks: a

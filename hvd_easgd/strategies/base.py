@@ -527,7 +527,7 @@ class SyncStrategy:
 
     # --- what the strategy knows about itself (the hooks) -------------------------
     @classmethod
-    def lr_scale_factor(cls, size, accumulate=1):
+    def lr_scale_factor(cls, size, accumulate=1, adaptive=False):
         """The factor ``--scale-lr`` multiplies ``--lr`` by for this strategy.
 
         train.py asks the strategy it built (an instance, options and all); a
@@ -539,18 +539,27 @@ class SyncStrategy:
         Args:
           size: the number of ranks.
           accumulate: k, micro-batches per update (1 without accumulation).
+          adaptive: the rule for an adaptive optimizer (Adam: its step is set
+            by the rate, not by the gradient's size, so a rule derived for SGD
+            does not carry over); False: SGD's, with or without momentum.
 
         Returns:
           The factor, a float >= 1.
 
         Raises:
-          NoScaleRule: the strategy has no measured rule (this default: a
-            strategy that declares none); the message says why.
+          NoScaleRule: the strategy has no measured rule for that optimizer
+            (this default: a strategy that declares none); the message says why.
         """
         check_count("size", size)
         check_count("accumulate", accumulate)
         raise NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule: it declares none "
                           "(lr_scale_factor); tune --lr")
+
+    @classmethod
+    def _no_adaptive_rule(cls):
+        """The refusal of a strategy whose ``lr_scale_factor`` holds for SGD alone."""
+        return NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule for Adam: its rule was measured with SGD, "
+                           "whose step grows with the gradient, and Adam's does not; tune --lr")
 
     def resize_refusal(self, saved_ranks, ranks):
         """Why a checkpoint of this strategy saved at ``saved_ranks`` ranks cannot

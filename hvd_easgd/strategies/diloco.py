@@ -454,7 +454,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
 
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
-    def lr_scale_factor(cls, size, accumulate=1):
+    def lr_scale_factor(cls, size, accumulate=1, adaptive=False):
         """Refused: the inner rate sets how far the ranks drift in τ steps and
         ``--outer-lr`` how far the synced weights follow their mean drift; no
         single factor on ``--lr`` stands for both, and none was measured."""

@@ -84,7 +84,8 @@ from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     state_variable_name
 from .local_updates import OVERLAP_HELP, MergesOnDrain, allreduce_unless_non_finite, check_overlap, \
-    check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, overlapped_share, \
+    check_overlap_schedule, finish_allreduce_unless_non_finite, local_adaptive_factor, local_lr_factor, local_step, \
+    overlapped_share, \
     start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
@@ -391,8 +392,8 @@ class EASGD(MergesOnDrain, SyncStrategy):
 
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
-    def lr_scale_factor(cls, size, accumulate=1):
-        """factor ranks*sqrt(K) up to 2 ranks, then 2*sqrt(ranks/2)*sqrt(K).
+    def lr_scale_factor(cls, size, accumulate=1, adaptive=False):
+        """factor ranks*sqrt(K) up to 2 ranks, then 2*sqrt(ranks/2)*sqrt(K); Adam: sqrt(ranks)*(ranks+1)/ranks.
 
         ``local_lr_factor(n, k)`` (``size * sqrt(k)``) with n the ranks up to
         2 and ``2 * sqrt(size / 2)`` beyond, continuous at the bend: a rank's
@@ -411,8 +412,16 @@ class EASGD(MergesOnDrain, SyncStrategy):
         ranks (``horovodrun -np 8 train.py --strategy easgd``, 20 epochs,
         seed 0, 2026-12-02): ×8 (the linear rule, lr 0.16) ends at 0.097,
         ×4 (this rule, lr 0.08) at 0.969.
+
+        Under Adam (``adaptive``): ``local_adaptive_factor(size)`` (√p, the rate at which
+        the workers' mean keeps SyncAverage's pace at the same ``--lr``) times the drag's
+        compensation (p+1)/p (module docstring: the center and the workers advance p/(p+1)
+        of a worker's pace), so that the center advances as the workers' mean would.
+        Under SGD the linear rule already holds more than (p+1)/p.
         """
         ranks = check_count("size", size)
+        if adaptive:
+            return local_adaptive_factor(ranks, accumulate) * (ranks + 1) / ranks
         return local_lr_factor(1, accumulate) * (ranks if ranks <= 2 else 2.0 * math.sqrt(ranks / 2.0))
 
     def resize_refusal(self, saved_ranks, ranks):

@@ -387,7 +387,7 @@ class Hierarchical(SyncStrategy):
         return sums, count
 
     # --- the hooks (base.py) ------------------------------------------------------------------
-    def lr_scale_factor(self, size, accumulate=1):
+    def lr_scale_factor(self, size, accumulate=1, adaptive=False):
         """the inter strategy's rule at G = ranks/n groups of n*K batches each; sync's for n ranks when G = 1.
 
         An instance's rule, not the class's: it needs n (``ranks_per_group``,
@@ -426,8 +426,8 @@ class Hierarchical(SyncStrategy):
                              f"Received: ranks_per_group={n}")
         groups = size // n
         # Asked at every G, so that an inter strategy without a rule refuses at any layout.
-        across = self.inter.lr_scale_factor(groups, n * accumulate)
-        return across if groups > 1 else self.intra.lr_scale_factor(n, accumulate)
+        across = self.inter.lr_scale_factor(groups, n * accumulate, adaptive=adaptive)
+        return across if groups > 1 else self.intra.lr_scale_factor(n, accumulate, adaptive=adaptive)
 
     def needs_process_groups(self):
         """True: under Horovod the groups are dynamic process sets."""

@@ -43,6 +43,25 @@ def local_lr_factor(size, accumulate):
     return check_count("size", size) * math.sqrt(check_count("accumulate", accumulate))
 
 
+def local_adaptive_factor(size, accumulate):
+    """The rate factor under Adam for a strategy whose ranks step on their own batches and meet in
+    the weights (PeriodicAverage; EASGD before its drag): √p, whatever k::
+
+        factor = sqrt(size)
+
+    Adam's step is the rate times the gradient over the root of its running square, and where the
+    batch's noise dominates that square (σ²/b per coordinate for a batch of b), a step moves
+    η·sqrt(b)/σ times the gradient's mean. One SyncAverage step on the p ranks' batches (b = p·k·B)
+    then moves √p times as far along the mean as each rank's own step (b = k·B), and averaging the
+    p ranks' steps keeps their common part and cancels their noise as the larger batch does: the
+    ranks' mean advances 1/√p of SyncAverage's pace at the same rate, whatever k. The square-root
+    rule for Adam's rate against its batch (Malladi et al. 2022, arXiv:2205.10287) gives the same
+    √p. Where the mean dominates the noise the factor this asks for falls to 1.
+    """
+    check_count("accumulate", accumulate)
+    return math.sqrt(check_count("size", size))
+
+
 def local_step(strategy, grad_sums, variables, apply_update, sample_count, mean, adjust=None):
     """One rank's own optimizer step on its own gradients, no communication.
 

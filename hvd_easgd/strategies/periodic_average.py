@@ -74,7 +74,8 @@ from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
 from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
-    check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_lr_factor, local_step, \
+    check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_adaptive_factor, local_lr_factor, \
+    local_step, \
     overlapped_share, start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
@@ -296,8 +297,8 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
 
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
-    def lr_scale_factor(cls, size, accumulate=1):
-        """factor ranks*sqrt(K): a local update averages K micro-batches of one rank.
+    def lr_scale_factor(cls, size, accumulate=1, adaptive=False):
+        """factor ranks*sqrt(K): a local update averages K micro-batches of one rank; Adam: sqrt(ranks).
 
         ``size * sqrt(k)``, EASGD's rule up to 2 ranks and for the same reason: a local
         step averages one rank's k micro-batches, and the ranks meet by
@@ -311,7 +312,12 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         (4, 5). k > 1 was not measured: the √k is EASGD's, by the same argument. At 8 ranks
         (``horovodrun -np 8 train.py --strategy periodic``, 20 epochs, seed 0) ×8 ends at 0.981: the
         average every τ steps resets the drift that makes EASGD bend at 2 ranks.
+
+        Under Adam (``adaptive``) ``local_adaptive_factor(size)``, √p: the rate at which
+        the average keeps SyncAverage's pace at the same ``--lr`` (that function derives it).
         """
+        if adaptive:
+            return local_adaptive_factor(size, accumulate)
         return local_lr_factor(size, accumulate)
 
     def resize_refusal(self, saved_ranks, ranks):

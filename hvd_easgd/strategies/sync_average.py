@@ -224,8 +224,8 @@ class SyncAverage(SyncStrategy):
 
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
-    def lr_scale_factor(cls, size, accumulate=1):
-        """m = ranks*K batches per update: factor m up to 4, then 4*sqrt(m/4) up to 8, 4*sqrt(2) beyond.
+    def lr_scale_factor(cls, size, accumulate=1, adaptive=False):
+        """m = ranks*K batches per update: factor m up to 4, then 4*sqrt(m/4) up to 8, 4*sqrt(2) beyond (SGD).
 
         An update averages the gradients of m = size · k batches. The rate
         scales linearly with m up to m = 4 (Goyal et al. 2017,
@@ -248,6 +248,8 @@ class SyncAverage(SyncStrategy):
         0.983: beyond m = 8 the factor stays flat (one seed measured).
         """
         batches = check_count("size", size) * check_count("accumulate", accumulate)
+        if adaptive:
+            raise cls._no_adaptive_rule()
         if batches <= LINEAR_UP_TO:
             return float(batches)
         return LINEAR_UP_TO * math.sqrt(min(batches, SQUARE_ROOT_UP_TO) / LINEAR_UP_TO)

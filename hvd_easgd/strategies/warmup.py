@@ -132,9 +132,9 @@ class WarmUp(SyncStrategy):
                    self.strategy.on_warmup_end, main_counts=False)
 
     # --- the hooks (base.py): the main strategy's answers ----------------------------
-    def lr_scale_factor(self, size, accumulate=1):
+    def lr_scale_factor(self, size, accumulate=1, adaptive=False):
         """The strategy's rule: the warm-up only starts it."""
-        return self.strategy.lr_scale_factor(size, accumulate)
+        return self.strategy.lr_scale_factor(size, accumulate, adaptive=adaptive)
 
     def resize_refusal(self, saved_ranks, ranks):
         return self.strategy.resize_refusal(saved_ranks, ranks)

@@ -4,9 +4,13 @@ import math
 import keras
 import pytest
 
+from hvd_easgd.app import cli
 from hvd_easgd.app.config import TrainConfig
+from hvd_easgd.app.lr_scaling import auto_scales, lr_factor
 from hvd_easgd.app.trainer import _inner_optimizer
-from hvd_easgd.strategies import EASGD, GradientAccumulation, SyncAverage, registry
+from hvd_easgd.strategies import DiLoCo, EASGD, GradientAccumulation, Hierarchical, PeriodicAverage, SyncAverage, \
+    registry
+from hvd_easgd.strategies.base import NoScaleRule
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +84,48 @@ def test_scale_lr_with_warmup_ramps_linearly_to_the_scaled_rate():
 def test_the_trainer_takes_its_rate_from_the_strategys_rule(overrides, size, expected):
     optimizer = _inner_optimizer(namespace(**overrides), size=size, updates_per_epoch=10)
     assert float(optimizer.learning_rate.numpy()) == pytest.approx(expected, rel=1e-6)
+
+
+# --- Adam's rules (``adaptive``): a rule written for SGD does not carry over ----------------------
+@pytest.mark.parametrize("size", [1, 2, 4, 8, 64])
+def test_under_adam_periodic_takes_root_p_and_easgd_root_p_times_the_drags_p_plus_1_over_p(size):
+    assert PeriodicAverage.lr_scale_factor(size, adaptive=True) == pytest.approx(math.sqrt(size), rel=1e-12)
+    assert EASGD.lr_scale_factor(size, adaptive=True) == pytest.approx(
+        math.sqrt(size) * (size + 1) / size, rel=1e-12)
+    # whatever k: every rank's step and SyncAverage's on the p ranks' batches grow alike with it
+    assert GradientAccumulation(4, strategy=PeriodicAverage()).lr_scale_factor(size, adaptive=True) == \
+        pytest.approx(math.sqrt(size), rel=1e-12)
+    for strategy in (SyncAverage, DiLoCo):  # no rule stated for Adam: --scale-lr auto keeps --lr
+        with pytest.raises(NoScaleRule, match="no --scale-lr rule"):
+            strategy.lr_scale_factor(size, adaptive=True)
+
+
+def test_easgd_at_two_ranks_under_adam_is_2_12_and_hierarchical_asks_its_inter_strategy_at_g_groups():
+    assert lr_factor(EASGD, 2, optimizer="adam") == pytest.approx(2.1213203, rel=1e-6)
+    assert lr_factor(EASGD, 2, optimizer="momentum") == 2.0  # SGD's rule, unchanged
+    # 8 ranks in groups of 4: EASGD across G = 2 groups
+    hierarchical = Hierarchical(inter=EASGD(), ranks_per_group=4)
+    assert hierarchical.lr_scale_factor(8, adaptive=True) == pytest.approx(2.1213203, rel=1e-6)
+
+
+def test_train_py_scales_adam_for_periodic_and_easgd_and_keeps_it_for_sync_and_diloco():
+    for strategy, scaled in (("periodic", True), ("easgd", True), ("sync", False), ("diloco", False)):
+        config = cli.parse_args(["--data", "python_docs", "--strategy", strategy])
+        assert (config.optimizer, config.lr, config.scale_lr) == ("adam", 0.001, scaled)
+    assert not cli.parse_args(["--data", "python_docs", "--strategy", "easgd", "--lr", "0.001"]).scale_lr
+    optimizer = _inner_optimizer(namespace(optimizer="adam", lr=0.001, strategy="easgd"), size=2, updates_per_epoch=10)
+    assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.001 * math.sqrt(2) * 1.5, rel=1e-6)
+
+
+def test_a_plugin_that_states_no_adam_rule_is_refused_for_adam_and_kept_for_sgd():
+    class OldPlugin(SyncAverage):
+        name = "old_plugin"
+
+        @classmethod
+        def lr_scale_factor(cls, size, accumulate=1):  # written before `adaptive` existed
+            return float(size)
+
+    assert lr_factor(OldPlugin, 4, optimizer="sgd") == 4.0
+    with pytest.raises(ValueError, match="old_plugin states no --scale-lr rule for Adam"):
+        lr_factor(OldPlugin, 4, optimizer="adam")
+    assert not auto_scales(OldPlugin, "adam", lr_given=False) and auto_scales(OldPlugin, "sgd", lr_given=False)
