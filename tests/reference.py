@@ -307,12 +307,15 @@ class DiLoCoOverlapReference:
       merge δ steps later (or at a drain):
                mean = Σ_i Q(u_i) / p,  e_if ← u_i − Q(u_i) (int8/int4),
                θ_f ← outer_f(θ_f, mean),  x_if ← α x_if + (1 − α) θ_f
+               (the "progress" merge instead: x_if ← θ_f + x_if − x_if(start))
 
     With δ = 0 the merge is the blocking one: x_if ← θ_f. ``drain_after=k`` merges what is in flight
     right after step k."""
 
-    def __init__(self, shards, w0, masks, tau, delta, mixing=0.5, name="none", lr=0.05, batch_size=4):
+    def __init__(self, shards, w0, masks, tau, delta, mixing=0.5, name="none", lr=0.05, batch_size=4,
+                 merge="mix"):
         self.shards, self.masks, self.tau, self.delta, self.mixing = shards, masks, tau, delta, mixing
+        self.merge_rule = merge
         self.name, self.batch_size = name, batch_size
         self.xs, self.theta = [w0.astype(np.float64) for _ in shards], w0.astype(np.float64)
         self.outers = [SGDRef(0.7, 0.7, nesterov=True) for _ in masks]
@@ -324,7 +327,7 @@ class DiLoCoOverlapReference:
         return f * self.tau // len(self.masks)
 
     def merge(self):
-        f, _, payloads = self.pending
+        f, _, payloads, sent = self.pending
         mask, p = self.masks[f], len(self.shards)
         mean = quantised_allreduce_reference(payloads, self.name) / p
         if self.name in LEVELS:
@@ -332,8 +335,11 @@ class DiLoCoOverlapReference:
                 e[mask] = u - quantise_reference(u, self.name)
         self.theta[mask] = self.outers[f].step(self.theta[mask], mean)
         alpha = self.mixing if self.delta else 0.0
-        for x in self.xs:
-            x[mask] = alpha * x[mask] + (1 - alpha) * self.theta[mask]
+        for x, x_start in zip(self.xs, sent):
+            if self.merge_rule == "progress" and self.delta:
+                x[mask] = self.theta[mask] + x[mask] - x_start
+            else:
+                x[mask] = alpha * x[mask] + (1 - alpha) * self.theta[mask]
         self.pending = None
 
     def run(self, steps, start=0, drain_after=None):
@@ -346,7 +352,8 @@ class DiLoCoOverlapReference:
             for f, mask in enumerate(self.masks):
                 if t % self.tau == self.offset(f):
                     self.pending = (f, t, [self.theta[mask] - x[mask] + e[mask]
-                                           for x, e in zip(self.xs, self.residuals)])
+                                           for x, e in zip(self.xs, self.residuals)],
+                                    [x[mask].copy() for x in self.xs])
                     if self.delta == 0:
                         self.merge()
             if drain_after == t and self.pending is not None:

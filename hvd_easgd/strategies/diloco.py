@@ -121,6 +121,10 @@ from .warmup import run_phases
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
 DEFAULT_MIXING = 0.5  # Streaming DiLoCo's α for an overlapped merge (module docstring)
+# How an overlapped merge sets the local weights (module docstring): "mix", Streaming DiLoCo's
+# α-mix, or "progress", the new θ plus the rank's own steps since the start.
+OVERLAP_MERGES = ("mix", "progress")
+DEFAULT_OVERLAP_MERGE = "mix"
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -149,7 +153,11 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
       overlap: δ, the inner steps between a synchronisation's start and its
         merge (0 <= δ < ⌊τ/F⌋; default 0, blocking; module docstring).
       mixing: α, at an overlapped merge x ← α·x + (1 − α)·θ (0 <= α <= 1;
-        default 0.5, Streaming DiLoCo's); only with overlap >= 1.
+        default 0.5, Streaming DiLoCo's); only with overlap >= 1 and the
+        ``"mix"`` merge.
+      overlap_merge: how an overlapped merge sets the local weights:
+        ``"mix"`` (the α-mix above) or ``"progress"`` (x ← θ + x − x(s): the
+        new θ plus this rank's own steps since the start; module docstring).
 
     The kept model (``kept_variables()``) is θ, the synced weights: the one
     model every rank agrees on. It is up to τ − 1 inner steps behind the
@@ -186,13 +194,17 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         CliOption("--overlap", "overlap", OVERLAP_HELP + "; with --fragments F, delta < tau // F", type=int),
         CliOption("--mixing", "mixing", "with --overlap: at a merge the local weights become mixing * local + "
                   "(1 - mixing) * synced, 0 <= mixing <= 1 (default 0.5, Streaming DiLoCo's)", type=float),
+        CliOption("--overlap-merge", "overlap_merge", "with --overlap: mix (the local weights mixed with the new "
+                  "synced ones, --mixing) or progress (the new synced weights plus the rank's own steps since the "
+                  "synchronisation started)", choices=OVERLAP_MERGES),
     )
     # On a flat shard of the variables (Hierarchical shards the state across groups).
     across_groups = True
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",
-                 fragments=1, max_period=None, overlap=0, mixing=DEFAULT_MIXING):
+                 fragments=1, max_period=None, overlap=0, mixing=DEFAULT_MIXING,
+                 overlap_merge=DEFAULT_OVERLAP_MERGE):
         super().__init__()
         self.period, self.schedule = make_schedule(period, max_period)
         self.fragments = validation.integer("fragments", fragments, minimum=1, maximum=self.period,
@@ -212,6 +224,13 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             raise ValueError("`mixing` applies to an overlapped merge only: give `overlap` >= 1 with it (at "
                              f"overlap=0 every rank restarts from the synced weights). Received: mixing={mixing!r}, "
                              f"overlap={overlap!r}")
+        self.overlap_merge = validation.one_of("overlap_merge", overlap_merge, OVERLAP_MERGES)
+        if self.overlap_merge != DEFAULT_OVERLAP_MERGE and not self.overlap:
+            raise ValueError("`overlap_merge` applies to an overlapped merge only: give `overlap` >= 1 with it. "
+                             f"Received: overlap_merge={overlap_merge!r}, overlap={overlap!r}")
+        if self.overlap_merge == "progress" and self.mixing != DEFAULT_MIXING:
+            raise ValueError("`mixing` is the \"mix\" merge's α; the \"progress\" merge keeps the rank's own steps "
+                             f"whole. Received: mixing={mixing!r}, overlap_merge='progress'")
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
@@ -273,6 +292,12 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             self.pending_handle = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_pending_handle")
             self.pending_fragment = tf.Variable(0, dtype=tf.int64, trainable=False, name="diloco_pending_fragment")
             self.pending_errors = []
+            # The "progress" merge's x(s): this rank's weights when its synchronisation started.
+            self.pending_sent = []
+            if self.overlap_merge == "progress":
+                self.pending_sent = [tf.Variable(v, trainable=False, name=state_variable_name("diloco_pending_sent", v))
+                                     for v in trainable_variables]
+                self.set_resize_rule(resize.RESTART_AT_ZERO, self.pending_sent)  # never read once drained
             if error_feedback_wanted(self.compression):
                 self.pending_errors = [tf.Variable(tf.zeros_like(v), trainable=False,
                                                    name=state_variable_name("diloco_pending_error", v))
@@ -285,7 +310,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         slots = [v for optimizer in self.outer_optimizers for v in optimizer.variables]
         own = self.synced + slots + [self.skipped_outer_steps] + residuals + self.schedule.state()
         if self.overlap:
-            own += [self.pending_handle, self.pending_fragment] + self.pending_errors
+            own += [self.pending_handle, self.pending_fragment] + self.pending_errors + self.pending_sent
         return own
 
     def _sync_to_weights(self):
@@ -416,6 +441,8 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         if error_feedback is not None:
             for i, e in zip(indices, errors):
                 self.pending_errors[i].assign(e)
+        for i in indices if self.pending_sent else ():
+            self.pending_sent[i].assign(self.variables[i])
         self.pending_fragment.assign(f)
         self.pending_handle.assign(handle)
         return tf.no_op()
@@ -431,8 +458,12 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         def apply():
             size = tf.cast(self.comm.size, sums[0].dtype)
             self.outer_optimizers[f].apply([total / size for total in sums], synced)
-            for v, s in zip(variables, synced):
-                v.assign(self.mixing * v + (1.0 - self.mixing) * s)
+            if self.pending_sent:  # "progress": the new θ plus this rank's steps since the start
+                for v, s, sent in zip(variables, synced, [self.pending_sent[i] for i in indices]):
+                    v.assign(s + (v - sent))
+            else:
+                for v, s in zip(variables, synced):
+                    v.assign(self.mixing * v + (1.0 - self.mixing) * s)
             return tf.no_op()
 
         def skip():
@@ -531,6 +562,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
                 "warmup_steps": self.warmup_steps,
                 **({"fragments": self.fragments} if self.fragments > 1 else {}),
                 **({"overlap": self.overlap, "mixing": self.mixing} if self.overlap else {}),
+                **({"overlap_merge": self.overlap_merge} if self.overlap_merge != DEFAULT_OVERLAP_MERGE else {}),
                 **({"max_period": self.schedule.maximum} if self.schedule.adaptive else {}),
                 **({"compression": self.compression.name} if self.compression.name != "none" else {})}
 

@@ -96,6 +96,29 @@ def test_overlap_matches_the_numpy_reference(tau, fragments, delta, steps, name)
     assert not np.allclose(xs[0], blocking[0], rtol=1e-4)
 
 
+@pytest.mark.parametrize("tau, fragments, delta, steps", [(4, 1, 2, 10), (10, 3, 1, 12)])
+def test_the_progress_merge_puts_each_ranks_own_steps_since_the_start_on_the_new_synced_weights(
+        tau, fragments, delta, steps):
+    shards, w0 = ref.least_squares_shards(P)
+    cluster, models, opts = ranks(lambda: DiLoCo(tau, fragments=fragments, overlap=delta, overlap_merge="progress"),
+                                  w0)
+    train(cluster, models, opts, shards, steps)
+    reference = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta, merge="progress")
+    assert_matches(models, opts, *reference.run(steps))
+    mixed, _ = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta).run(steps)
+    assert not np.allclose(weights(models)[0], mixed[0], rtol=1e-4)  # not the α-mix
+    assert opts[0].strategy.get_config()["overlap_merge"] == "progress"
+
+
+def test_the_progress_merge_is_refused_without_overlap_or_beside_a_mixing_factor():
+    with pytest.raises(ValueError, match="`overlap_merge` applies to an overlapped merge only"):
+        DiLoCo(10, overlap_merge="progress")
+    with pytest.raises(ValueError, match="`mixing` is the \"mix\" merge's"):
+        DiLoCo(10, overlap=1, overlap_merge="progress", mixing=0.3)
+    with pytest.raises(ValueError, match="`overlap_merge` must be one of"):
+        DiLoCo(10, overlap=1, overlap_merge="average")
+
+
 def test_the_mixing_factor_weighs_the_local_against_the_synced_weights():
     shards, w0 = ref.least_squares_shards(P)
     runs = {}
