@@ -10,7 +10,7 @@ train.py's defaults otherwise (the model, optimizer, schedule, epochs and
 collectives a user gets), run for seeds 0..N-1 under ``horovodrun -np N``
 (``study.continue_runs``: one launch at a time, each bounded). Every run
 trains the same epochs, so the same tokens or images: the language model
-a budget of passes over its training split's tokens (``--budget``, 2 by
+a budget of passes over its training split's tokens (``--budget``, 2.5 by
 default: SyncAverage's loss has flattened by its end; ``budget_flags``),
 Fashion-MNIST train.py's epochs. A budgeted folder's table reads every
 configuration at one pass and at the budget, and ``curves.png`` plots the
@@ -101,7 +101,7 @@ LOCAL_UPDATES = (
 WORKLOADS = {
     "language_model": Workload(
         data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
-        twin_relative=0.01, budget=2.0, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
+        twin_relative=0.01, budget=2.5, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
         configurations=configurations(
             *LOCAL_UPDATES,
             ("diloco_tau50", "--strategy diloco --tau 50", None),
@@ -135,7 +135,7 @@ def parse_args(argv, prog):
                                             "configuration brings its twin)")
     p.add_argument("--budget", type=float, metavar="PASSES",
                    help="passes over the training split's tokens a run trains, a multiple of 0.5 (default: the "
-                        "workload's, 2 for the language model; none for Fashion-MNIST, which trains train.py's "
+                        "workload's, 2.5 for the language model; none for Fashion-MNIST, which trains train.py's "
                         "epochs)")
     p.add_argument("--flags", default="", help="more train.py flags for every run (e.g. a smaller --epochs "
                                                "for a quick look; the results then answer no goal)")
@@ -287,7 +287,7 @@ def render(directory):
                f"epochs of {SLICE:g} of it, the whole held-out set)" if budgeted else "")
     lines = [summary(workload, found, verdicts, versus_of)]
     if budgeted and baseline:
-        lines += ["", flattening(workload, baseline), "", f"![Validation loss against tokens]"
+        lines += ["", flattening(workload, baseline, index["budget"]), "", f"![Validation loss against tokens]"
                   f"({docs_link(directory, CURVES)})"]
     lines += ["", f"{index['np']} rank{'s' * (index['np'] != 1)}, {seeds}, "
               + (f"{setting}, " if setting else "") + "train.py's defaults otherwise"
@@ -306,15 +306,15 @@ def _versus(workload, name, mean, base_mean):
             else f"{100 * (mean - base_mean):+.2f} pp")
 
 
-def flattening(workload, baseline):
-    """How far the baseline's mean curve moved over the budget's last half pass, in a sentence: the
-    budget is long enough where that is under 2 % (the last fifth of a budget of 2 passes or more lies
-    within its last half pass)."""
+def flattening(workload, baseline, budget):
+    """How far the baseline's mean curve moved over the budget's last epoch (its last ``SLICE`` of a
+    pass, the last fifth of the default 2.5 passes), in a sentence: the budget is long enough where
+    that is under 2 %."""
     last = statistics.fmean(points[-1][1] for points in baseline["curves"])
     before = statistics.fmean(points[-2][1] for points in baseline["curves"])
-    return (f"Over the budget's last half pass, {workload.baseline}'s mean validation loss moved "
-            f"{100 * (last - before) / before:+.2f} % ({before:.4f} to {last:.4f}, the kept model as each epoch "
-            "ended): the budget ends where it has flattened.")
+    return (f"Over the budget's last epoch (the last {SLICE:g} of its {budget:g} passes), {workload.baseline}'s "
+            f"mean validation loss moved {100 * (last - before) / before:+.2f} % ({before:.4f} to {last:.4f}, the "
+            "kept model as each epoch ended).")
 
 
 def plot(directory):

@@ -18,9 +18,9 @@ def test_a_configuration_brings_the_baseline_and_its_twin_and_the_workloads_data
     args = parity.parse_args(["--workload", "language_model", "--out", "/tmp/x", "--configurations",
                               "diloco_tau10_int4"], "parity")
     assert [v.name for v in args.variants] == ["sync", "diloco_tau10", "diloco_tau10_int4"]
-    # the language model's runs train its budget: 2 passes, as 4 epochs of half the training split
+    # the language model's runs train its budget: 2.5 passes, as 5 epochs of half the training split
     assert args.variants[2].flags == ("--data", "python_docs", "--strategy", "diloco", "--tau", "10",
-                                      "--compression", "int4", "--epochs", "4", "--train-fraction", "0.5")
+                                      "--compression", "int4", "--epochs", "5", "--train-fraction", "0.5")
     assert args.variants[2].twin == "diloco_tau10"
 
 
@@ -139,7 +139,8 @@ def test_a_budgeted_table_reads_each_configuration_at_one_pass_and_at_the_budget
     assert rows["sync"][1:3] == ["2.0000", "—"]
     assert "at the budget (0.0 M tokens), median" in table  # 4 epochs of 1,000 tokens
     # sync's mean curve: 1.90 after epoch 3, 1.89 after epoch 4: -0.53 % over the last half pass
-    assert "Over the budget's last half pass, sync's mean validation loss moved -0.53 % (1.9000 to 1.8900" in table
+    assert ("Over the budget's last epoch (the last 0.5 of its 2 passes), sync's mean validation loss moved "
+            "-0.53 % (1.9000 to 1.8900") in table
     assert "2 passes over the training split's tokens (4 epochs of 0.5 of it, the whole held-out set)" in table
     assert f"![Validation loss against tokens]({parity.CURVES})" in table
     assert (tmp_path / parity.CURVES).stat().st_size > 10_000
