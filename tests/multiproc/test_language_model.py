@@ -21,7 +21,7 @@ import pytest
 from hvd_easgd.app import data
 from hvd_easgd.app.transformer import parameter_count
 from tests.helpers import ROOT, launch
-from tests.multiproc.helpers import assert_same_state, assert_train_run_ended_well, train_runs
+from tests.multiproc.helpers import assert_same_state, assert_train_run_ended_well, shard_arrays, train_runs
 
 pytestmark = pytest.mark.multiproc
 TRAIN = os.path.join(ROOT, "train.py")
@@ -147,3 +147,39 @@ def test_the_language_model_resumes_bit_identically_mid_epoch(corpus, runs):
     expected = assert_same_state(straight, broken, "epoch-000002")
     # the token table (256 x 32: sparse gradients) was among the arrays compared
     assert any(v.shape == (256, 32) for k, v in expected.items() if k.startswith("0:model/"))
+
+
+def _last_checkpoint(run_dir):
+    """The run's last checkpoint's arrays (``shard_arrays``: ``"rank:array"``), and model.keras's weights."""
+    import keras
+
+    arrays = shard_arrays(run_dir, "epoch-000002")
+    kept = [np.asarray(w) for w in keras.models.load_model(os.path.join(run_dir, "model.keras")).get_weights()]
+    return arrays, kept
+
+
+@pytest.mark.timeout(3 * RUN_SECONDS + 120)  # may set up the Gloo path's launch (and its resume) and mpi-direct's
+def test_the_kept_model_holds_the_last_partial_period(corpus, runs):
+    """The end-of-training merge under a launcher, after a step count that is not a multiple of τ = 4:
+    model.keras is what NumPy computes from the last checkpoint (written before the merge, so a resume
+    is unchanged). DiLoCo (Gloo): one more Nesterov outer step, m' = μm − ηΔ, θ' = θ + μm' − ηΔ with
+    Δ the ranks' mean of θ − x_i; EASGD (the direct MPI ops): the center on the workers' mean."""
+    steps = data.steps_per_epoch(len(data.text_file(corpus[0], CONTEXT).y_train), BATCH, 2)
+    assert (2 * steps) % 4, steps  # the runs end inside a period
+    arrays, kept = _last_checkpoint(runs("horovod-gloo")[0])
+    count = len(kept)
+    locals_ = [[arrays[f"{rank}:model/{i:05d}"] for i in range(count)] for rank in (0, 1)]
+    assert [x.shape for x in locals_[0]] == [w.shape for w in kept]
+    state = [arrays[f"0:strategy/{i:05d}"] for i in range(len([k for k in arrays if k.startswith("0:strategy/")]))]
+    # DiLoCo's state: step and skip counters, then θ, then its outer SGD's iteration, rate and momenta
+    theta, momenta = state[2:2 + count], state[2 + count + 2:2 + 2 * count + 2]
+    assert [t.shape for t in theta] == [m.shape for m in momenta] == [w.shape for w in kept]
+    assert any(not np.array_equal(x, t) for x, t in zip(locals_[0], theta))  # the ranks had moved past θ
+    for i, (t, m) in enumerate(zip(theta, momenta)):
+        delta = (t - locals_[0][i] + t - locals_[1][i]) / 2
+        moved = 0.7 * m - 0.7 * delta
+        np.testing.assert_allclose(kept[i], t + 0.7 * moved - 0.7 * delta, rtol=1e-5, atol=1e-6)
+    arrays, kept = _last_checkpoint(runs("mpi-direct")[0])
+    for i, w in enumerate(kept):
+        np.testing.assert_allclose(w, (arrays[f"0:model/{i:05d}"] + arrays[f"1:model/{i:05d}"]) / 2,
+                                   rtol=1e-5, atol=1e-6)
