@@ -33,23 +33,39 @@ def _optimizers(model, optimizers):
 
 
 def kept_variable_pairs(model, optimizers=None):
-    """``[(model_variable, kept_variable)]`` over the DistributedOptimizers
+    """``[(model_variable, kept_variable or value)]`` over the DistributedOptimizers
     (``optimizers``, default the model's), for the variables whose kept value
-    is not the model's own."""
+    is not the model's own: the end-of-training merge's (``merge_at_end``) while no
+    step has been taken since it, else the strategy's ``kept_variables()``."""
     pairs = []
     for optimizer in _optimizers(model, optimizers):
         if not optimizer.built:
             continue
-        kept = optimizer.strategy.kept_variables()
+        kept = _merged(optimizer)
+        if kept is None:
+            kept = optimizer.strategy.kept_variables()
         if kept is not None:
             pairs.extend(zip(optimizer._trainable_variables, kept))
     return pairs
 
 
+def _merged(optimizer):
+    """The kept weights ``merge_at_end`` computed for ``optimizer``, or None (none, or steps taken since)."""
+    merged = getattr(optimizer, "_merged_kept", None)
+    if merged is None or merged[0] != int(optimizer.strategy.step_counter.numpy()):
+        return None
+    return merged[1]
+
+
 def kept_weights(model, optimizers=None):
     """The kept model's trainable weights as NumPy arrays, in ``model.trainable_variables`` order."""
     kept = {id(v): k for v, k in kept_variable_pairs(model, optimizers)}
-    return [np.array(kept.get(id(v), v).numpy()) for v in model.trainable_variables]
+    return [_array(kept.get(id(v), v)) for v in model.trainable_variables]
+
+
+def _array(value):
+    """A variable's value, or a merged one (already an array), as a NumPy array of its own."""
+    return np.array(value.numpy() if hasattr(value, "numpy") else value)
 
 
 class KeptWeights:
@@ -121,16 +137,31 @@ class LocalWeights:
 
 
 def merge_at_end(model, optimizers=None):
-    """Once training is over, on every rank alike: merges what the ranks hold since their
-    last synchronisation into the kept model (``SyncStrategy.merge_at_end``: DiLoCo's outer
+    """Once training is over, on every rank alike: the kept model takes what the ranks
+    hold since their last synchronisation (``SyncStrategy.merge_at_end``: DiLoCo's outer
     step on the partial period, PeriodicAverage's average, EASGD's center onto the workers'
     mean), so that the model you keep holds every update. A synchronisation in flight is
     merged first. Call it before evaluating or saving the kept model; ``fit`` with
-    ``callbacks.defaults()`` calls it when it ends. ``optimizers`` as for ``KeptWeights``."""
+    ``callbacks.defaults()`` calls it when it ends.
+
+    The training state is left as it was: the merge runs on it, the kept weights it gives
+    are read, and every variable it changed is put back. So a second ``fit`` continues as
+    one longer ``fit`` would, bit for bit, and a checkpoint holds what it always held; the
+    kept model is the merged one until the next step. ``optimizers`` as for ``KeptWeights``."""
     for optimizer in _optimizers(model, optimizers):
-        if optimizer.built:
-            optimizer.strategy.drain()
-            optimizer.strategy.merge_at_end()
+        if not optimizer.built:
+            continue
+        strategy = optimizer.strategy
+        strategy.drain()
+        touched = (list(optimizer._trainable_variables) + list(optimizer._non_trainable_variables)
+                   + strategy.state_variables())
+        saved = [_array(v) for v in touched]
+        strategy.merge_at_end()
+        merged = [_array(k) for k in strategy.kept_variables() or optimizer._trainable_variables]
+        for v, value in zip(touched, saved):
+            v.assign(value)
+        strategy.on_state_restored()  # what the strategy derives from its state (a gathered model) is re-read
+        optimizer._merged_kept = (int(strategy.step_counter.numpy()), merged)
 
 
 def save_kept_model(model, filepath, optimizers=None):

@@ -638,7 +638,8 @@ def main(argv=None):
         try:
             dataset = data.load(config.data, tuple(int(s) for s in config.image_shape.split(",")),
                                 config.num_classes, seed=config.seed, context=config.context)
-            dataset = data.train_slice(dataset, config.train_fraction)
+            if config.train_fraction < 1:
+                dataset = data.train_slice(dataset, config.train_fraction)
         except data.DataError as err:
             raise UsageError(str(err)) from None
         train(config, dataset, strategy)

@@ -297,6 +297,7 @@ class Hierarchical(SyncStrategy):
                                  "process groups, so resume with the groups it was saved with (the same "
                                  "--ranks-per-group and number of ranks)")
             self._refresh_shard()
+            self._kept_cache = None  # gathered from the state before
         super().on_state_restored()
 
     def kept_variables(self):
@@ -316,6 +317,19 @@ class Hierarchical(SyncStrategy):
             # Bookkeeping for evaluation and saving, not training traffic: left out of the account.
             self._kept_cache = (step, self.layout.unflatten(self.group_comm.allgather(kept[0], record=False)))
         return self._kept_cache[1]
+
+    def merge_at_end(self):
+        """The level that runs merges (``SyncStrategy.merge_at_end``): the inter strategy across the
+        groups, on this rank's shard when sharded (the kept model then gathers the merged shards), or
+        the intra strategy in a single group. An inactive level's state is a leftover (a resume into
+        one group keeps the inter strategy's, unused) and is never merged."""
+        self._kept_cache = None  # a kept model gathered before the merge is not the merged one
+        if not self.inter_active:
+            self.intra.merge_at_end()
+        else:
+            if self.sharded:
+                self._refresh_shard()
+            self.inter.merge_at_end()
 
     def account_by_level(self):
         """This rank's ``{"intra": {"bytes", "calls"}, "inter": {...}}`` so far

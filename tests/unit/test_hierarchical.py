@@ -299,3 +299,35 @@ def test_split_gives_sub_communicators_whose_traffic_the_parent_also_counts():
     roots = cluster.run(lambda r: subs[r].broadcast([tf.constant([float(r)])], root_rank=1)[0].numpy())
     assert [float(v[0]) for v in roots] == [2.0, 3.0, 2.0, 3.0]
     assert subs[0].account() == cluster.communicators[0].account() == {"bytes": 8, "calls": 2}
+
+
+def test_the_end_of_training_merge_runs_the_active_level_only():
+    # Sharded: EASGD across the 2 groups, 5 steps at tau 2: the kept model (the center's shards gathered) is
+    # the groups' mean after the merge; the training state is as it was.
+    tau, alpha, steps = 2, 0.25, 5
+    cluster = SimulatedCluster(P)
+    models, opts = ranks_with(cluster, lambda: Hierarchical(SyncAverage(), EASGD(tau, moving_rate=alpha),
+                                                            ranks_per_group=N), X0)
+    grads, counts = rank_grads(steps), [3, 1, 2, 5]
+    for g in grads:
+        step(cluster, models, opts, g, counts)
+    x, center = easgd_reference(grads, counts, tau, alpha, [[0, 1], [2, 3]])
+    before = kernels(models)
+    cluster.run(lambda r: hvd_easgd.merge_at_end(models[r], opts[r]))
+    for r in range(P):
+        np.testing.assert_allclose(hvd_easgd.kept_weights(models[r], opts[r])[0].ravel(), x.mean(axis=0),
+                                   rtol=1e-5)
+    np.testing.assert_array_equal(kernels(models), before)
+    np.testing.assert_allclose(np.stack([k[0].ravel() for k in gathered_kept(cluster, opts)])[0], center, rtol=1e-5)
+    # One group of all the ranks: the intra strategy alone, the model's own weights; an inter state left
+    # from another layout is never merged into them.
+    cluster = SimulatedCluster(N)
+    models, opts = ranks_with(cluster, lambda: Hierarchical(SyncAverage(), EASGD(tau), ranks_per_group=N), X0)
+    for g in rank_grads(3):
+        step(cluster, models, opts, g[:N])
+    for opt in opts:
+        opt.strategy.inter.center[0].assign(tf.zeros_like(opt.strategy.inter.center[0]))
+    weights = kernels(models)
+    cluster.run(lambda r: hvd_easgd.merge_at_end(models[r], opts[r]))
+    for r in range(N):
+        np.testing.assert_array_equal(hvd_easgd.kept_weights(models[r], opts[r])[0].ravel(), weights[r])

@@ -97,7 +97,8 @@ def test_per_rank_checkpoints_hold_local_weights_even_after_a_swap_so_resume_is_
 def test_kept_weights_is_the_center_under_easgd_and_the_weights_under_sync_average():
     x = np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32)
     model = easgd_model()
-    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=callbacks.defaults())
+    # Between the end-of-training merges: the kept model is the center.
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, verbose=0, callbacks=callbacks.defaults(merge_at_end=False))
     center = [c.numpy() for c in model.optimizer.strategy.center]
     local = [v.numpy() for v in model.trainable_variables]
     for kept, c, v in zip(hvd_easgd.kept_weights(model), center, local):
@@ -108,6 +109,11 @@ def test_kept_weights_is_the_center_under_easgd_and_the_weights_under_sync_avera
             np.testing.assert_array_equal(v.numpy(), c)
     for v, saved in zip(model.trainable_variables, local):
         np.testing.assert_array_equal(v.numpy(), saved)
+    # After the merge: the workers' mean (the one worker, at one rank), the center itself left as it was.
+    hvd_easgd.merge_at_end(model)
+    for kept, v, c in zip(hvd_easgd.kept_weights(model), local, model.optimizer.strategy.center):
+        np.testing.assert_allclose(kept, v, rtol=1e-6, atol=1e-7)
+        assert not np.allclose(c.numpy(), v)
 
     plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     plain.compile(optimizer=hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.1), comm=LocalCommunicator()),

@@ -2,7 +2,8 @@
 simulated ranks, after a step count that is not a multiple of τ: DiLoCo's outer step on the
 partial period (fragments too), PeriodicAverage's average, EASGD's center onto the workers'
 mean, each against a NumPy reference from the update equations; nothing moves where nothing
-is pending, or in a warm-up."""
+is pending, or in a warm-up; and the public merge gives the kept model while leaving the
+training state as it was, so training on continues bit for bit."""
 import keras
 import numpy as np
 import pytest
@@ -31,8 +32,9 @@ def weights(models):
 
 
 def merge(cluster, models, opts):
-    # A custom loop's model was never compiled: it names its optimizer, as for KeptWeights.
-    cluster.run(lambda r: hvd_easgd.merge_at_end(models[r], opts[r]))
+    """The strategies' own merge (``SyncStrategy.merge_at_end``), which changes the training state;
+    ``hvd_easgd.merge_at_end`` runs it and puts the state back (the last tests)."""
+    cluster.run(lambda r: opts[r].strategy.merge_at_end())
 
 
 def assert_close(got, expected):
@@ -153,3 +155,30 @@ def test_fit_merges_when_it_ends_with_the_default_callbacks():
     assert isinstance(hvd_easgd.callbacks.defaults()[-1], hvd_easgd.callbacks.MergeAtEnd)
     assert not any(isinstance(c, hvd_easgd.callbacks.MergeAtEnd)
                    for c in hvd_easgd.callbacks.defaults(merge_at_end=False))
+
+
+def state(models, opts):
+    return [[v.numpy().copy() for v in list(m.variables) + o.strategy.state_variables()] for m, o in zip(models, opts)]
+
+
+def test_the_public_merge_keeps_the_merged_model_and_leaves_the_training_state_as_it_was():
+    shards, w0, cluster, models, opts = ranks(2, lambda: DiLoCo(TAU))
+    least_squares.train(cluster, models, opts, shards, 10, BATCH)
+    xs, theta, outer = diloco_with_outer(shards, w0, 10)
+    before = state(models, opts)
+    cluster.run(lambda r: hvd_easgd.merge_at_end(models[r], opts[r]))
+    after = state(models, opts)
+    assert all(np.array_equal(b, a) for rank_b, rank_a in zip(before, after) for b, a in zip(rank_b, rank_a))
+    merged = outer.step(theta, np.mean([theta - x for x in xs], axis=0))
+    for m, o in zip(models, opts):  # the kept model: the merged θ, swapped in for evaluation and saving
+        assert_close(hvd_easgd.kept_weights(m, o)[0].ravel(), merged)
+        with hvd_easgd.KeptWeights(m, o):
+            assert_close(m.layers[0].kernel.numpy().ravel(), merged)
+    # Training on: the same steps as a run never merged, and the kept model is θ again.
+    least_squares.train(cluster, models, opts, shards, 2, BATCH, start=10)
+    for m, o in zip(models, opts):
+        np.testing.assert_array_equal(hvd_easgd.kept_weights(m, o)[0], o.strategy.synced[0].numpy())
+    shards, _, straight_cluster, straight_models, straight_opts = ranks(2, lambda: DiLoCo(TAU))
+    least_squares.train(straight_cluster, straight_models, straight_opts, shards, 12, BATCH)
+    for got, expected in zip(state(models, opts), state(straight_models, straight_opts)):
+        assert all(np.array_equal(g, e) for g, e in zip(got, expected))
