@@ -87,6 +87,8 @@ def test_the_sparse_allreduce_matches_its_reference_on_every_rank_with_its_exact
     fmt, cluster = topk(density, bits), SimulatedCluster(p)
     inputs = [[sparse_payload(10 + r)[:7000].reshape(70, 100), sparse_payload(20 + r)[:5],
                np.array([r + 1.0], np.float32)] for r in range(p)]
+    for r, v in enumerate((500.5, 1e8, -1e8)[:p]):  # a position every rank sends, each its chunk's largest:
+        inputs[r][0][0, 0] = v  # sent as 375.375, 7.5e7, -7.5e7, whose sum depends on the order at p = 3
     flat = [np.concatenate([t[0].ravel(), t[1]]) for t in inputs]
     message = ref.topk_message_bytes(7005, 1, density, bits)
     for op in ("sum", "average"):
@@ -95,6 +97,7 @@ def test_the_sparse_allreduce_matches_its_reference_on_every_rank_with_its_exact
         out = cluster.run(lambda r: cluster.communicators[r].allreduce_with_errors(
             [tf.constant(t) for t in inputs[r]], op=op, compression=fmt))
         expected = ref.topk_allreduce_reference(flat, density, bits)
+        assert p < 3 or expected[0] != ref.topk_allreduce_reference(flat[::-1], density, bits)[0]
         if op == "average":
             expected = expected / np.float32(p)
         for reduced, _ in out:  # the reference's bits, so every rank's are the same

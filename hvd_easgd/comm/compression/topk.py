@@ -2,8 +2,8 @@
 
 SparseLoCo (Sarfi et al. 2025, arXiv:2508.15706) sends DiLoCo's
 pseudo-gradient at 1–3 % density, top-k by magnitude per chunk, with 2-bit
-values and error feedback; DeMo (Peng et al. 2024, arXiv:2411.19870) chunks
-its top-k the same way. This format sends, per rank, the k largest
+values and error feedback; DeMo (Peng et al. 2024, arXiv:2411.19870) also
+takes its top-k chunk by chunk (of each chunk's DCT). This format sends, per rank, the k largest
 magnitudes of each chunk of its payload, each as a 12-bit position and a
 B-bit code, and one float32 scale per chunk. What it does not send stays in
 the rank's residual (error feedback: ``strategies/error_feedback.py``;
@@ -29,8 +29,8 @@ The choices, and why:
   kept element costs 12 + B bits and a chunk 32 more; 8-bit positions
   (C = 255) would put a 4-byte scale on every 255 elements, 16-bit ones
   spend 4 bits more on every kept element. At density 1/64 and B = 2 an
-  element of the payload costs 0.227 bits with 12-bit positions, 0.281
-  with 8-bit and 0.282 with 16-bit.
+  element of the payload costs 0.227 bits with 12-bit positions, 0.282
+  with 8-bit or 16-bit ones.
 * **k = ⌈D·C⌉** slots per chunk for a density D (0 < D <= 1; default
   1/64: 64 of every 4095 elements, 1.6 %, inside SparseLoCo's 1–3 %).
 * **B-bit codes, sign and magnitude, no zero** (B in 1, 2, 4, 8; default
@@ -42,19 +42,32 @@ The choices, and why:
       q = min(⌊|u|/w⌋, L − 1)          code = L·[u < 0] + q
       û = ±(2q + 1) · s·2^−B           |u − û| <= s·2^−B
 
-  B = 2 gives ±s/4 and ±3s/4; B = 1 gives ±s/2 (sign and scale).
+  B = 2 gives ±s/4 and ±3s/4; B = 1 gives ±s/2 (sign and scale). q is
+  counted as the edges j·w (0 < j < L) at or below |u|, not divided out,
+  so that no rounding of a quotient puts u in a cell it is not in.
 * **The sink.** A kept element with |u| < s·2^−(B+1) (a quarter of a cell)
   is not sent: its nearest code, ±w/2, would leave an error larger than
   |u|, so sending it would make its error worse. Its slot points at the sink
   (position 4095, code 0), and u stays in the residual whole. So is an
   exact zero (a chunk with fewer than k non-zero elements, the padding).
 
+The update (DiLoCo, ``strategies/error_feedback.py``), on rank i of p at a
+synchronisation, with e_i what its earlier messages left::
+
+    u_i = Δ_i + e_i                    the pseudo-gradient, and what is owed
+    m_i = encode(u_i)                  this module: at most k slots a chunk
+    e_i ← u_i − decode(m_i)            what stays, exactly (below)
+    θ  ← outer(θ, (1/p) Σ_j decode(m_j))   summed in rank order (sparse_allreduce.py)
+
+EASGD sends m_i = encode(α(x_i − x̃)), keeps no e_i, and x_i loses
+decode(m_i) alone: what was not sent stays in x_i − x̃ (``easgd.py``).
+
 What is sent plus what stays is exactly what there was, bit for bit: a
 sent element's û is within a factor 2 of u (|u| >= w/4 in the lowest
 cell, |u| >= q·w in cell q >= 1), so u − û is exact in floating point
 (Sterbenz's lemma), and û + (u − û) = u; an unsent element sends 0 and
-keeps u. (Scales below 2^−118 make s·2^−(B+1) subnormal, and the lemma's
-bound may then be missed by rounding.)
+keeps u. (A scale below 2^−117 makes s·2^−(B+1) subnormal, and the
+quarter-cell test may then be off by a rounding.)
 
 Message layout (uint8), n = m·k slots for m chunks, chunk by chunk, each
 chunk's slots in ``top_k`` order (largest magnitude first; ties: the lower

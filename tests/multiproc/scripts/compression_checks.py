@@ -64,8 +64,11 @@ TOPK = Compression.by_name("topk", density=0.01, bits=2)
 
 def topk_inputs(rank):
     rng = np.random.default_rng(200 + rank)
-    return [(rng.standard_normal((300, 30)) * 10.0 ** rng.integers(-3, 2, (300, 1))).astype(np.float32),
-            np.array([rank + 1.0], np.float32)]
+    payload = (rng.standard_normal((300, 30)) * 10.0 ** rng.integers(-3, 2, (300, 1))).astype(np.float32)
+    # A position ranks 0-2 all send (each its chunk's largest, sent as 375.375, 7.5e7, -7.5e7), whose sum
+    # depends on the order of the additions: the allgather must hand the messages over in rank order.
+    payload[0, 0] = (500.5, 1e8, -1e8, 1.0)[min(rank, 3)]
+    return [payload, np.array([rank + 1.0], np.float32)]
 
 
 comm.reset_account()
