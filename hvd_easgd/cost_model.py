@@ -16,6 +16,7 @@ to it (the byte account's payload: ``comm/communicator.py``):
 * reduce-scatter            (q−1)·α + (q−1)/q · S/B      (S: the whole input)
 * alltoall                  (q−1)·α + (q−1)/q · S/B      (S: all q chunks)
 * allgather                 (q−1)·α + (q−1) · S/B        (S: a rank's part)
+* sparse_allgather          the allgather's formula       (S: a rank's whole sparse message)
 * broadcast                 ⌈log2 q⌉·α + (q−1)/q · S/B   (scatter, then pipelined)
 * hierarchical composite    intra reduce-scatter + inter allreduce on the S/n shard + intra allgather
 
@@ -37,7 +38,9 @@ alone is the Horovod paper's check (``paper_check.py``: NCCL's ring, as the
 paper ran). An allgather's
 part is a share of a whole that does not grow with q (a shard of the model,
 a chunk of the quantised payload), so from the table's q_ref to q it scales
-by q_ref/q; every other kind's S stays what the table says.
+by q_ref/q; every other kind's S stays what the table says, the sparse
+allgather's too (``comm/sparse_allreduce.py``: each rank's part is its
+whole top-k message, whatever q).
 """
 import math
 
@@ -75,7 +78,8 @@ def broadcast(q, size, alpha, bandwidth):
 
 
 COLLECTIVES = {"allreduce": halving_doubling, "reducescatter": reduce_scatter, "alltoall": alltoall,
-               "allgather": allgather, "broadcast": broadcast}
+               "allgather": allgather, "broadcast": broadcast,
+               "sparse_allgather": allgather}  # its part stays S at every q (module docstring)
 
 
 def allreduce_latencies(hosts):

@@ -212,6 +212,79 @@ def quantised_message_bytes(elements, exact_values, name, p):
     return blocks * block_bytes + 4 * exact_values
 
 
+# --- the sparse payload (topk), from comm/compression/topk.py's docstring ----------------------------
+TOPK_CHUNK = 4095  # 2**12 - 1 elements; position 4095 is the sink, which sends nothing
+
+
+def topk_slots(x, density, bits):
+    """Rank's flat float32 payload ``x`` -> per chunk of 4095 (zero-padded): the k = ceil(D·4095)
+    slots' positions (4095 where nothing is sent), codes and the chunk's scale s = max|x|. The k
+    largest magnitudes, ties to the lower position; cells of width w = s/L, L = 2^(B-1); an element
+    is sent where |u| >= s/2^(B+1) and u != 0, as code L·[u < 0] + min(floor(|u|/w), L - 1)."""
+    x = np.asarray(x, np.float32).ravel()
+    k = int(np.ceil(round(density * TOPK_CHUNK, 9)))
+    m = -(-x.size // TOPK_CHUNK)
+    chunks = np.pad(x, (0, m * TOPK_CHUNK - x.size)).reshape(m, TOPK_CHUNK)
+    positions = np.argsort(-np.abs(chunks), axis=1, kind="stable")[:, :k]
+    values = np.take_along_axis(chunks, positions, axis=1)
+    scales = np.abs(chunks).max(axis=1)
+    levels = 2 ** (bits - 1)
+    cell = scales.astype(np.float64) / levels
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(cell[:, None] > 0, np.floor(np.abs(values) / cell[:, None]), 0)
+    q = np.minimum(q, levels - 1).astype(np.int64)
+    sent = (np.abs(values) >= scales[:, None] * np.float32(2.0 ** -(bits + 1))) & (values != 0)
+    codes = np.where(sent, q + levels * (values < 0), 0)
+    return np.where(sent, positions, TOPK_CHUNK), codes, scales
+
+
+def topk_reference(x, density, bits):
+    """What ``x`` stands for once sent as topk: each sent slot's (2q + 1)·s·2^-B, with its sign, at
+    its position; zero elsewhere. Flat, ``x``'s length."""
+    positions, codes, scales = topk_slots(x, density, bits)
+    levels = 2 ** (bits - 1)
+    unit = scales * np.float32(2.0 ** -bits)
+    magnitudes = (2 * (codes % levels) + 1).astype(np.float32) * unit[:, None]
+    dense = np.zeros((len(scales), TOPK_CHUNK + 1), np.float32)
+    np.put_along_axis(dense, positions, np.where(codes >= levels, -magnitudes, magnitudes), axis=1)
+    return dense[:, :TOPK_CHUNK].ravel()[:np.asarray(x).size]
+
+
+def topk_message(x, density, bits):
+    """The coded bytes of ``x`` as the layout says: positions two to 3 bytes (a & 0xFF,
+    a >> 8 | (b & 0xF) << 4, b >> 4; an odd count padded with a sink), codes 8/B a byte from the low
+    bits, float32 scales."""
+    positions, codes, scales = topk_slots(x, density, bits)
+    flat = positions.ravel()
+    flat = np.concatenate([flat, [TOPK_CHUNK] * (flat.size % 2)]).astype(np.uint32)
+    a, b = flat[0::2], flat[1::2]
+    position_bytes = np.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], axis=1).astype(np.uint8).ravel()
+    per_byte = 8 // bits
+    codes = codes.ravel()
+    codes = np.concatenate([codes, [0] * (-codes.size % per_byte)]).astype(np.uint32).reshape(-1, per_byte)
+    code_bytes = np.zeros(len(codes), np.uint32)
+    for j in range(per_byte):
+        code_bytes |= codes[:, j] << (bits * j)
+    return np.concatenate([position_bytes, code_bytes.astype(np.uint8),
+                           scales.astype("<f4").view(np.uint8)])
+
+
+def topk_message_bytes(elements, exact_values, density, bits):
+    """One rank's message: 3·ceil(n/2) + ceil(n·B/8) + 4m + 4 per exact value, m = ceil(N/4095)
+    chunks, n = m·ceil(D·4095) slots."""
+    m = -(-elements // TOPK_CHUNK)
+    n = m * int(np.ceil(round(density * TOPK_CHUNK, 9)))
+    return 3 * -(-n // 2) + -(-n * bits // 8) + 4 * m + 4 * exact_values
+
+
+def topk_allreduce_reference(payloads, density, bits):
+    """Σ over ranks of what each rank's flat payload stands for, added in fp32 in rank order."""
+    total = np.zeros(np.asarray(payloads[0]).size, np.float32)
+    for x in payloads:
+        total = total + topk_reference(x, density, bits)
+    return total
+
+
 def hierarchical_reference(rank_grads, counts, groups, lr, x0, inter, tau=1, alpha=None, outer_lr=0.7,
                            outer_momentum=0.7):
     """Hierarchical's decomposition with SGD(lr) inside (hierarchical.py's docstring).

@@ -59,7 +59,8 @@ def quantised_configurations(every_step=False):
             if config.flag("--compression") in QUANTISED and (every_step or config.flag("--tau") is not None)}
 
 
-# The formats that are not summable (``Compression.by_name(name).summable`` is False), so go through the
+# The formats that are not summable (``Compression.by_name(name).summable`` is False) and not sparse (topk
+# goes through the sparse allreduce, whose work is not measured yet), so go through the
 # quantised allreduce; spelled out here because asking the formats imports TensorFlow, which the projection
 # must not (a unit test checks the two agree).
 QUANTISED = ("int8", "int4", "bf16")

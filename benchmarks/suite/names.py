@@ -146,6 +146,9 @@ TABLE = (
     Configuration("diloco_tau10_int4", "hvd_easgd DiLoCo tau=10, int4 pseudo-gradients",
                   lambda: hvd_easgd.DiLoCo(period=10, compression="int4"),
                   train_py=("--strategy", "diloco", "--tau", "10", "--compression", "int4"), groups=("compression",)),
+    Configuration("diloco_tau10_topk", "hvd_easgd DiLoCo tau=10, top-k pseudo-gradients (1/64 of each chunk, "
+                  "2 bits, error feedback)", lambda: hvd_easgd.DiLoCo(period=10, compression="topk"),
+                  train_py=("--strategy", "diloco", "--tau", "10", "--compression", "topk"), groups=("compression",)),
     Configuration("raw_horovod_fit", "model.fit with an SGD whose apply calls hvd.grouped_allreduce first",
                   sends_like=_sync, groups=("fit",)),
     Configuration("sync_fit", "model.fit with hvd_easgd's DistributedOptimizer(SyncAverage)", _sync,

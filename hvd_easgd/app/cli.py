@@ -22,7 +22,7 @@ from .config import (BALANCE_MODES, COSINE_IMAGE_SETS, DEFAULT_BALANCE, DEFAULT_
                      VARIABLE_SIZE_MODEL, TrainConfig)
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
-from ..comm.compression import COMPRESSIONS
+from ..comm.compression import COMPRESSIONS, TOPK_BITS
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEXT_EPOCHS, MIN_UPDATES, auto_scales, \
     lr_factor, rule_help
@@ -107,9 +107,15 @@ def build_parser():
         "pseudo-gradients; under --strategy hierarchical, of its inter level)")
     packed.add_argument("--compression", choices=COMPRESSIONS,
                         help="none: fp32; fp16, bf16: 2 bytes an element; int8, int4: block-scaled (a float32 scale "
-                             "per 256 elements), with error feedback; powersgd: rank-R factors, --strategy sync only. "
-                             "--fp16-allreduce is --compression fp16")
+                             "per 256 elements), with error feedback; powersgd: rank-R factors, --strategy sync only; "
+                             "topk: each chunk's largest elements at --bits, with error feedback, --strategy diloco "
+                             "and easgd only. --fp16-allreduce is --compression fp16")
     packed.add_argument("--powersgd-rank", type=int, metavar="R", help="the rank of --compression powersgd's factors")
+    packed.add_argument("--density", type=float, metavar="D",
+                        help="the share of each chunk of 4095 elements --compression topk sends, 0 < D <= 1 "
+                             "(default 1/64)")
+    packed.add_argument("--bits", type=int, choices=TOPK_BITS,
+                        help="the bits of each value --compression topk sends (default 2)")
 
     train = parser.add_argument_group("model, data and optimizer")
     train.add_argument("--model", help=f"{' | '.join(MODELS)}; not given: {DEFAULT_MODEL}, "
@@ -440,6 +446,8 @@ def _validate(args, options):
         raise UsageError(f"--checkpoint-on-signal must be none or names among {','.join(sorted(SIGNALS))}. "
                          f"Received: --checkpoint-on-signal={args.checkpoint_on_signal}")
     args.checkpoint_on_signal = ",".join(names) or "none"
+    if not 0 < args.density <= 1:
+        raise UsageError(f"--density must satisfy 0 < D <= 1. Received: --density={args.density}")
     if not 0 < args.train_fraction <= 1:
         raise UsageError(f"--train-fraction must satisfy 0 < F <= 1. Received: --train-fraction={args.train_fraction}")
     if args.lr_warmup_epochs < 0:
@@ -609,6 +617,8 @@ def _with_compression(config, name, kwargs):
                          f"Received: --compression {chosen}")
     # The strategy refuses a format that does not apply to it (powersgd outside sync).
     extra = {"powersgd_rank": config.powersgd_rank} if chosen == "powersgd" and "powersgd_rank" in parameters else {}
+    if chosen == "topk":
+        chosen = {"name": "topk", "density": config.density, "bits": config.bits}
     return {**kwargs, "compression": chosen, **extra}
 
 

@@ -21,7 +21,7 @@ from typing import Mapping, Optional, Union
 from .. import preemption, runtime
 from ..auto_strategy import DEFAULT_UTILISATION
 from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
-from ..comm.compression import POWERSGD_DEFAULT_RANK
+from ..comm.compression import POWERSGD_DEFAULT_RANK, TOPK_DEFAULT_BITS, TOPK_DEFAULT_DENSITY
 from .data import DEFAULT_CONTEXT, SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
 from .transformer import DEFAULT_HEADS, DEFAULT_LAYERS, DEFAULT_WIDTH
 
@@ -85,6 +85,9 @@ class TrainConfig:
     # What the strategy sends, job-wide (hvd_easgd.comm.compression); Hierarchical: its inter level.
     compression: str = "none"
     powersgd_rank: int = POWERSGD_DEFAULT_RANK
+    # --compression topk's: the share of each chunk sent, and the bits of a value.
+    density: float = TOPK_DEFAULT_DENSITY
+    bits: int = TOPK_DEFAULT_BITS
     model: Optional[str] = None
     data: str = "digits"
     # The share of the training split trained on, spread through it (data.train_slice); the test split is whole.

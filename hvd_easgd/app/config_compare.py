@@ -22,6 +22,8 @@ RESUMABLE_KEYS = frozenset({
 # Options added after runs were saved without them: a saved config that lacks
 # one ran with this value (the option's default, which is what it did then).
 ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
+               # --compression topk's (a run saved before it sent no top-k)
+               "density": 1 / 64, "bits": 2,
                # the language model's (a run saved before them trained images at a constant rate)
                "context": 128, "layers": 2, "width": 64, "heads": 4, "lr_schedule": "constant",
                "lr_warmup_updates": None, "lr_floor": 0.1,

@@ -10,8 +10,8 @@ Subclasses implement the primitives on already-compressed tensors:
 ``_grouped_allreduce``, ``_broadcast``, ``_allgather`` and, where the
 transport has one (``has_alltoall``), ``_alltoall``; and
 ``_sub_communicator`` for ``split``. Formats that cannot be summed as they
-travel (bf16, int8, int4) reduce through ``quantised_allreduce``, built on
-the alltoall and the allgather.
+travel reduce through ``quantised_allreduce`` (bf16, int8, int4), built on
+the alltoall and the allgather, or ``sparse_allreduce`` (topk), one allgather.
 
 Wire bytes: the account also keeps the bytes each rank sends under the
 collective's algorithm, for a payload of S bytes handed to it at p ranks::
@@ -22,6 +22,9 @@ collective's algorithm, for a payload of S bytes handed to it at p ranks::
     reducescatter      (p−1)/p · S
     broadcast          (p−1)/p · S      (the root's S reaches p−1 ranks: p−1
                                          sends of S, shared by the p ranks)
+    sparse_allgather   (p−1) · S        (an allgather, named apart for the cost
+                                         model: S, a rank's whole sparse message,
+                                         does not shrink as p grows)
 
 The account is one float64 variable: bytes and calls stay exact integers
 (to 2^53), and the wire figure has the fractions these formulas give.
@@ -58,8 +61,8 @@ meanwhile are matched by their own names; the direct path runs them on a
 duplicate MPI communicator of their own, so they never interleave with the
 main thread's. A job that raised (a dead peer) makes the finish raise.
 Formats that cannot be summed as they travel (bf16, int8, int4: the
-quantised allreduce, several collectives) still reduce at the start,
-blocking. ``HVD_EASGD_BACKGROUND=0`` runs the jobs on the caller's thread at
+quantised allreduce, several collectives; topk: the sparse allreduce) still
+reduce at the start, blocking. ``HVD_EASGD_BACKGROUND=0`` runs the jobs on the caller's thread at
 the start (the blocking twin the tests compare against; not an option).
 
 Sub-communicators (``split``): a communicator over some of the ranks, with
@@ -82,6 +85,7 @@ import tensorflow as tf
 from .background import BackgroundReducer, background_off
 from .compression import Compression
 from .quantised_allreduce import quantised_allreduce
+from .sparse_allreduce import SPARSE_ALLGATHER, sparse_allreduce
 
 REDUCE_OPS = ("average", "sum")
 
@@ -92,6 +96,7 @@ WIRE_FACTORS = {
     "alltoall": lambda p: (p - 1) / p,
     "reducescatter": lambda p: (p - 1) / p,
     "broadcast": lambda p: (p - 1) / p,
+    SPARSE_ALLGATHER: lambda p: p - 1,  # an allgather whose part is a rank's whole sparse message
 }
 
 
@@ -251,7 +256,8 @@ class Communicator:
         as metric averaging, which is not training traffic). A format that
         cannot be summed as it travels (``compression.summable`` False)
         reduces through ``quantised_allreduce`` instead: one allgather, or
-        an alltoall and an allgather (that module's docstring).
+        an alltoall and an allgather (that module's docstring); a sparse
+        one (topk) through ``sparse_allreduce``: one allgather.
         """
         return self._allreduce(tensors, op, compression, record, with_errors=False)
 
@@ -273,7 +279,8 @@ class Communicator:
         if not tensors or self.size == 1:
             return (tensors, [tf.zeros_like(t) for t in tensors]) if with_errors else tensors
         if not compression.summable:
-            return quantised_allreduce(self, tensors, op, compression, record, with_errors)
+            reduce = sparse_allreduce if compression.sparse else quantised_allreduce
+            return reduce(self, tensors, op, compression, record, with_errors)
         wire, dtypes = zip(*(compression.compress(t) for t in tensors))
         if record:
             self._record(wire)

@@ -48,9 +48,9 @@ Blocks run over the concatenation of the tensors of more than one element,
 flattened, in order; the last is padded with zeros, and the alltoall form
 pads to p equal chunks of ``ceil(blocks/p)`` blocks.
 """
-import math
-
 import tensorflow as tf
+
+from .flat_payload import FlatPayload, split_payload  # noqa: F401 -- split_payload: the strategies' traffic
 
 ALLTOALL = "alltoall"
 ALLGATHER = "allgather"
@@ -59,17 +59,6 @@ ALLGATHER = "allgather"
 def form(size, has_alltoall):
     """Which form runs at ``size`` ranks (module docstring)."""
     return ALLTOALL if size > 2 and has_alltoall else ALLGATHER
-
-
-def _elements(shape):
-    return int(math.prod(int(d) for d in shape))
-
-
-def split_payload(shapes):
-    """``(quantised elements, exact values)`` of tensors of these shapes: a
-    one-element tensor travels exact, every other one quantised."""
-    sizes = [_elements(s) for s in shapes]
-    return sum(n for n in sizes if n != 1), sum(1 for n in sizes if n == 1)
 
 
 def message_bytes(elements, exact_values, compression, size, has_alltoall=True):
@@ -97,10 +86,6 @@ def expected_traffic(elements, exact_values, compression, size, has_alltoall=Tru
     return tuple(sum(part[i] for part in parts) for i in (1, 2, 3))
 
 
-def _exact_bytes(values):
-    return tf.reshape(tf.bitcast(values, tf.uint8), [-1])
-
-
 def _rows(messages, coded):
     """The rows of ``messages`` (uint8 ``[p, L]``), each cut after its ``coded`` bytes: ``(codes, exact bytes)``
     per row. One split and two unstacks, not 2p slices: eager slicing costs several ops a slice, and the
@@ -109,12 +94,12 @@ def _rows(messages, coded):
     return list(zip(tf.unstack(codes), tf.unstack(exact)))
 
 
-def _decode_sum(messages, compression, blocks, exact_values):
+def _decode_sum(messages, compression, blocks, payload):
     """Σ over the rows of ``messages`` (uint8 ``[p, L]``) in row order: (fp32 ``[blocks, B]``, fp32 exact values)."""
     values = exact = None
     for codes, exact_bytes in _rows(messages, blocks * compression.block_bytes):
         v = compression.decode(codes, blocks)
-        e = tf.bitcast(tf.reshape(exact_bytes, [exact_values, 4]), tf.float32)
+        e = payload.exact_values(exact_bytes)
         values, exact = (v, e) if values is None else (values + v, exact + e)
     return values, exact
 
@@ -137,19 +122,14 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
       exact values), the residual that error feedback keeps.
     """
     size = comm.size
-    exact_at = [i for i, t in enumerate(tensors) if _elements(t.shape) == 1]
-    coded_at = [i for i in range(len(tensors)) if i not in exact_at]
-    flat = tf.concat([tf.reshape(tf.cast(tensors[i], tf.float32), [-1]) for i in coded_at] or
-                     [tf.zeros([0], tf.float32)], axis=0)
-    exact = tf.concat([tf.reshape(tf.cast(tensors[i], tf.float32), [1]) for i in exact_at] or
-                      [tf.zeros([0], tf.float32)], axis=0)
-    elements, block = int(flat.shape[0]), compression.block_size
+    payload = FlatPayload(tensors)
+    elements, block = payload.elements, compression.block_size
     blocks = -(-elements // block)
     chosen = form(size, comm.has_alltoall)
     chunk = -(-blocks // size) if chosen == ALLTOALL else blocks
     total = chunk * size if chosen == ALLTOALL else blocks
-    padded = tf.reshape(tf.pad(flat, [[0, total * block - elements]]), [total, block])
-    exact_bytes = _exact_bytes(exact)
+    padded = tf.reshape(tf.pad(payload.coded, [[0, total * block - elements]]), [total, block])
+    exact_bytes = payload.exact_bytes()
     own_messages = [tf.concat([compression.encode(part), exact_bytes], axis=0)
                     for part in (tf.split(padded, total // chunk) if chunk else [padded])]
     if chosen == ALLTOALL:
@@ -157,21 +137,21 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
         if record:
             comm._record([outgoing], collective="alltoall")
         incoming = tf.reshape(comm._alltoall(outgoing), [size, -1])
-        reduced_chunk, exact_sum = _decode_sum(incoming, compression, chunk, len(exact_at))
-        message = tf.concat([compression.encode(reduced_chunk), _exact_bytes(exact_sum)], axis=0)
+        reduced_chunk, exact_sum = _decode_sum(incoming, compression, chunk, payload)
+        message = tf.concat([compression.encode(reduced_chunk), payload.exact_bytes(exact_sum)], axis=0)
         if record:
             comm._record([message], collective="allgather")
         gathered = tf.reshape(comm._allgather(message), [size, -1])
         rows = _rows(gathered, chunk * compression.block_bytes)
         parts = [compression.decode(codes, chunk) for codes, _ in rows]
         values = tf.reshape(tf.concat(parts, axis=0), [-1])
-        exact_total = tf.bitcast(tf.reshape(rows[0][1], [len(exact_at), 4]), tf.float32)
+        exact_total = payload.exact_values(rows[0][1])
     else:
         message = own_messages[0]
         if record:
             comm._record([message], collective="allgather")
         gathered = tf.reshape(comm._allgather(message), [size, -1])
-        summed, exact_total = _decode_sum(gathered, compression, blocks, len(exact_at))
+        summed, exact_total = _decode_sum(gathered, compression, blocks, payload)
         values = tf.reshape(summed, [-1])
     if op == "average":
         values, exact_total = values / size, exact_total / size
@@ -180,18 +160,4 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
         sent = tf.concat([tf.reshape(compression.decode(tf.split(m, [chunk * compression.block_bytes, -1])[0],
                                                         chunk), [-1])
                           for m in own_messages], axis=0)
-    reduced, errors = [None] * len(tensors), [None] * len(tensors)
-    # Each tensor's elements, then the padding: one split each instead of a slice per tensor (_rows).
-    sizes = [_elements(tensors[i].shape) for i in coded_at]
-    pieces = tf.split(values, sizes + [-1])
-    sent_pieces = tf.split(sent, sizes + [-1]) if with_errors else None
-    for k, i in enumerate(coded_at):
-        t = tensors[i]
-        reduced[i] = tf.cast(tf.reshape(pieces[k], t.shape), t.dtype)
-        if with_errors:
-            errors[i] = t - tf.cast(tf.reshape(sent_pieces[k], t.shape), t.dtype)
-    for k, exact_value in enumerate(tf.unstack(exact_total)):
-        t = tensors[exact_at[k]]
-        reduced[exact_at[k]] = tf.cast(tf.reshape(exact_value, t.shape), t.dtype)
-        errors[exact_at[k]] = tf.zeros_like(t)
-    return (reduced, errors) if with_errors else reduced
+    return payload.results(values, exact_total, sent if with_errors else None)

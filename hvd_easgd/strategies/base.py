@@ -73,8 +73,9 @@ import tensorflow as tf
 
 from .. import sample_shares, validation
 from ..comm import Compression, LocalCommunicator
-from ..comm import quantised_allreduce
+from ..comm import quantised_allreduce, sparse_allreduce
 from ..comm.communicator import WIRE_FACTORS
+from ..comm.compression import GRADIENTS
 
 
 @dataclass(frozen=True)
@@ -192,28 +193,41 @@ def allreduce_traffic(variables, size, compression=Compression.none, exact_value
       A ``Traffic``: one allreduce of ``payload_bytes`` and its ring figure
       2(p−1)/p on the wire for a summable format; the quantised allreduce's
       alltoall and allgather (``comm/quantised_allreduce.py``) for bf16, int8
-      and int4.
+      and int4; the sparse allreduce's allgather (``comm/sparse_allreduce.py``)
+      for topk.
     """
     if compression.summable:
         sent = payload_bytes(variables, compression) + exact_values * element_bytes(variables, compression)
         return Traffic.of("allreduce", sent, 1, sent * WIRE_FACTORS["allreduce"](size))
     elements, exact = quantised_allreduce.split_payload([v.shape for v in variables])
-    parts = quantised_allreduce.expected_collectives(elements, exact + exact_values, compression, size, has_alltoall)
+    if compression.sparse:
+        parts = sparse_allreduce.expected_collectives(elements, exact + exact_values, compression, size)
+    else:
+        parts = quantised_allreduce.expected_collectives(elements, exact + exact_values, compression, size,
+                                                         has_alltoall)
     return sum((Traffic.of(*part) for part in parts), NO_TRAFFIC)
 
 
 def compression_for(compression, kind, strategy_name):
-    """The format ``compression`` (a name or a format) for a strategy sending ``kind``.
+    """The format ``compression`` (a name, a format, or ``compression.config_of``'s form of one) for a
+    strategy sending ``kind``.
 
     Raises the Keras-form ``ValueError`` when the format does not apply to
-    that kind of payload (``powersgd`` outside SyncAverage).
+    that kind of payload (``powersgd`` outside SyncAverage, ``topk`` outside
+    DiLoCo and EASGD).
     """
-    choice = Compression.by_name(compression) if isinstance(compression, str) else compression
+    choice = Compression.of(compression)
     if kind not in choice.applies_to:
         raise ValueError(f"`compression` must be a format that applies to {kind} (what --strategy {strategy_name} "
                          f"sends); {choice.name} applies to {', '.join(sorted(choice.applies_to))} only. "
                          f"Received: compression={choice.name!r}")
     return choice
+
+
+def gradient_format(compression):
+    """What a warm-up's SyncAverage sends its gradients in: ``compression``'s name where it applies to
+    gradients, else ``"none"`` (topk applies to pseudo-gradients and elastic differences only)."""
+    return compression.name if GRADIENTS in compression.applies_to else "none"
 
 
 def element_bytes(variables, compression=Compression.none):

@@ -41,10 +41,13 @@ one element of its dtype for the non-finite flag, in one call::
 and zero bytes and calls on the τ − 1 steps between: 1/τ of that per step.
 Compressed (``compression``): Δ_i travels as fp16, bf16, int8 or int4
 (INTELLECT-1 all-reduces int8 pseudo-gradients, Streaming DiLoCo 4-bit
-ones), and with bf16, int8 and int4 each rank keeps its quantisation
-residual e_i and sends Δ_i + e_i next time (``error_feedback.py``); the
-outer optimizer steps on the decoded mean. The bytes are those of
-``allreduce_traffic`` (the flag an exact value of the quantised allreduce).
+ones), or as its top-k per chunk at 2 bits (topk, SparseLoCo's payload:
+``comm/compression/topk.py``); with bf16, int8, int4 and topk each rank
+keeps what its message did not carry, e_i, and sends Δ_i + e_i next time
+(``error_feedback.py``); the outer optimizer steps on the decoded mean.
+The bytes are those of ``allreduce_traffic`` (the flag an exact value of
+the quantised or sparse allreduce). A warm-up sends its gradients in the
+format where it applies to gradients, else in fp32 (topk).
 
 Fragments (Streaming DiLoCo, Douillard et al. 2025, arXiv:2501.18512):
 with ``fragments=F`` (1 <= F <= τ) the trainable variables are split into F
@@ -107,10 +110,11 @@ import numpy as np
 import tensorflow as tf
 
 from .. import resize, validation
+from ..comm.compression import config_of
 from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
-    compression_for, state_variable_name
+    compression_for, gradient_format, state_variable_name
 from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
     check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_step, overlapped_share, \
     start_allreduce_unless_non_finite, synchronised_this_step
@@ -148,7 +152,8 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         (``warmup.run_phases``, the rule of every warm-up; ``WarmUp(DiLoCo(...),
         W)`` computes the same). Default 0.
       compression: the pseudo-gradients' wire format (``"none"``, ``"fp16"``,
-        ``"bf16"``, ``"int8"``, ``"int4"``; module docstring).
+        ``"bf16"``, ``"int8"``, ``"int4"``, ``"topk"`` or a ``TopKCompression``
+        of other density and bits; module docstring).
       fragments: F, Streaming DiLoCo's fragments (1 <= F <= τ; default 1).
       overlap: δ, the inner steps between a synchronisation's start and its
         merge (0 <= δ < ⌊τ/F⌋; default 0, blocking; module docstring).
@@ -235,7 +240,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
         # A child only with a warm-up: a DiLoCo without one keeps the state layout of its older checkpoints.
-        self.warmup_strategy = SyncAverage(compression=self.compression.name) if self.warmup_steps else None
+        self.warmup_strategy = SyncAverage(compression=gradient_format(self.compression)) if self.warmup_steps else None
         validation.number("outer_learning_rate", outer_learning_rate, minimum=0, min_inclusive=False)
         validation.number("outer_momentum", outer_momentum, minimum=0, maximum=1, max_inclusive=False)
         if outer_optimizer is not None:
@@ -564,7 +569,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
                 **({"overlap": self.overlap, "mixing": self.mixing} if self.overlap else {}),
                 **({"overlap_merge": self.overlap_merge} if self.overlap_merge != DEFAULT_OVERLAP_MERGE else {}),
                 **({"max_period": self.schedule.maximum} if self.schedule.adaptive else {}),
-                **({"compression": self.compression.name} if self.compression.name != "none" else {})}
+                **({"compression": config_of(self.compression)} if self.compression.name != "none" else {})}
 
     @classmethod
     def from_config(cls, config):

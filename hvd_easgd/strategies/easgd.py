@@ -57,6 +57,16 @@ feedback carried by the state itself; no residual variable is needed, and
 so nothing per rank beyond the local weights (the resize rule is unchanged).
 The NaN/Inf flag is checked before encoding and travels exactly.
 
+It holds for the sparse payload (topk: ``comm/compression/topk.py``) too,
+where e_i is most of d_i: an element a rank did not send moves neither
+x_i nor (by that rank) x̃, so it stays whole in x_i − x̃, and the next
+elastic step sends α of the gap it is part of once it is among the chunk's
+largest. A residual variable on top would send it twice: the gap already
+holds it. Where a rank sends, the center receives d̂_i, within a factor 2
+of d_i (the quantiser's bound), and the difference stays in the gap as
+above. A coordinate only q of the p ranks send takes an elastic step among
+those q, whose bound on α, 2/(q+1), is looser than 2/(p+1).
+
 Overlap (``overlap`` = δ, 0 ≤ δ < τ): the elastic step's allreduce is
 started δ steps before the step it is merged at, and the local steps go on
 meanwhile. Per period, counting t after the warm-up:
@@ -80,9 +90,10 @@ import keras
 import tensorflow as tf
 
 from .. import validation
+from ..comm.compression import config_of
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
-    state_variable_name
+    gradient_format, state_variable_name
 from .local_updates import OVERLAP_HELP, MergesOnDrain, allreduce_unless_non_finite, check_overlap, \
     check_overlap_schedule, finish_allreduce_unless_non_finite, local_adaptive_factor, local_lr_factor, local_step, \
     overlapped_share, \
@@ -135,8 +146,9 @@ class EASGD(MergesOnDrain, SyncStrategy):
         and its merge: an integer 0 <= δ < τ (default 0; ``True`` means 1;
         module docstring).
       compression: the format of the elastic differences: ``"none"``
-        (default), ``"fp16"``, ``"bf16"``, ``"int8"`` or ``"int4"`` (module
-        docstring); the warm-up's SyncAverage sends its gradients in it too.
+        (default), ``"fp16"``, ``"bf16"``, ``"int8"``, ``"int4"`` or ``"topk"``
+        (module docstring); the warm-up's SyncAverage sends its gradients in
+        it too (in fp32 for topk, which applies to differences only).
       communication_period: TF1's ``ElasticAverageOptimizer`` name for
         ``period``, accepted as an alias (give one of the two); model.keras
         files written before the rename hold it.
@@ -198,7 +210,8 @@ class EASGD(MergesOnDrain, SyncStrategy):
         self.overlap = check_overlap(overlap, self.period)
         check_overlap_schedule(self.overlap, self.schedule)
         # The warm-up sends its gradients compressed too; without one it never runs (nor keeps residuals).
-        self.warmup_strategy = SyncAverage(compression=self.compression.name if self.warmup_steps else "none")
+        self.warmup_strategy = SyncAverage(compression=gradient_format(self.compression) if self.warmup_steps
+                                           else "none")
         self._checked_size = None
 
     def children(self):
@@ -472,5 +485,5 @@ class EASGD(MergesOnDrain, SyncStrategy):
         if self.schedule.adaptive:
             config["max_period"] = self.schedule.maximum
         if self.compression.name != "none":
-            config["compression"] = self.compression.name
+            config["compression"] = config_of(self.compression)
         return config

@@ -1,7 +1,8 @@
 """Compressed payloads across real ranks (issue 24, section B): the quantised allreduce
 and DiLoCo int8 under horovodrun --gloo and horovodrun --mpi at np = 3 (Horovod's alltoall +
 allgather form, under both of its controllers) and on the direct MPI path under mpirun at np = 3 (MpiDirectAlltoall), one launch each;
-and train.py on digits with --strategy diloco --compression int8 through Horovod under
+in the same launches the sparse allreduce and DiLoCo with topk (issue 62: one allgather, every rank the
+reference's bits); and train.py on digits with --strategy diloco --compression int8 through Horovod under
 horovodrun --mpi (the allgather form at np = 2).
 """
 import json
@@ -43,6 +44,18 @@ def test_quantised_collectives_match_the_reference_on_every_rank(launcher, colle
                                       "wire_bytes": 3 * 2 * (size - 1) * message} if alltoall else
                                      {"bytes": 3 * message, "calls": 3, "wire_bytes": 3 * (size - 1) * message})
     assert len({tuple(r["diloco"]["weights"]) for r in ranks}) == 1
+    # topk: one allgather of each rank's message, whatever the transport (sparse_allreduce.py)
+    message = ref.topk_message_bytes(9000, 1, 0.01, 2)
+    small = ref.topk_message_bytes(ref.DIM, 1, 2 / 4095, 2)
+    for r in ranks:
+        got = r["topk"]
+        assert got["equals_reference"] and got["conserved"] and got["identical_maxdiff"] == 0.0
+        assert got["traced_relative_error"] <= 1e-6 and got["exact_value"] == [size * (size + 1) / 2]
+        assert got["account"] == {"bytes": message, "calls": 1, "wire_bytes": (size - 1) * message}
+        diloco = r["diloco_topk"]
+        assert diloco["identical_maxdiff"] == 0.0 and diloco["residual_norm"] > 0.0
+        assert diloco["account"] == {"bytes": 3 * small, "calls": 3, "wire_bytes": 3 * (size - 1) * small}
+    assert len({tuple(r["diloco_topk"]["weights"]) for r in ranks}) == 1
 
 
 def test_train_py_diloco_int8_on_digits_reaches_095_with_its_wire_formula(tmp_path):

@@ -129,6 +129,8 @@ RESUMED_OPTIONS = {
     "accumulate": ["--strategy", "sync", "--accumulate", "3"],
     "periodic": ["--strategy", "periodic", "--tau", "4"],
     "diloco": ["--strategy", "diloco", "--tau", "4"],
+    # the sparse payload: its per-rank residuals (mid-period, mid-epoch) saved and resumed exactly
+    "diloco_topk": ["--strategy", "diloco", "--tau", "4", "--compression", "topk"],
     # unequal shares of the global batch: the uninterrupted run's rank 1 is slow (RESUMED_ENV), so its
     # measured shares differ; the resumed runs take them from the saved config, not from a measurement
     "balance": ["--strategy", "diloco", "--tau", "4", "--balance", "speed"],
@@ -140,7 +142,8 @@ COMMON = ["--threads-per-rank", "1", "--eval-every", "2", "--seed", "3", "--epoc
 # phase of EASGD, PeriodicAverage and DiLoCo (25 % 4 = 1: the ranks' local weights differ there).
 MID_EPOCH = {"sync": "epoch-000001-step-000003", "easgd": "epoch-000001-step-000003",
              "accumulate": "epoch-000001-step-000004", "periodic": "epoch-000001-step-000003",
-             "diloco": "epoch-000001-step-000003", "balance": "epoch-000001-step-000003"}
+             "diloco": "epoch-000001-step-000003", "diloco_topk": "epoch-000001-step-000003",
+             "balance": "epoch-000001-step-000003"}
 
 
 STRAIGHT_OPTIONS = {name: [*options, *COMMON, "--checkpoint-every-steps", "5", "--keep-checkpoints", "100",
@@ -223,6 +226,12 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(name, where, uninterrup
     if name == "easgd":
         model_keys = [k for k in expected if k.startswith("0:model/")]
         assert any(not np.array_equal(expected[k], expected["1" + k[1:]]) for k in model_keys)
+    if name == "diloco_topk":  # its options recorded; one allgather of 10 chunks' top 64 every tau = 4 steps
+        saved = yaml.safe_load(open(os.path.join(broken, "config.yaml")))["config"]
+        assert (saved["compression"], saved["density"], saved["bits"]) == ("topk", 1 / 64, 2)
+        message = 3 * 640 // 2 + 640 * 2 // 8 + 4 * 10 + 4  # 38,282 weights: 10 chunks, 640 slots; the flag
+        epochs = json.load(open(os.path.join(straight, "metrics.json")))["epochs"]
+        assert sum(row["bytes_sent_per_step"] * 22 for row in epochs) == pytest.approx(11 * message, rel=1e-12)
     if name == "balance":  # the slow rank took the smaller share, and the resume took the same shares
         shares = [yaml.safe_load(open(os.path.join(d, "config.yaml")))["config"]["sample_shares"]
                   for d in (straight, broken)]

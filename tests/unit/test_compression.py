@@ -55,7 +55,7 @@ def test_each_format_says_what_it_costs_and_whether_it_sums():
     assert (Compression.bf16.block_size, Compression.bf16.block_bytes) == (1, 2)
     assert Compression.fp16.wire_itemsize(tf.float32) == 2 and Compression.none.wire_itemsize(tf.float32) == 4
     with pytest.raises(ValueError, match=r"^`compression` must be one of \['none', 'fp16', 'bf16', 'int8', 'int4', "
-                                         r"'powersgd'\]\. Received: compression='int2'$"):
+                                         r"'powersgd', 'topk'\]\. Received: compression='int2'$"):
         Compression.by_name("int2")
 
 

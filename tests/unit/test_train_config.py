@@ -18,7 +18,8 @@ pytestmark = pytest.mark.unit
 # "plugin" joined with --plugin (issue 23): the modules imported, [] without any.
 DEFAULTS_EFFECTIVE = {
     "config": None, "plugin": [], "strategy": "sync", "accumulate": 1, "accumulate_reduction": "mean",
-    "compression": "none", "powersgd_rank": 4, "model": "cnn",
+    "compression": "none", "powersgd_rank": 4, "density": 1 / 64, "bits": 2,  # --compression topk's (issue 62)
+    "model": "cnn",
     "data": "digits", "train_fraction": 1.0, "image_shape": "32,32,3", "num_classes": 10,
     "context": 128, "layers": 2, "width": 64, "heads": 4,  # the transformer's (wave 4: real workloads)
     "optimizer": "momentum", "momentum": 0.9,

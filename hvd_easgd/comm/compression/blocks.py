@@ -54,6 +54,7 @@ class Int8Compression:
 
     name = "int8"
     summable = False
+    sparse = False
     applies_to = EVERY_PAYLOAD
     block_size = BLOCK_SIZE
     block_bytes = BLOCK_SIZE + SCALE_BYTES
@@ -82,6 +83,7 @@ class Int4Compression:
 
     name = "int4"
     summable = False
+    sparse = False
     applies_to = EVERY_PAYLOAD
     block_size = BLOCK_SIZE
     block_bytes = BLOCK_SIZE // 2 + SCALE_BYTES

@@ -70,6 +70,7 @@ class BF16Compression:
 
     name = "bf16"
     summable = False
+    sparse = False
     applies_to = EVERY_PAYLOAD
     block_size = 1
     block_bytes = 2  # one bf16, no scale
