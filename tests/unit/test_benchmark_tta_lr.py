@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 def test_each_strategy_row_asks_the_rule_as_train_py_would(monkeypatch):
     calls = []
 
-    def rule(cls, size, accumulate=1):
+    def rule(cls, size, accumulate=1, adaptive=False):
         if size > 1:  # train.py's parser also asks at size 1, to refuse a rule-less strategy early
             calls.append((size, accumulate, cls.name))
         return 3.0 + accumulate  # distinct per k, so the product shows which k was asked for

@@ -200,7 +200,8 @@ def diloco_reference(masks, name="none"):
             for f, mask in enumerate(masks):
                 if t % TAU == diloco.offset(f):
                     diloco.pending = (f, t, [diloco.theta[mask] - x[mask] + e[mask]
-                                             for x, e in zip(diloco.xs, diloco.residuals)])
+                                             for x, e in zip(diloco.xs, diloco.residuals)],
+                                      [x[mask].copy() for x in diloco.xs])
                     diloco.merge()
         return diloco.xs, diloco.theta
     return reference
