@@ -60,6 +60,12 @@ def quiet_env(**extra):
     return env
 
 
+# What horovodrun's Gloo summary reports for a rank it stopped after another exited: 143 if the
+# SIGTERM ended it, 137 if it was still working (a rank in a collective, or whose preemption
+# handler holds SIGTERM until the next agreement) when the launcher's 5-second grace ran out.
+STOPPED_BY_LAUNCHER = {"137", "143"}
+
+
 def horovodrun_command(args, np=2, controller="gloo"):
     """``horovodrun -np N --gloo|--mpi python ARGS`` on this host, over loopback."""
     return [HOROVODRUN, "-np", str(np), f"--{controller}", "--network-interface", "lo", PYTHON, *args]

@@ -144,7 +144,7 @@ def test_fit_twice_equals_fit_once_bit_for_bit(custom):
         assert r["losses"][-1] < 0.2 * r["losses"][0]
 
 
-def test_the_saved_kept_model_predicts_as_the_center(custom):
+def test_the_saved_kept_model_predicts_as_the_merged_center(custom):
     for r in custom:
         assert r["kept_error"] is None, r["kept_error"]
         assert r["saved_vs_center"] <= 1e-5

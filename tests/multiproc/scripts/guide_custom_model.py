@@ -3,8 +3,9 @@
 
 * fit for 2 epochs, then fit again for 2 with new callbacks, against one fit
   for 4 (shuffle=False): bit for bit in weights, center and optimizer slots;
-* the model you keep: saved with save_kept_model, its predictions are the
-  center's, not the local weights';
+* the model you keep: saved with save_kept_model after fit's end-of-training
+  merge, its predictions are the merged center's (the workers' mean), not the
+  local weights';
 * a custom loop that forgot broadcast_initial_state is refused at build.
 Each rank writes OUT/rank<r>.json; tests/multiproc/test_keras_guides.py asserts.
 """
@@ -90,9 +91,12 @@ try:
     comm.allgather_json("saved")  # barrier: the file is complete on every rank after this
     loaded = keras.models.load_model(path, custom_objects={"CustomModel": CustomModel})
     saved_predictions = loaded.predict(x_test, verbose=0)
-    # Reference: the same network computed in NumPy from rank 0's center.
-    center = comm.broadcast([c for c in once.optimizer.strategy.center], root_rank=0)
-    k1, b1, k2, b2 = (c.numpy() for c in center)
+    # Reference: the same network computed in NumPy from the center that the end-of-fit merge
+    # (callbacks.defaults' MergeAtEnd) gives: one elastic step at alpha = 1/p puts it on the
+    # workers' mean, which is the mean of every rank's local weights, gathered here.
+    k1, b1, k2, b2 = (
+        np.mean(comm.allgather(tf.reshape(tf.cast(v, tf.float64), [1, -1])).numpy(), axis=0).reshape(v.shape)
+        for v in once.trainable_variables)
     reference = np.tanh(x_test @ k1 + b1) @ k2 + b2
     local = once.predict(x_test, verbose=0)
     swapped = once.predict(x_test, verbose=0, callbacks=[hvd_easgd.callbacks.SwapKeptWeights()])
