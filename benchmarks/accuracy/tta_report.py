@@ -624,7 +624,7 @@ def render_overlap(results_dir=OVERLAP_RESULTS, figures=None):
              f"{results['topology']['hosts']} hosts × {results['topology']['ranks_per_host']} rank, "
              f"{results['topology']['shaping']}, per-rank batch {first['batch_per_rank']}, {first['epochs']} epochs, "
              f"{first['seeds']} seed(s). The started allreduce runs on the communicator's worker thread while the "
-             "next δ steps compute ([Overlap](strategies.md#overlap-overlap-delta)). Command:", "",
+             "next δ steps compute ([Overlap](strategy-options.md#overlap-overlap-delta)). Command:", "",
              f"    {results['command']}", "",
              "Computed by `benchmarks/accuracy/tta_report.py` from the per-epoch curves in "
              f"`{source}/results.json`, as on the time-to-accuracy page (first epoch at or above a target, "

@@ -24,8 +24,9 @@ def defaults(swap_on_epoch=False, statistics_every_step=False, merge_at_end=True
     for a ``ModelCheckpoint`` placed after them), metrics averaged, the
     training loss handed to an adaptive period (``--tau adaptive``), and, when
     ``fit`` ends, the ranks' last local steps merged into the kept model
-    (``MergeAtEnd``; ``merge_at_end=False`` for a training split over several
-    ``fit`` calls, which then calls ``hvd_easgd.merge_at_end(model)`` after the last)."""
+    (``MergeAtEnd``, which leaves the training state as it was, so a second ``fit``
+    continues as one longer ``fit``; ``merge_at_end=False`` saves its one
+    collective where only the last ``fit``'s kept model matters)."""
     chosen = [BroadcastInitialState(), AverageStatistics(every_step=statistics_every_step),
               SwapKeptWeights(swap_on_epoch=swap_on_epoch), MetricAverage(), AdaptivePeriodLoss()]
     return chosen + [MergeAtEnd()] if merge_at_end else chosen

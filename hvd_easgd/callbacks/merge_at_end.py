@@ -9,10 +9,10 @@ class MergeAtEnd(keras.callbacks.Callback):
     model you keep holds every update (DiLoCo's last partial period, the steps since
     PeriodicAverage's last average, EASGD's center onto the workers' mean).
 
-    Place it after ``SwapKeptWeights``, which puts the local weights back first. A
-    training split over several ``fit`` calls merges at the end of each, which takes one
-    synchronisation early; to merge once, leave it out (``defaults(merge_at_end=False)``)
-    and call ``hvd_easgd.merge_at_end(model)`` after the last ``fit``.
+    Place it after ``SwapKeptWeights``, which puts the local weights back first. The
+    merge leaves the training state as it was (the kept model is read from it, then every
+    variable is put back), so a training split over several ``fit`` calls continues bit
+    for bit as one longer ``fit``; each ``fit`` costs one more collective at its end.
     """
 
     def on_train_end(self, logs=None):

@@ -213,6 +213,16 @@ def test_the_readme_is_at_most_12_kb_and_names_every_strategy():
         assert f"| `{name}" in readme.decode(), name
 
 
+HAND_WRITTEN_MAX_BYTES = 30 * 1024  # longer pages split by what a reader comes for; generated tables may run on
+
+
+def test_no_hand_written_page_is_over_30_kb():
+    sizes = {os.path.relpath(path, ROOT): os.path.getsize(path) for path in _hand_written()}
+    assert "docs/strategies.md" in sizes and "docs/strategy-options.md" in sizes
+    too_long = {path: size for path, size in sizes.items() if size > HAND_WRITTEN_MAX_BYTES}
+    assert not too_long, too_long
+
+
 LEAD_LINES = 5
 # A rendered line of the theme's text column holds about this many characters; a lead of five long source
 # lines (a generated page writes its answer as one line) must still fit in five of them.
