@@ -86,8 +86,9 @@ def easgd_reference(grads, counts, tau, alpha, groups):
     return x, center
 
 
-def test_sync_within_groups_easgd_across_them_matches_the_reference_and_its_account():
-    tau, alpha, steps = 2, 0.25, 4
+def sync_within_easgd_across(steps, tau=2, alpha=0.25):
+    """Hierarchical(SyncAverage, EASGD) at P ranks in groups of N, trained ``steps`` steps, and its NumPy
+    reference: (cluster, models, optimizers, reference weights, reference center)."""
     cluster = SimulatedCluster(P)
     models, opts = ranks_with(cluster, lambda: Hierarchical(SyncAverage(), EASGD(tau, moving_rate=alpha),
                                                             ranks_per_group=N), X0)
@@ -95,6 +96,12 @@ def test_sync_within_groups_easgd_across_them_matches_the_reference_and_its_acco
     for g in grads:
         step(cluster, models, opts, g, counts)
     x, center = easgd_reference(grads, counts, tau, alpha, [[0, 1], [2, 3]])
+    return cluster, models, opts, x, center
+
+
+def test_sync_within_groups_easgd_across_them_matches_the_reference_and_its_account():
+    tau, alpha, steps = 2, 0.25, 4
+    cluster, models, opts, x, center = sync_within_easgd_across(steps, tau, alpha)
     got = kernels(models)
     np.testing.assert_array_equal(got[0], got[1])  # bit-identical within a group
     np.testing.assert_array_equal(got[2], got[3])
@@ -304,14 +311,7 @@ def test_split_gives_sub_communicators_whose_traffic_the_parent_also_counts():
 def test_the_end_of_training_merge_runs_the_active_level_only():
     # Sharded: EASGD across the 2 groups, 5 steps at tau 2: the kept model (the center's shards gathered) is
     # the groups' mean after the merge; the training state is as it was.
-    tau, alpha, steps = 2, 0.25, 5
-    cluster = SimulatedCluster(P)
-    models, opts = ranks_with(cluster, lambda: Hierarchical(SyncAverage(), EASGD(tau, moving_rate=alpha),
-                                                            ranks_per_group=N), X0)
-    grads, counts = rank_grads(steps), [3, 1, 2, 5]
-    for g in grads:
-        step(cluster, models, opts, g, counts)
-    x, center = easgd_reference(grads, counts, tau, alpha, [[0, 1], [2, 3]])
+    cluster, models, opts, x, center = sync_within_easgd_across(steps=5)
     before = kernels(models)
     cluster.run(lambda r: hvd_easgd.merge_at_end(models[r], opts[r]))
     for r in range(P):
@@ -322,7 +322,7 @@ def test_the_end_of_training_merge_runs_the_active_level_only():
     # One group of all the ranks: the intra strategy alone, the model's own weights; an inter state left
     # from another layout is never merged into them.
     cluster = SimulatedCluster(N)
-    models, opts = ranks_with(cluster, lambda: Hierarchical(SyncAverage(), EASGD(tau), ranks_per_group=N), X0)
+    models, opts = ranks_with(cluster, lambda: Hierarchical(SyncAverage(), EASGD(2), ranks_per_group=N), X0)
     for g in rank_grads(3):
         step(cluster, models, opts, g[:N])
     for opt in opts:
