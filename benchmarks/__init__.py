@@ -2,7 +2,7 @@
 
 * ``suite/``: the strategy comparison itself: the configurations, one launch of them all interleaved,
   the runner every program launches through, the rated-link runs and the suite's report.
-* ``costmodel/``: what feeds the library's cost model (``hvd_easgd/cost_model.py``) here, its checks
+* ``costmodel/``: what feeds the library's cost model (``hvd_easgd/choosing/cost_model.py``) here, its checks
   against the virtual cluster and two papers, and the projection pages.
 * ``accuracy/``: what a strategy does to a model's quality and to its time to a target, and the pages
   rendered from those runs.

@@ -11,7 +11,7 @@ passes per update on top of any of them, and ``WarmUp`` runs SyncAverage
 first. Strategies defined outside the package register with
 ``registry.register`` (docs/plugins.md).
 
-The names below load on first use (PEP 562), so ``import hvd_easgd.slurm``
+The names below load on first use (PEP 562), so ``import hvd_easgd.startup.slurm``
 from a batch script costs the standard library only, not TensorFlow's
 seconds of start-up.
 """
@@ -40,20 +40,20 @@ _LAZY = {
     "registry": ".strategies",
     "Compression": ".comm",
     "LocalCommunicator": ".comm",
-    "DistributedOptimizer": ".optimizer",
-    "broadcast_initial_state": ".initial_state",
-    "KeptWeights": ".kept_model",
-    "kept_weights": ".kept_model",
-    "merge_at_end": ".kept_model",
-    "save_kept_model": ".kept_model",
-    "shard_dataset": ".sharding",
-    "communicator": ".runtime",
-    "init": ".runtime",
-    "local_rank": ".runtime",
-    "local_size": ".runtime",
-    "rank": ".runtime",
-    "size": ".runtime",
-    "auto": ".auto_strategy",
+    "DistributedOptimizer": ".training.optimizer",
+    "broadcast_initial_state": ".training.initial_state",
+    "KeptWeights": ".training.kept_model",
+    "kept_weights": ".training.kept_model",
+    "merge_at_end": ".training.kept_model",
+    "save_kept_model": ".training.kept_model",
+    "shard_dataset": ".training.sharding",
+    "communicator": ".startup.runtime",
+    "init": ".startup.runtime",
+    "local_rank": ".startup.runtime",
+    "local_size": ".startup.runtime",
+    "rank": ".startup.runtime",
+    "size": ".startup.runtime",
+    "auto": ".choosing.auto_strategy",
     "callbacks": ".callbacks",
     "data": ".app.data",
     "models": ".app.models",

@@ -2,7 +2,7 @@
 
     "`name` must be <requirement>. Received: name=<value>"
 
-Standard library only, so any layer may import it (``hvd_easgd.slurm`` stays
+Standard library only, so any layer may import it (``hvd_easgd.startup.slurm`` stays
 importable without TensorFlow). A bool is never taken for a number: ``True``
 is an ``int`` to Python, but ``period=True`` is a mistake, not τ = 1. NumPy
 integers and floats are accepted (they register as ``numbers.Integral`` and

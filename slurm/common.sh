@@ -56,7 +56,7 @@ launch_ranks() {
     # horovodrun runs inside this single batch task and starts the ranks
     # itself (over ssh on the other nodes of a multi-node allocation).
     local hosts
-    hosts=$(python -m hvd_easgd.slurm hosts) || die "could not build the horovodrun host list"
+    hosts=$(python -m hvd_easgd.startup.slurm hosts) || die "could not build the horovodrun host list"
     horovodrun -np "$SLURM_NTASKS" -H "$hosts" python "$@"
   fi
 }

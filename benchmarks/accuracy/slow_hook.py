@@ -1,7 +1,7 @@
 """The test hook that makes one rank slow, as the benchmarks of ranks of unequal speed set it: its value,
 measured, and a launch that hands it to every rank.
 
-``HVD_EASGD_TEST_SLOW_RANKS=RANK:SECONDS`` (``hvd_easgd.sample_shares``): after each training step rank RANK
+``HVD_EASGD_TEST_SLOW_RANKS=RANK:SECONDS`` (``hvd_easgd.strategies.sample_shares``): after each training step rank RANK
 sleeps SECONDS per sample of its micro-batch. ``slow_rank`` (one host, over loopback) and ``time_to_target
 --slow-rank`` (the virtual cluster) both make the last rank ``SLOW_FACTOR`` times slower: SECONDS is
 (SLOW_FACTOR − 1) × c, c the per-rank compute per sample that a run of equal ranks measured (its N ranks ÷
@@ -16,7 +16,7 @@ hosts too. This process never imports TensorFlow.
 """
 from typing import NamedTuple
 
-from hvd_easgd.sample_shares import TEST_SLOW_RANKS, test_slowdown
+from hvd_easgd.strategies.sample_shares import TEST_SLOW_RANKS, test_slowdown
 
 from .study import kept_runs
 

@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 from tools.vcluster import ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from hvd_easgd import auto_strategy
+from hvd_easgd.choosing import auto_strategy
 
 from . import parity
 from .slow_hook import HOOK, SLOW_FACTOR, SlowRankLaunch, hook_setting, slowed_seconds

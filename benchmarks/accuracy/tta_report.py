@@ -29,7 +29,7 @@ import os
 import statistics
 import sys
 
-from hvd_easgd import cost_model
+from hvd_easgd.choosing import cost_model
 
 from ..suite import curves, rated_links
 from ..costmodel import workloads

@@ -1,4 +1,4 @@
-"""The cost model's inputs, checks and reports; its formulas are the library's (``hvd_easgd/cost_model.py``).
+"""The cost model's inputs, checks and reports; its formulas are the library's (``hvd_easgd/choosing/cost_model.py``).
 
 * inputs: the traffic table from the strategies' own hooks (``traffic_table.py``), this machine's
   calibration and the virtual cluster's token-bucket links (``calibration.py``), the models it

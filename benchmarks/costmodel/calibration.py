@@ -1,4 +1,4 @@
-"""What the cost model (``hvd_easgd/cost_model.py``) is fed on this machine: the committed traffic table,
+"""What the cost model (``hvd_easgd/choosing/cost_model.py``) is fed on this machine: the committed traffic table,
 the named link rates the projection reports, and the virtual cluster's token-bucket links.
 
 Standard library only, no TensorFlow. The formulas live in the library; the calibration against this

@@ -9,7 +9,7 @@ source and what the table leaves unstated, are committed data
 (``benchmarks/data/streaming_diloco_table4.json``); nothing here copies the
 paper's simulator, which is not public.
 
-The model is ``hvd_easgd/cost_model.py``'s, given the paper's inputs. A
+The model is ``hvd_easgd/choosing/cost_model.py``'s, given the paper's inputs. A
 method sends its payload (``BYTES`` a parameter) in ``fragments`` equal
 parts, one ring allreduce of N·b/fragments over M replicas per part, every
 ``period / fragments`` steps; per step that is
@@ -41,7 +41,7 @@ import math
 import pathlib
 from typing import NamedTuple
 
-from hvd_easgd import cost_model
+from hvd_easgd.choosing import cost_model
 
 POINTS = pathlib.Path(__file__).resolve().parents[1] / "data" / "streaming_diloco_table4.json"
 COMMAND = "python -m benchmarks project --paper streaming-diloco"

@@ -16,7 +16,7 @@ inside a server first, as NCCL's hierarchical allreduce does).
 """
 import math
 
-from hvd_easgd import cost_model
+from hvd_easgd.choosing import cost_model
 
 from . import calibration
 

@@ -8,14 +8,14 @@
 
 Imports no TensorFlow and answers in well under a second (``--report``
 draws its plots with matplotlib, a few seconds). The formulas are
-``hvd_easgd/cost_model.py``'s (the table ``calibration.py``'s); the models ``workloads.py``'s; the papers'
+``hvd_easgd/choosing/cost_model.py``'s (the table ``calibration.py``'s); the models ``workloads.py``'s; the papers'
 inputs ``paper_check.py``'s and ``diloco_paper_check.py``'s; the generated pages ``projection_report.py``'s.
 """
 import json
 import pathlib
 import sys
 
-from hvd_easgd import cost_model
+from hvd_easgd.choosing import cost_model
 
 from . import calibration, diloco_paper_check, format_compute, paper_check, projection_report, workloads
 from ..suite import committed

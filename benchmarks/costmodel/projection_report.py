@@ -30,7 +30,7 @@ import math
 import pathlib
 import textwrap
 
-from hvd_easgd import cost_model
+from hvd_easgd.choosing import cost_model
 
 from . import calibration, diloco_paper_check, format_compute, paper_check, workloads
 from ..suite import committed
@@ -369,7 +369,7 @@ their render. -->
 
 ## What the plot assumes
 
-The α–β cost model of the [Benchmarks](benchmarks.md) page (`hvd_easgd/cost_model.py`), projected: nothing here
+The α–β cost model of the [Benchmarks](benchmarks.md) page (`hvd_easgd/choosing/cost_model.py`), projected: nothing here
 ran at these sizes. Each configuration's bytes and calls per step come from its strategy's own `expected_traffic`
 hook (the traffic table), each collective charged by its own formula; an allreduce is the faster of a ring and
 halving/doubling. The two models were measured on an H200 with PyTorch

@@ -1,6 +1,6 @@
 """``python -m benchmarks traffic``: the committed traffic table the cost model reads.
 
-The cost model (``hvd_easgd/cost_model.py``) imports no TensorFlow, so what
+The cost model (``hvd_easgd/choosing/cost_model.py``) imports no TensorFlow, so what
 each configuration sends is asked of its strategy's own hook
 (``SyncStrategy.expected_traffic``) here, once, and written to
 ``docs/results/traffic/traffic.json``. Per configuration and level the table

@@ -39,9 +39,10 @@ def load():
 # --- the worker (one rank of the horovodrun job) -------------------------------------
 def worker(out_path, repeats, epochs):
     import hvd_easgd
-    from hvd_easgd import callbacks, runtime
+    from hvd_easgd import callbacks
+    from hvd_easgd.startup import runtime
     from hvd_easgd.app.data import steps_per_epoch, training_dataset
-    from hvd_easgd.preemption import StopRequests
+    from hvd_easgd.checkpoint.preemption import StopRequests
 
     comm = runtime.init(threads_per_rank=1)
     data, model, optimizer = sync_average_cnn(comm, 0.02)

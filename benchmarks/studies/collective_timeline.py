@@ -104,7 +104,7 @@ def main(argv=None):
     os.environ["HOROVOD_TIMELINE_MARK_CYCLES"] = "1"
 
     import hvd_easgd
-    from hvd_easgd import runtime
+    from hvd_easgd.startup import runtime
 
     comm = hvd_easgd.init(threads_per_rank=1)
     import horovod.tensorflow as hvd

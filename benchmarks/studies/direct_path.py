@@ -6,7 +6,7 @@ Arms, each in its own ``mpirun -np 2`` launch (Horovod reads its
 tunables once, when it starts), launched round-robin for ``--rounds`` rounds
 in a rotating order so that load from elsewhere hits them alike:
 
-* ``horovod``: HorovodCommunicator with hvd_easgd's settings (hvd_easgd.tuning:
+* ``horovod``: HorovodCommunicator with hvd_easgd's settings (hvd_easgd.startup.tuning:
   Horovod's 1 ms cycle, Open MPI yielding): the tuned path a job gets;
 * ``horovod_cycle_0.1``: the same with HOROVOD_CYCLE_TIME=0.1 (ms), the
   lowest-latency Horovod setting measured;
@@ -127,7 +127,7 @@ def _latency(comm, grads, nbytes, barrier, direct):
 
 def worker(arm, out, steps, repeats, batch=32):
     import hvd_easgd
-    from hvd_easgd import runtime
+    from hvd_easgd.startup import runtime
 
     collectives, _ = ARMS[arm]
     comm = hvd_easgd.init(threads_per_rank=1, collectives=collectives)

@@ -57,7 +57,7 @@ def worker(progress_dir, workarounds):
     from horovod.common.elastic import ObjectState
     from horovod.common.exceptions import HorovodInternalError
 
-    from hvd_easgd import runtime
+    from hvd_easgd.startup import runtime
     from hvd_easgd.checkpoint import state_groups
     from hvd_easgd.app.data import steps_per_epoch, training_dataset
 

@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.studies.link_transport [--rate 100mbit] [--rounds 3] [--megabytes 32]``
 
-The rated-link launches' link probe (one 32 MB allreduce, ``hvd_easgd/link_probe.py``)
+The rated-link launches' link probe (one 32 MB allreduce, ``hvd_easgd/choosing/link_probe.py``)
 measured 48 to 94 Mbit/s through a 100 Mbit/s tbf from launch to launch, and
 the cost model takes each launch's probe as the rate of its long transfers
 (``calibration.TokenBucketLink``). This asks where the shortfall comes from,

@@ -9,7 +9,7 @@ kinds of launch (``horovodrun -np 2``):
   (``tuning.HOROVOD_OWN_DEFAULTS``), which ``hvd_easgd.init()`` leaves alone
   as it leaves any setting of the user's;
 * ``hvd_easgd``: nothing set; ``hvd_easgd.init()`` chooses
-  (``hvd_easgd.tuning``).
+  (``hvd_easgd.startup.tuning``).
 
 ``--horovod-arm-yields`` gives the ``horovod`` arm Open MPI's yielding too
 (``OMPI_MCA_mpi_yield_when_idle=1``, as the suite's MPI launches have), so
@@ -35,7 +35,7 @@ import shlex
 import sys
 import time
 
-from hvd_easgd import tuning
+from hvd_easgd.startup import tuning
 
 from ..suite.compare import RESULTS_ROOT
 from ..suite.machine import foreign_cpu_busy
@@ -89,7 +89,8 @@ def parse_args(argv=None):
 # --- one launch (every rank runs this) -------------------------------------------------------
 def worker_main(args):
     import hvd_easgd
-    from hvd_easgd import atomic, runtime
+    from hvd_easgd import atomic
+    from hvd_easgd.startup import runtime
 
     from ..suite import allreduce, machine, worker
 
@@ -219,7 +220,8 @@ def markdown(rows, latency, launches):
                               spread(r["mpi4py_allreduce_us"], 0, "n/a")] for r in latency],
                             "lrrrrr")]
     settings = {r["arm"]: r["horovod_settings"] for r in launches}
-    parts += ["", "Settings in force per arm (from hvd_easgd.runtime.horovod_settings(), recorded by each launch):"]
+    parts += ["", "Settings in force per arm (from hvd_easgd.startup.runtime.horovod_settings(), recorded by each "
+                  "launch):"]
     for arm, rec in sorted(settings.items()):
         parts.append(f"- {arm}: " + ", ".join(f"{k}={v['value']} ({v['set_by']})" for k, v in rec["settings"].items()))
     return "\n".join(parts) + "\n"

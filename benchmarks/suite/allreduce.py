@@ -25,7 +25,8 @@ import time
 
 import numpy as np
 
-from hvd_easgd import atomic, cost_model
+from hvd_easgd import atomic
+from hvd_easgd.choosing import cost_model
 
 from .runner import scaled, summary
 

@@ -35,7 +35,7 @@ import time
 
 from tools.vcluster import INTERFACE, ClusterError, VirtualCluster, check_privileges, parse_rate
 
-from hvd_easgd import link_probe
+from hvd_easgd.choosing import link_probe
 
 from . import curves, plots, report, runner
 from .names import BASELINES, TOPOLOGY_SUITE

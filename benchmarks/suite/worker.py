@@ -22,14 +22,15 @@ import time
 import numpy as np
 
 import hvd_easgd
-from hvd_easgd import atomic, runtime
+from hvd_easgd import atomic
+from hvd_easgd.startup import runtime
 from hvd_easgd.app.data import epoch_indices, steps_per_epoch
 from hvd_easgd.app import cli
 from hvd_easgd.app.lr_scaling import DEFAULT_LR
 from hvd_easgd.strategies import registry
 from hvd_easgd.strategies.base import NoScaleRule
 
-from hvd_easgd import link_probe
+from hvd_easgd.choosing import link_probe
 
 from . import allreduce, configurations, curves, fit_variants, host_traffic, machine
 from .names import ALL_CUSTOM_LOOP, BY_NAME, CUSTOM_LOOP, FIT, STRATEGIES

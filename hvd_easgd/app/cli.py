@@ -15,7 +15,8 @@ import warnings
 
 import yaml
 
-from .. import _compat, auto_strategy, checkpoint, validation
+from .. import _compat, checkpoint, validation
+from ..choosing import auto_strategy
 from . import data
 from .config import (BALANCE_MODES, COSINE_IMAGE_SETS, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL,
                      DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE,
@@ -27,9 +28,9 @@ from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_us
 from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEXT_EPOCHS, MIN_UPDATES, auto_scales, \
     lr_factor, rule_help
 from .models import MODELS
-from ..preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
-from ..runtime import COLLECTIVES, check_collectives
-from ..auto_strategy import AUTO
+from ..checkpoint.preemption import EXIT_FORCED, EXIT_PREEMPTED, SIGNALS, TrainingPreempted
+from ..startup.runtime import COLLECTIVES, check_collectives
+from ..choosing.auto_strategy import AUTO
 from ..strategies import GradientAccumulation, registry, unequal_shares_refusal
 from .trainer import train
 

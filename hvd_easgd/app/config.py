@@ -18,8 +18,9 @@ import inspect
 import types
 from typing import Mapping, Optional, Union
 
-from .. import preemption, runtime
-from ..auto_strategy import DEFAULT_UTILISATION
+from ..checkpoint import preemption
+from ..startup import runtime
+from ..choosing.auto_strategy import DEFAULT_UTILISATION
 from ..callbacks import AbortOnNonFinite, PeriodicCheckpoint
 from ..comm.compression import POWERSGD_DEFAULT_RANK, TOPK_DEFAULT_BITS, TOPK_DEFAULT_DENSITY
 from .data import DEFAULT_CONTEXT, SYNTHETIC_IMAGE_SHAPE, SYNTHETIC_NUM_CLASSES
@@ -126,7 +127,7 @@ class TrainConfig:
     stop_grace_seconds: float = _default_of(preemption.StopRequests, "grace_seconds")
     auto_resume: bool = False
     keep_checkpoints: int = _default_of(PeriodicCheckpoint, "keep")
-    # Survive a dead rank under horovodrun's elastic mode (hvd_easgd/elastic.py); commits every N
+    # Survive a dead rank under horovodrun's elastic mode (hvd_easgd/checkpoint/elastic.py); commits every N
     # micro-batches (None: elastic.DEFAULT_COMMIT_EVERY, resolved by elastic.commit_period).
     elastic: bool = False
     elastic_commit_every: Optional[int] = None
@@ -140,7 +141,7 @@ class TrainConfig:
     auto_utilisation: float = DEFAULT_UTILISATION
     auto_choice: Optional[dict] = None
     # --balance: "speed" gives each rank a share of the global batch in proportion to its speed
-    # (hvd_easgd/sample_shares.py); the shares measured at start-up, saved so that a resume keeps them.
+    # (hvd_easgd/strategies/sample_shares.py); the shares measured at start-up, saved so that a resume keeps them.
     balance: str = DEFAULT_BALANCE
     sample_shares: Optional[list] = None
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import tensorflow as tf
 
-from .. import sample_shares
+from ..strategies import sample_shares
 
 SPLIT_SEED = 20150222  # fixed: the split must not move with --seed
 TEST_FRACTION = 0.2

@@ -19,17 +19,20 @@ import keras
 import tensorflow as tf
 import yaml
 
-from .. import _compat, atomic, auto_strategy, callbacks, checkpoint, compute_timing, elastic, preemption, runtime, \
-    sample_shares
+from .. import _compat, atomic, callbacks, checkpoint, compute_timing
+from ..checkpoint import elastic, preemption
+from ..choosing import auto_strategy
+from ..startup import runtime
+from ..strategies import sample_shares
 from . import models
 from .config import DEFAULT_WARMUP_SHARE, MAX_DEFAULT_WARMUP_UPDATES, TEXT_MODEL
 from .config_compare import resume_mismatches
 from .data import DataError, rest_of_epoch, rest_of_epoch_dataset, steps_per_epoch, test_dataset, training_dataset
 from .errors import UsageError
 from ..callbacks.run_recorder import perplexity
-from ..kept_model import merge_at_end, save_kept_model
+from ..training.kept_model import merge_at_end, save_kept_model
 from .lr_scaling import auto_scales, default_epochs, lr_factor
-from ..optimizer import DistributedOptimizer
+from ..training.optimizer import DistributedOptimizer
 from ..strategies import registry, unequal_shares_refusal
 
 
@@ -526,7 +529,7 @@ def _fit(config, dataset, model, comm, run_dir, effective, steps, start_epoch, s
 
 
 def _fit_elastic(config, dataset, strategy, model, optimizer, comm, steps):
-    """The job's start and ``_fit`` under Horovod's elastic loop (hvd_easgd/elastic.py).
+    """The job's start and ``_fit`` under Horovod's elastic loop (hvd_easgd/checkpoint/elastic.py).
 
     After a rank is lost or added, every rank restores the last commit and fits
     again from there at the new size. The start's collectives (the checks that

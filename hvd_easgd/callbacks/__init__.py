@@ -1,4 +1,8 @@
-"""Keras callbacks, one per module."""
+"""Keras callbacks, one per module.
+
+Imports ``training``, ``checkpoint``, ``strategies``, ``comm`` and the top-level modules; only the
+application imports it.
+"""
 from .adaptive_period import AdaptivePeriodLoss
 from .average_statistics import AverageStatistics
 from .broadcast import BroadcastInitialState

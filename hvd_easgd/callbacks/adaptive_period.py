@@ -2,7 +2,7 @@
 import keras
 
 from .. import _compat
-from ..model_optimizers import distributed_optimizers
+from ..training.model_optimizers import distributed_optimizers
 from ..strategies.base import walk
 
 

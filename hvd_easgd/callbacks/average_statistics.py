@@ -1,7 +1,7 @@
 """BatchNorm moving statistics averaged across ranks (the rule in hvd_easgd.statistics)."""
 import keras
 
-from ..model_optimizers import communicator_of
+from ..training.model_optimizers import communicator_of
 from ..statistics import average_statistics
 
 

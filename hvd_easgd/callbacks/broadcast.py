@@ -1,8 +1,8 @@
 """Rank 0's initial weights and optimizer state, on every rank, before step 1."""
 import keras
 
-from ..initial_state import broadcast_initial_state
-from ..model_optimizers import require_distributed_optimizers
+from ..training.initial_state import broadcast_initial_state
+from ..training.model_optimizers import require_distributed_optimizers
 
 
 class BroadcastInitialState(keras.callbacks.Callback):

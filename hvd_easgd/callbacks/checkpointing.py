@@ -1,5 +1,5 @@
 """Writes complete checkpoints every N epochs, every N micro-batches, every M
-minutes, and on a stop request (see hvd_easgd.checkpoint and hvd_easgd.preemption)."""
+minutes, and on a stop request (see hvd_easgd.checkpoint and hvd_easgd.checkpoint.preemption)."""
 import os
 import sys
 import time
@@ -8,8 +8,8 @@ import keras
 import numpy as np
 
 from .. import checkpoint
-from ..kept_model import LocalWeights
-from ..preemption import StopRequests, TrainingPreempted
+from ..training.kept_model import LocalWeights
+from ..checkpoint.preemption import StopRequests, TrainingPreempted
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):

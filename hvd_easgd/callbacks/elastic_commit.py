@@ -1,7 +1,7 @@
-"""Commits the elastic state (hvd_easgd/elastic.py) every N micro-batches and at every epoch end."""
+"""Commits the elastic state (hvd_easgd/checkpoint/elastic.py) every N micro-batches and at every epoch end."""
 import keras
 
-from .. import elastic
+from ..checkpoint import elastic
 
 
 class ElasticCommit(keras.callbacks.Callback):

@@ -20,7 +20,7 @@ collective per step, only this one at the end.
 """
 import keras
 
-from ..model_optimizers import communicator_of
+from ..training.model_optimizers import communicator_of
 
 
 # Metrics whose every variable is a sum over samples. Mean covers

@@ -1,7 +1,7 @@
 """Merges what the ranks hold since their last synchronisation into the kept model when ``fit`` ends."""
 import keras
 
-from ..kept_model import merge_at_end
+from ..training.kept_model import merge_at_end
 
 
 class MergeAtEnd(keras.callbacks.Callback):

@@ -2,7 +2,7 @@
 import keras
 import numpy as np
 
-from ..model_optimizers import communicator_of
+from ..training.model_optimizers import communicator_of
 
 VALIDATION_PREFIX = "val_"
 

@@ -1,7 +1,7 @@
 """Stops training after too many consecutive steps with NaN/Inf updates."""
 import keras
 
-from ..model_optimizers import distributed_optimizers
+from ..training.model_optimizers import distributed_optimizers
 from ..strategies import walk
 
 

@@ -5,7 +5,7 @@ import time
 import keras
 
 from .. import atomic
-from ..model_optimizers import distributed_optimizers
+from ..training.model_optimizers import distributed_optimizers
 from ..strategies.base import walk
 
 

@@ -1,12 +1,12 @@
 """Evaluates and predicts on the model you keep (EASGD's center), as Keras's SwapEMAWeights does for EMA."""
 import keras
 
-from ..kept_model import KeptWeights
-from ..model_optimizers import distributed_optimizers
+from ..training.kept_model import KeptWeights
+from ..training.model_optimizers import distributed_optimizers
 
 
 class SwapKeptWeights(keras.callbacks.Callback):
-    """Swaps the kept weights (``hvd_easgd.kept_model``) into the model for
+    """Swaps the kept weights (``hvd_easgd.training.kept_model``) into the model for
     ``evaluate`` (and ``fit``'s validation) and ``predict``, and the local
     weights back after. A no-op when the kept model is the model's own
     (SyncAverage).

@@ -4,6 +4,8 @@ Strategies receive a communicator instead of importing Horovod, so their
 logic runs unchanged on one process (``LocalCommunicator``), on p simulated
 ranks in one process for unit tests (``SimulatedCluster``), and on many
 processes (``HorovodCommunicator``).
+
+Imports the top-level modules only: every other part may import it.
 """
 from .communicator import Communicator, RanksDisagreeError
 from .compression import Compression

@@ -1,6 +1,6 @@
 """The Horovod communicator: ring-allreduce over MPI or Gloo (CPU) or NCCL (GPU).
 
-One of the two modules of hvd_easgd that import Horovod (with runtime.py).
+One of the two modules of hvd_easgd that import Horovod (with startup/runtime.py).
 Only Horovod's raw collectives are used; its high-level wrappers are broken
 under Keras 3.
 
@@ -54,7 +54,7 @@ class HorovodCommunicator(Communicator):
         """Reads this rank's place among the ranks from Horovod.
 
         Called once here and again after Horovod's elastic mode re-initialised
-        with other ranks (hvd_easgd/elastic.py): every holder of this
+        with other ranks (hvd_easgd/checkpoint/elastic.py): every holder of this
         communicator (strategy, callbacks) then sees the new rank and size.
         """
         self.rank = self.process_set.rank()

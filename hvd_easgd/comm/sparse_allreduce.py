@@ -61,7 +61,7 @@ So the allgather, for the settings it is meant for: a few sites over a slow
 link (p = 2 to 8). Beyond, ``Hierarchical`` keeps the sparse payload on
 the inter level, whose p is the number of hosts. The cost model charges it
 as an allgather whose part does not shrink with p (``SPARSE_ALLGATHER``;
-``hvd_easgd/cost_model.py``).
+``hvd_easgd/choosing/cost_model.py``).
 
 Message layout (uint8): the coded part (``TopKCompression.encode``), then
 the exact values, float32 (``flat_payload.py``).

@@ -13,5 +13,6 @@ command in the repository's venv, so there is one set-up path.
     cli.py             the command line
     errors.py          refusals (exit 2) and failed steps (exit 1), one line each
 
-Importing this package loads no TensorFlow.
+Importing this package loads no TensorFlow. Imports ``startup``, ``comm`` and the top-level modules;
+nothing in the library imports it.
 """

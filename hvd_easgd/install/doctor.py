@@ -42,7 +42,7 @@ def launches(horovodrun_default=None, environ=None, gpu=None, direct_ops=None):
     """``[(launch, path, why)]`` for ``LAUNCHES``, led by plain ``horovodrun`` when its default controller
     here is known (``"mpi"`` or ``"gloo"``); ``path`` is None where the job would stop at start-up
     (``why`` then says why). ``gpu`` and ``direct_ops`` as ``runtime.choose_collectives`` takes them."""
-    from .. import runtime
+    from ..startup import runtime
 
     named = list(LAUNCHES)
     if horovodrun_default:

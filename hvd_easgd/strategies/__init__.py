@@ -1,4 +1,9 @@
-"""Sync strategies: the rule for how workers combine their work."""
+"""Sync strategies: the rule for how workers combine their work.
+
+One strategy a module (``base.py`` the protocol, ``registry.py`` their names), with what they share and
+``sample_shares.py`` (ranks of unequal speed: each rank's share of the batch, its weight in an average).
+Imports ``comm`` and the top-level modules (``resize``, ``statistics``, ...) only.
+"""
 from . import registry
 from .accumulation import GradientAccumulation
 from .base import SyncStrategy, unequal_shares_refusal, walk

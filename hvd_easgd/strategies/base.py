@@ -71,7 +71,8 @@ from dataclasses import dataclass, field
 import keras
 import tensorflow as tf
 
-from .. import sample_shares, validation
+from .. import validation
+from .sample_shares import check as check_shares, equal as equal_shares, weight as share_weight
 from ..comm import Compression, LocalCommunicator
 from ..comm import quantised_allreduce, sparse_allreduce
 from ..comm.communicator import WIRE_FACTORS
@@ -113,7 +114,7 @@ class Traffic:
     them (``Traffic.of``): ``((kind, bytes, calls, wire_bytes), ...)`` sorted
     by kind, a kind being a key of ``WIRE_FACTORS`` (allreduce, allgather,
     alltoall, reducescatter, broadcast). A cost model charges each kind by its
-    own algorithm (``hvd_easgd/cost_model.py``): a quantised allreduce is an
+    own algorithm (``hvd_easgd/choosing/cost_model.py``): a quantised allreduce is an
     alltoall and an allgather, not an allreduce. Equality compares the totals.
     """
 
@@ -158,7 +159,7 @@ class ExpectedTraffic:
     every group), each over one rank per group. ``overlapped`` is the share w
     of the steps' compute during which that communication runs (0: none; a
     δ-step overlap of F syncs per τ steps: F·δ/τ), so a cost model charges a
-    step c + max(0, comm − w·c) (``hvd_easgd/cost_model.py``).
+    step c + max(0, comm − w·c) (``hvd_easgd/choosing/cost_model.py``).
     """
 
     within_group: Traffic = NO_TRAFFIC
@@ -491,7 +492,7 @@ class SyncStrategy:
         default: the children's largest (0 without any)."""
         return max((child.weight_synchronisations_per_step() for child in self.children()), default=0.0)
 
-    # --- ranks of unequal speed (hvd_easgd/sample_shares.py) -----------------------
+    # --- ranks of unequal speed (hvd_easgd/strategies/sample_shares.py) ------------
     # Whether the strategy weighs what each rank contributes by its share of the samples.
     # A strategy that averages with a different rule (EASGD's center, Hierarchical's groups) says no.
     takes_sample_shares = True
@@ -511,12 +512,12 @@ class SyncStrategy:
         Every strategy this one contains weighs alike.
         """
         comm = self._ensure_comm()
-        shares = sample_shares.check(shares, comm.size)
+        shares = check_shares(shares, comm.size)
         if not self.takes_sample_shares:
-            if not sample_shares.equal(shares):
+            if not equal_shares(shares):
                 raise ValueError(f"{_equal_shares_only(self)} Received: shares={list(shares)!r}")
             return  # equal shares are the unweighted average it makes
-        weight = sample_shares.weight(shares, comm.rank)
+        weight = share_weight(shares, comm.rank)
         with tf.init_scope():
             if self._share_weight is None:
                 self._share_weight = tf.Variable(weight, dtype=tf.float32, trainable=False,

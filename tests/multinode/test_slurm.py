@@ -40,7 +40,7 @@ def test_every_daemon_listens_on_its_host_address_only(slurm):
 
 def test_the_slurm_helper_expands_the_two_node_nodelist(slurm, tmp_path):
     done = slurm.run(["sbatch", "--parsable", "-N", "2", "--ntasks-per-node=2", "--cpus-per-task=1",
-                      f"--output={tmp_path}/slurm-%j.out", "--wrap", f"{PYTHON} -m hvd_easgd.slurm hosts"])
+                      f"--output={tmp_path}/slurm-%j.out", "--wrap", f"{PYTHON} -m hvd_easgd.startup.slurm hosts"])
     job = done.stdout.strip().split(";")[0]
     info = slurm.wait(job, timeout=60)
     assert info["JobState"] == "COMPLETED" and info["NodeList"] == "node[1-2]", _output(info)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hvd_easgd import checkpoint
-from hvd_easgd import checkpoint_verification as verification
+from hvd_easgd.checkpoint import verification
 from tests.helpers import HOROVODRUN, PYTHON, ROOT, STOPPED_BY_LAUNCHER, horovodrun, quiet_env, run
 
 pytestmark = pytest.mark.multiproc

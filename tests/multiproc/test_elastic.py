@@ -5,7 +5,7 @@ back to 3, and the weights after a failure equal to a checkpoint resize at the s
 Two "hosts" are this machine under two names (``localhost`` and ``127.0.0.1``): Horovod's
 elastic driver blacklists the *host* of a failed worker, so the victim is alone on its
 name. The failure falls at a fixed micro-batch through the test-only hook of
-hvd_easgd/elastic.py (``HVD_EASGD_TEST_DIE_AT_STEP``). The elastic driver's servers bind
+hvd_easgd/checkpoint/elastic.py (``HVD_EASGD_TEST_DIE_AT_STEP``). The elastic driver's servers bind
 to every address: these tests need the session's loopback-only network namespace
 (tests/conftest.py) and are skipped outside it.
 """
@@ -16,7 +16,8 @@ import shutil
 import numpy as np
 import pytest
 
-from hvd_easgd import checkpoint, elastic
+from hvd_easgd import checkpoint
+from hvd_easgd.checkpoint import elastic
 from tests.helpers import ROOT, horovodrun, horovodrun_elastic_command, quiet_env, run_watching
 from tools import loopback_network
 

@@ -19,7 +19,7 @@ ACCURACY_LINE = re.compile(r"^(?:\[\d+,\d+\]<stdout>:)?final test accuracy: (\d+
 
 RANK_PROBE = """
 import json, horovod.tensorflow as hvd
-from hvd_easgd.slurm import SlurmEnvironment
+from hvd_easgd.startup.slurm import SlurmEnvironment
 hvd.init()
 env = SlurmEnvironment()
 print(json.dumps({"hvd": [hvd.rank(), hvd.size(), hvd.local_rank()], "mpi": hvd.mpi_enabled(),
@@ -40,7 +40,7 @@ def _output(info):
 
 def test_srun_pmix_ranks_agree_with_horovod(slurm_cluster):
     """Two srun tasks become one Horovod world over MPI/PMIx, and the ranks
-    hvd_easgd.slurm reads from SLURM's environment are Horovod's ranks."""
+    hvd_easgd.startup.slurm reads from SLURM's environment are Horovod's ranks."""
     done = slurm_cluster.run(["srun", "--nodes=1", "--ntasks=2", "--mpi=pmix", "--kill-on-bad-exit=1",
                               "--time=00:03:00", sys.executable, "-c", RANK_PROBE], timeout=120, check=False)
     assert done.returncode == 0, f"srun --mpi=pmix failed ({done.returncode}):\n{done.stdout}\n{done.stderr[-3000:]}"

@@ -1,11 +1,11 @@
-"""hvd_easgd.auto_strategy: the rule that chooses a configuration, on hand-written measurements and traffic.
+"""hvd_easgd.choosing.auto_strategy: the rule that chooses a configuration, on hand-written measurements and traffic.
 
 A model of 4 MB of fp32 gradients; each candidate's traffic is what its strategy sends (one allreduce
 of the payload every τ steps, the quantised formats a quarter or an eighth of it), written here by
 hand so that every predicted step is a figure one can check with a pencil."""
 import pytest
 
-from hvd_easgd import auto_strategy as auto
+from hvd_easgd.choosing import auto_strategy as auto
 
 pytestmark = pytest.mark.unit
 MODEL_BYTES = 4e6

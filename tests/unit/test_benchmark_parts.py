@@ -198,7 +198,7 @@ def test_every_subcommand_runs_a_module_in_a_part():
     ("benchmarks.suite.compare", "hvd_easgd.app.cli", "not listed in APP_USERS"),
     ("benchmarks.suite.report", "train", "no benchmark imports train.py"),
     ("benchmarks.costmodel.projection", "benchmarks.__main__", "no part imports the benchmarks' entry point"),
-    ("hvd_easgd.cost_model", "benchmarks.costmodel.calibration", "the library never imports the benchmarks"),
+    ("hvd_easgd.choosing.cost_model", "benchmarks.costmodel.calibration", "the library never imports the benchmarks"),
 ])
 def test_the_check_finds_a_forbidden_import(importer, imported, rule):
     # The check above, on a graph where it must fail: the real graph plus one forbidden edge.
@@ -210,7 +210,7 @@ def test_the_check_finds_a_forbidden_import(importer, imported, rule):
 @pytest.mark.parametrize("importer,imported", [
     ("benchmarks.studies.tuning_ab", "benchmarks.accuracy.parity"),  # down three parts
     ("benchmarks.accuracy.parity", "benchmarks.suite.runner"),  # skipping a part
-    ("benchmarks.costmodel.projection", "hvd_easgd.cost_model"),
+    ("benchmarks.costmodel.projection", "hvd_easgd.choosing.cost_model"),
     ("benchmarks.studies.direct_path", "hvd_easgd.app.models"),  # a listed user: the whole of studies
 ])
 def test_the_check_allows_a_downward_import(importer, imported):

@@ -53,7 +53,7 @@ def test_a_write_killed_midway_leaves_the_previous_checkpoint_usable(tmp_path, m
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed during the write")
 
-    monkeypatch.setattr(checkpoint.np, "savez", killed)
+    monkeypatch.setattr(checkpoint.store.np, "savez", killed)
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save(str(tmp_path), 2, model, opt, opt.comm, {})
     assert os.listdir(tmp_path / "checkpoints" / "epoch-000002") == []  # not even a temporary file

@@ -13,9 +13,9 @@ import pytest
 
 import hvd_easgd
 from hvd_easgd import LocalCommunicator, SyncAverage, callbacks, checkpoint
-from hvd_easgd import checkpoint_verification as verification
+from hvd_easgd.checkpoint import verification
 from hvd_easgd.comm.simulated_comm import SimulatedCluster
-from hvd_easgd.preemption import TrainingPreempted
+from hvd_easgd.checkpoint.preemption import TrainingPreempted
 
 pytestmark = pytest.mark.unit
 
@@ -221,17 +221,17 @@ def test_a_save_that_fails_on_one_rank_fails_on_every_rank_and_leaves_the_previo
 def test_a_manifest_that_cannot_be_written_fails_the_save_on_every_rank(tmp_path, monkeypatch):
     run_dir = str(tmp_path)
     model, opt = saved_run(run_dir, [1])
-    real = checkpoint.atomic.write_json
+    real = checkpoint.store.atomic.write_json
 
     def full(path, payload, **options):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
 
-    monkeypatch.setattr(checkpoint.atomic, "write_json", full)
+    monkeypatch.setattr(checkpoint.store.atomic, "write_json", full)
     with pytest.raises(checkpoint.CheckpointSaveError,
                        match=r"^checkpoint epoch-000002 not saved: rank 0: manifest.json: \[Errno 30\] Read-only "
                              r"file system$"):
         checkpoint.save(run_dir, 2, model, opt, opt.comm, {})
-    monkeypatch.setattr(checkpoint.atomic, "write_json", real)
+    monkeypatch.setattr(checkpoint.store.atomic, "write_json", real)
     assert names(run_dir) == ["epoch-000001"]
 
 

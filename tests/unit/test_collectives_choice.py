@@ -1,7 +1,8 @@
 """Choosing how a job's collectives travel: horovod or mpi-direct (no MPI started here)."""
 import pytest
 
-from hvd_easgd import _compat, runtime
+from hvd_easgd import _compat
+from hvd_easgd.startup import runtime
 from hvd_easgd.app import cli
 from hvd_easgd.app.config_compare import config_differences
 from hvd_easgd.app.errors import UsageError

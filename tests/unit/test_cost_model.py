@@ -1,4 +1,4 @@
-"""hvd_easgd/cost_model.py (the formulas) and benchmarks/costmodel/calibration.py (the table, the links): each formula against hand-derived values, the CLI, and no TensorFlow."""
+"""hvd_easgd/choosing/cost_model.py (the formulas) and benchmarks/costmodel/calibration.py (the table, the links): each formula against hand-derived values, the CLI, and no TensorFlow."""
 import math
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from benchmarks.costmodel import calibration
-from hvd_easgd import cost_model
+from hvd_easgd.choosing import cost_model
 
 pytestmark = pytest.mark.unit
 
@@ -154,7 +154,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args):
 
 
 def test_imports_no_tensorflow():
-    code = ("import sys, hvd_easgd.cost_model, benchmarks.costmodel.projection; "
+    code = ("import sys, hvd_easgd.choosing.cost_model, benchmarks.costmodel.projection; "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules and 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=30)
     assert math.isfinite(calibration.LINKS["100gbit"])
@@ -185,7 +185,7 @@ def test_overlapped_configuration_hides_its_communication_behind_compute():
 
 
 def test_alpha_fit_recovers_alpha_and_bandwidth():
-    from hvd_easgd import link_probe  # imports no TF until a sweep runs
+    from hvd_easgd.choosing import link_probe  # imports no TF until a sweep runs
     hosts, alpha, bandwidth = 4, 2e-5, 5e8
     times = [2 * 2 * alpha + 2 * 3 / 4 * s / bandwidth for s in link_probe.SWEEP_BYTES]  # halving/doubling
     fit = link_probe.fit_alpha(link_probe.SWEEP_BYTES, times, hosts)
@@ -194,7 +194,7 @@ def test_alpha_fit_recovers_alpha_and_bandwidth():
 
 
 def test_alpha_is_fitted_from_the_sizes_whose_chain_fits_the_bucket():
-    from hvd_easgd import link_probe
+    from hvd_easgd.choosing import link_probe
 
     # 2 hosts at 10 Mbit/s, a 64 KiB bucket: a chain of 8 × S fits while S ≤ 8 KiB. Above, the chain waits on
     # the tbf's rate (1.25e6 B/s), and a line through every size tips the intercept below zero (α = 0).
@@ -212,7 +212,7 @@ def test_alpha_is_fitted_from_the_sizes_whose_chain_fits_the_bucket():
 
 
 def test_the_sweep_runs_one_trace_a_size_without_tensorflows_retracing_warning(caplog):
-    from hvd_easgd import link_probe
+    from hvd_easgd.choosing import link_probe
     from hvd_easgd.comm.local_comm import LocalCommunicator
 
     # One rank: its allreduces return their inputs, so this times the calls alone; 8 sizes, 8 traces.

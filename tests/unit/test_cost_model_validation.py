@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from benchmarks.costmodel import calibration, cluster_check
-from hvd_easgd import cost_model, link_probe
+from hvd_easgd.choosing import cost_model, link_probe
 
 pytestmark = pytest.mark.unit
 

@@ -1,10 +1,10 @@
-"""hvd_easgd/elastic.py's rules, worked out by hand: when commits fall, where a commit
+"""hvd_easgd/checkpoint/elastic.py's rules, worked out by hand: when commits fall, where a commit
 continues at another size, where --elastic is refused, and the Gloo timeouts per reset.
 The launched behaviour (a kill, a grow-back, the weights against a checkpoint resize) is
 in tests/multiproc/test_elastic.py."""
 import pytest
 
-from hvd_easgd import elastic
+from hvd_easgd.checkpoint import elastic
 from hvd_easgd.app import cli
 from hvd_easgd.app.errors import UsageError
 from hvd_easgd.strategies import EASGD, GradientAccumulation, Hierarchical, PeriodicAverage, SyncAverage

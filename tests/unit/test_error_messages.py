@@ -4,7 +4,9 @@ import pytest
 import tensorflow as tf
 
 import hvd_easgd
-from hvd_easgd import DiLoCo, LocalCommunicator, runtime, sharding
+from hvd_easgd import DiLoCo, LocalCommunicator
+from hvd_easgd.startup import runtime
+from hvd_easgd.training import sharding
 from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies import registry
 

@@ -219,7 +219,7 @@ def test_state_resumes_bit_identically_and_the_config_round_trips():
     grads = rank_grads(6, seed=3)
     for g in grads[:2]:
         step(cluster, models, opts, g)
-    def checkpointed(m, opt):  # what checkpoint.py saves: the model, the optimizer, the strategy's state
+    def checkpointed(m, opt):  # what checkpoint/store.py saves: the model, the optimizer, the strategy's state
         return m.weights + opt.variables + opt.strategy.state_variables()
 
     saved = [[v.numpy() for v in checkpointed(m, opt)] for m, opt in zip(models, opts)]

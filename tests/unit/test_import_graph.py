@@ -14,6 +14,19 @@ APP = "hvd_easgd.app"
 # The package face re-exports the app's datasets and models by name (PEP 562,
 # on first use): it is the one module above both layers.
 FACE = "hvd_easgd"
+# The library's parts, top to bottom. A part imports only from the layers below its own: never a part
+# beside it or above it. Every part may import the top-level modules, which import only each other.
+TOP = "the top-level modules"
+LAYERS = [
+    {"app"},                                  # train.py's application
+    {"callbacks", "install"},                 # Keras callbacks; the hvd-easgd set-up command
+    {"training", "checkpoint", "choosing"},   # the optimizer wrapper; checkpoints and faults; --strategy auto
+    {"strategies", "startup"},                # the sync strategies; process start-up
+    {"comm"},                                 # communicators
+    {TOP},
+]
+# What stays at the top level beside the face: small modules every part may use. A new module goes in a part.
+TOP_LEVEL = {"_compat", "version", "validation", "atomic", "statistics", "resize", "compute_timing"}
 
 
 def _modules():
@@ -111,6 +124,56 @@ def test_the_finder_sees_a_library_module_importing_the_app():
     graph = {"hvd_easgd.checkpoint": {"hvd_easgd.app.errors"}, "hvd_easgd.app.errors": set()}
     assert [m for m, edges in graph.items() if not _in_app(m) and any(_in_app(e) for e in edges)] == [
         "hvd_easgd.checkpoint"]
+
+
+def part_of(module):
+    """``app``, ``strategies``, ... for a module in a part; TOP for a top-level module; None for the face."""
+    if module == FACE:
+        return None
+    name = module.split(".")[1]
+    return name if os.path.isdir(os.path.join(PACKAGE, name)) else TOP
+
+
+def layer_of(part):
+    return next(i for i, parts in enumerate(LAYERS) if part in parts)
+
+
+def upward_imports(graph):
+    """``[(module, imported module)]`` where a module imports its own layer's other parts or a layer
+    above its own (an import of the face is only of what it imports at once: the top-level modules)."""
+    found = []
+    for module, edges in graph.items():
+        if part_of(module) is None:
+            continue
+        for target in edges:
+            if part_of(target) is None or part_of(target) == part_of(module):
+                continue
+            if layer_of(part_of(target)) <= layer_of(part_of(module)):
+                found.append((module, target))
+    return sorted(found)
+
+
+def test_every_part_and_top_level_module_is_placed():
+    parts = {name for name in os.listdir(PACKAGE) if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py"))}
+    assert parts == set().union(*LAYERS) - {TOP}
+    top_level = {name[: -len(".py")] for name in os.listdir(PACKAGE) if name.endswith(".py")} - {"__init__"}
+    assert top_level == TOP_LEVEL
+    assert len(top_level) + 1 <= 8  # with the face: the top level stays short
+
+
+def test_each_part_imports_only_the_layers_below_it():
+    assert upward_imports(import_graph()) == []
+
+
+def test_the_finder_sees_an_import_upward_and_one_beside():
+    graph = {"hvd_easgd.strategies.base": {"hvd_easgd.training.optimizer", "hvd_easgd.comm", "hvd_easgd"},
+             "hvd_easgd.startup.runtime": {"hvd_easgd.strategies.base", "hvd_easgd.validation"},
+             "hvd_easgd.resize": {"hvd_easgd.comm"},
+             "hvd_easgd.app.cli": {"hvd_easgd.training.optimizer", "hvd_easgd.resize"}}
+    assert upward_imports(graph) == [
+        ("hvd_easgd.resize", "hvd_easgd.comm"),
+        ("hvd_easgd.startup.runtime", "hvd_easgd.strategies.base"),
+        ("hvd_easgd.strategies.base", "hvd_easgd.training.optimizer")]
 
 
 def test_the_package_has_no_import_cycle():

@@ -14,7 +14,7 @@ import tensorflow as tf
 import hvd_easgd
 from hvd_easgd import LocalCommunicator, callbacks
 from hvd_easgd.comm import SimulatedCluster
-from hvd_easgd.initial_state import move_loss_scaling_inside
+from hvd_easgd.training.initial_state import move_loss_scaling_inside
 
 pytestmark = pytest.mark.unit
 OUTSIDE = (r"`optimizer` must hold the LossScaleOptimizer inside the DistributedOptimizer.*"

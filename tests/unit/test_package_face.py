@@ -10,9 +10,9 @@ pytestmark = pytest.mark.unit
 
 
 def test_slurm_helpers_load_without_tensorflow_or_keras():
-    # the sbatch templates call `python -m hvd_easgd.slurm` before any training starts:
+    # the sbatch templates call `python -m hvd_easgd.startup.slurm` before any training starts:
     # it promises the standard library only, and TensorFlow costs seconds to load
-    code = ("import sys, hvd_easgd.slurm; "
+    code = ("import sys, hvd_easgd.startup.slurm; "
             "print(sorted(m for m in ('tensorflow', 'keras', 'horovod', 'numpy') if m in sys.modules))")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=quiet_env(), capture_output=True, text=True,
                          timeout=60)
@@ -25,6 +25,6 @@ def test_every_public_name_resolves_and_is_listed():
         assert getattr(hvd_easgd, name) is not None, name
     assert set(hvd_easgd.__all__) <= set(dir(hvd_easgd))
     assert hvd_easgd.EASGD is hvd_easgd.strategies.EASGD
-    assert hvd_easgd.init is hvd_easgd.runtime.init
+    assert hvd_easgd.init is hvd_easgd.startup.runtime.init
     with pytest.raises(AttributeError, match="module 'hvd_easgd' has no attribute 'Nope'"):
         hvd_easgd.Nope  # noqa: B018

@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from hvd_easgd import checkpoint, preemption
+from hvd_easgd import checkpoint
+from hvd_easgd.checkpoint import preemption
 from tests.helpers import PYTHON, ROOT, quiet_env
 
 pytestmark = pytest.mark.unit
@@ -35,7 +36,7 @@ def test_a_signal_or_the_stop_file_is_a_request(tmp_path):
 
 
 def test_the_second_signal_exits_at_once_with_exit_forced():
-    code = ("import os, signal, time; from hvd_easgd import preemption; "
+    code = ("import os, signal, time; from hvd_easgd.checkpoint import preemption; "
             "preemption.StopRequests(('TERM',)).install(); "
             "os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=quiet_env(), capture_output=True, timeout=60)
@@ -43,7 +44,7 @@ def test_the_second_signal_exits_at_once_with_exit_forced():
 
 
 def test_the_grace_period_exits_with_exit_forced():
-    code = ("import os, signal, time; from hvd_easgd import preemption; "
+    code = ("import os, signal, time; from hvd_easgd.checkpoint import preemption; "
             "preemption.StopRequests(('TERM',), grace_seconds=0.5).install(); "
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=quiet_env(), capture_output=True, timeout=60)
@@ -52,7 +53,7 @@ def test_the_grace_period_exits_with_exit_forced():
 
 def test_uninstall_cancels_the_grace_period():
     # A process that goes on after training must not be ended by a grace period it no longer needs.
-    code = ("import os, signal, time; from hvd_easgd import preemption; "
+    code = ("import os, signal, time; from hvd_easgd.checkpoint import preemption; "
             "r = preemption.StopRequests(('TERM',), grace_seconds=0.5).install(); "
             "os.kill(os.getpid(), signal.SIGTERM); r.uninstall(); time.sleep(1.5)")
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=quiet_env(), capture_output=True, timeout=60)

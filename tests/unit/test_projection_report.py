@@ -150,7 +150,7 @@ def test_the_h200_workloads_and_their_formats_by_hand():
     # Charged in the projection: c·(1 + s) + comm, efficiency against c.
     row = projection_report.compute()["projection"]["1b"]["100gbit α 5 µs"]["sync_int8"]
     from benchmarks.costmodel import calibration
-    from hvd_easgd import cost_model
+    from hvd_easgd.choosing import cost_model
     table = calibration.load_table()
     comm = cost_model.comm_time(table["configurations"]["sync_int8"], table["reference"], lm.params, 8, 8,
                                 (5e-6, 12.5e9))
@@ -207,7 +207,7 @@ def test_powersgd_computes_c_times_one_plus_its_encoding_share_by_hand(data):
     # c·(1 + s) + comm, efficiency against the plain c. resnet50: no measurement, so the FLOPs estimate,
     # 6·r·N / (b·f) = 6·4·25,583,592 / (64 · 3·2·3.8e9).
     from benchmarks.costmodel import calibration, format_compute
-    from hvd_easgd import cost_model
+    from hvd_easgd.choosing import cost_model
 
     measured = format_compute.load()
     s = measured[("wide_mlp", "sync_powersgd4")]

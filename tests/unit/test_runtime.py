@@ -3,7 +3,8 @@ from unittest import mock
 
 import pytest
 
-from hvd_easgd import _compat, runtime
+from hvd_easgd import _compat
+from hvd_easgd.startup import runtime
 
 pytestmark = pytest.mark.unit
 

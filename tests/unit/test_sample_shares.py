@@ -1,4 +1,4 @@
-"""Ranks of unequal speed (hvd_easgd/sample_shares.py): each rank's share of the global batch, the
+"""Ranks of unequal speed (hvd_easgd/strategies/sample_shares.py): each rank's share of the global batch, the
 positions of a batch each rank takes, and the strategies' averages weighted by the shares, on p
 simulated ranks against NumPy references written from the module's equations."""
 import re
@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import hvd_easgd
-from hvd_easgd import DiLoCo, EASGD, GradientAccumulation, Hierarchical, PeriodicAverage, SyncAverage, checkpoint, \
-    sample_shares
+from hvd_easgd import DiLoCo, EASGD, GradientAccumulation, Hierarchical, PeriodicAverage, SyncAverage, checkpoint
+from hvd_easgd.strategies import sample_shares
 from hvd_easgd.app import cli, data
 from hvd_easgd.app.errors import UsageError
 from hvd_easgd.comm import SimulatedCluster

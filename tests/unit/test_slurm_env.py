@@ -1,4 +1,4 @@
-"""hvd_easgd.slurm: SLURM's compressed lists and job environment, without a cluster."""
+"""hvd_easgd.startup.slurm: SLURM's compressed lists and job environment, without a cluster."""
 import io
 import os
 import subprocess
@@ -7,7 +7,8 @@ from unittest import mock
 
 import pytest
 
-from hvd_easgd.slurm import SlurmEnvironment, SlurmEnvironmentError, expand_nodelist, expand_tasks_per_node, main
+from hvd_easgd.startup.slurm import SlurmEnvironment, SlurmEnvironmentError, expand_nodelist, expand_tasks_per_node, \
+    main
 
 pytestmark = pytest.mark.unit
 
@@ -177,13 +178,13 @@ def test_main_error_and_usage(capsys):
     assert main(["hosts"], environ={}) == 2
     assert "error: not inside a SLURM allocation: SLURM_JOB_NODELIST is not set; HINT:" in capsys.readouterr().err
     assert main(["bogus"], environ=JOB) == 2
-    assert "usage: python -m hvd_easgd.slurm" in capsys.readouterr().err
+    assert "usage: python -m hvd_easgd.startup.slurm" in capsys.readouterr().err
 
 
 def test_module_entry_point():
-    """`python -m hvd_easgd.slurm hosts` as the sbatch template calls it."""
+    """`python -m hvd_easgd.startup.slurm hosts` as the sbatch template calls it."""
     environ = dict(_without_slurm(), **JOB, SLURMD_NODENAME="node01", TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-m", "hvd_easgd.slurm", "hosts"], env=environ, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "hvd_easgd.startup.slurm", "hosts"], env=environ, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "node01:2,node02:2\n"

@@ -256,7 +256,7 @@ def test_the_inter_choices_are_the_registered_strategies_that_run_across_groups(
 
 
 def test_traffic_is_split_by_the_collective_that_carries_it():
-    # What a cost model charges by each kind's own formula (hvd_easgd/cost_model.py): int8 at p = 4 is the
+    # What a cost model charges by each kind's own formula (hvd_easgd/choosing/cost_model.py): int8 at p = 4 is the
     # quantised allreduce's alltoall (p messages) and allgather (one), each (p−1) messages on the wire.
     model = model_with_statistics()
     int8 = expected_of(SyncAverage(compression="int8"), model, 1, P).across_groups

@@ -79,7 +79,7 @@ def test_the_scanners_find_what_they_look_for():
     starts = launches(ast.parse("import subprocess\nfrom tests.helpers import PYTHON, run, quiet_env\n"
                                 "subprocess.run([PYTHON, 'train.py', '--epochs', '1'])\n"
                                 "subprocess.Popen(['/venv/bin/horovodrun', '-np', '2'])\n"
-                                "subprocess.run([PYTHON, '-c', 'import hvd_easgd.slurm'])\n"))
+                                "subprocess.run([PYTHON, '-c', 'import hvd_easgd.startup.slurm'])\n"))
     assert starts == [(2, "imports run"), (3, "starts train.py"), (4, "starts /venv/bin/horovodrun")]
 
 

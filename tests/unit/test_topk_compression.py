@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage, checkpoint, cost_model, resize
+from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage, checkpoint, resize
+from hvd_easgd.choosing import cost_model
 from hvd_easgd.app import cli, config_compare, errors
 from hvd_easgd.comm import Compression, SimulatedCluster
 from hvd_easgd.comm.compression import TopKCompression, config_of

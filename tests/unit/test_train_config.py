@@ -6,7 +6,8 @@ import inspect
 
 import pytest
 
-from hvd_easgd import preemption, runtime
+from hvd_easgd.checkpoint import preemption
+from hvd_easgd.startup import runtime
 from hvd_easgd.app import cli, data, trainer
 from hvd_easgd.app.config import TrainConfig
 from hvd_easgd.callbacks import AbortOnNonFinite, PeriodicCheckpoint

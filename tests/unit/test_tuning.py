@@ -4,7 +4,7 @@ from unittest import mock
 
 import pytest
 
-from hvd_easgd import runtime, tuning
+from hvd_easgd.startup import runtime, tuning
 
 pytestmark = pytest.mark.unit
 

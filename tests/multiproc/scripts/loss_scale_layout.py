@@ -23,7 +23,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hvd_easgd  # noqa: E402
-import hvd_easgd.runtime  # noqa: E402
+import hvd_easgd.startup.runtime  # noqa: E402
 from tests.multiproc.scripts.rank_checks import write_rank_results  # noqa: E402
 
 OUT, COLLECTIVES = sys.argv[1], sys.argv[2]
@@ -52,7 +52,7 @@ model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
 loss_scaler = next(o for o in [model.optimizer, model.optimizer.inner_optimizer]
                    if isinstance(o, keras.optimizers.LossScaleOptimizer))
 write_rank_results(OUT, RANK, {
-    "collectives": hvd_easgd.runtime.collectives_in_use()[0],
+    "collectives": hvd_easgd.startup.runtime.collectives_in_use()[0],
     "layout": [type(o).__name__ for o in [model.optimizer, model.optimizer.inner_optimizer,
                                             model.optimizer.inner_optimizer.inner_optimizer]],
     "weights": [w.numpy().astype(np.float64).ravel().tolist() for w in model.trainable_weights],

@@ -40,8 +40,8 @@ import time
 
 import numpy as np
 
-from . import validation
-from .compute_timing import WARM_STEPS, training_step
+from .. import validation
+from ..compute_timing import WARM_STEPS, training_step
 
 
 def check(shares, size):

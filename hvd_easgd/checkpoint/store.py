@@ -69,10 +69,9 @@ import threading
 
 import numpy as np
 
-from . import atomic, resize
-from . import checkpoint_verification as verification
+from .. import atomic, resize
+from .verification import MANIFEST, ManifestProblem, buffer_digest, outdated, problem, read_manifest, shards_read_by
 
-MANIFEST = verification.MANIFEST
 FORMAT_VERSION = 2
 
 
@@ -204,7 +203,7 @@ def _write_shard(directory, file, arrays):
     with atomic.temporary_path(os.path.join(directory, file)) as tmp:
         with open(tmp, "wb") as f:
             f.write(buffer.getbuffer())
-    return verification.buffer_digest(buffer.getbuffer())
+    return buffer_digest(buffer.getbuffer())
 
 
 def _raise_if_failed(reports, directory, file, comm):
@@ -238,9 +237,9 @@ def _rotation_candidates(run_dir, keep, newest):
             candidates.append([name, None])
             continue
         try:
-            manifest = verification.read_manifest(path)
+            manifest = read_manifest(path)
             candidates.append([name, {k: manifest.get(k) for k in ("num_ranks", "shards", "checksums")}])
-        except verification.ManifestProblem as err:
+        except ManifestProblem as err:
             candidates.append([name, str(err)])
     return candidates
 
@@ -261,14 +260,14 @@ def _rotate(run_dir, candidates, keep, comm):
     for name, manifest in candidates:
         if isinstance(manifest, dict):
             files = [f for i, f in enumerate(manifest["shards"]) if i % comm.size == comm.rank]
-            mine[name] = verification.problem(os.path.join(root, name), manifest, files)
+            mine[name] = problem(os.path.join(root, name), manifest, files)
     views = comm.allgather_json(mine)
     verdicts = []
     for name, manifest in candidates:
         reasons = [view.get(name) for view in views if view.get(name)]
         verdicts.append((name, manifest if isinstance(manifest, str) else (reasons[0] if reasons else None)))
     if comm.local_rank == 0:
-        for name in verification.outdated(verdicts, keep):
+        for name in outdated(verdicts, keep):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
@@ -305,8 +304,8 @@ def newest_manifest(run_dir):
     but for the resumable ones). ``latest`` then picks the intact one to load."""
     for _, path in reversed(_checkpoint_dirs(run_dir)):
         try:
-            manifest = verification.read_manifest(path)
-        except verification.ManifestProblem:
+            manifest = read_manifest(path)
+        except ManifestProblem:
             continue
         _check_format(run_dir, manifest)
         return manifest
@@ -370,14 +369,14 @@ def _own_verdict(run_dir, path, comm):
     """``(manifest, None)`` when what this rank reads of ``path`` is intact, else
     ``(None, {"skip": reason})``, or ``{"refuse": message}`` for another format."""
     try:
-        manifest = verification.read_manifest(path)
+        manifest = read_manifest(path)
         _check_format(run_dir, manifest)
-    except verification.ManifestProblem as err:
+    except ManifestProblem as err:
         return None, {"skip": str(err)}
     except CheckpointError as err:
         return None, {"refuse": str(err)}
-    files = None if comm is None else verification.shards_read_by(manifest, comm.rank, comm.size)
-    reason = verification.problem(path, manifest, files)
+    files = None if comm is None else shards_read_by(manifest, comm.rank, comm.size)
+    reason = problem(path, manifest, files)
     return (None, {"skip": reason}) if reason else (manifest, None)
 
 

@@ -27,7 +27,7 @@ import time
 from typing import NamedTuple
 
 from . import cost_model
-from .compute_timing import TIMED_STEPS, WARM_STEPS, compute_seconds
+from ..compute_timing import TIMED_STEPS, WARM_STEPS, compute_seconds
 
 AUTO = "auto"  # train.py's --strategy auto
 DEFAULT_UTILISATION = 0.9
@@ -71,7 +71,7 @@ class Candidate(NamedTuple):
 
     def build(self):
         """The strategy, not yet bound (SyncAverage within each host for a two-level one)."""
-        from .strategies import DiLoCo, Hierarchical, SyncAverage
+        from ..strategies import DiLoCo, Hierarchical, SyncAverage
 
         if self.strategy == "sync":
             flat = SyncAverage(compression=self.compression)
@@ -252,7 +252,7 @@ def auto(model, loss, optimizer, batches, comm=None, target=DEFAULT_UTILISATION)
         strategy, record = hvd_easgd.auto(model, loss, keras.optimizers.Adam(1e-3), dataset.take(8))
         opt = hvd_easgd.DistributedOptimizer(keras.optimizers.Adam(1e-3), strategy=strategy)
     """
-    from .runtime import communicator
+    from ..startup.runtime import communicator
 
     comm = comm or communicator()
     started = time.perf_counter()

@@ -10,7 +10,7 @@ the rate to set against a tc rate.
 The per-message latency α comes from a second measurement, a sweep of small
 allreduces (8 B to 64 KB) where the bytes take next to no time on the link
 (``alpha_sweep``). B and α together calibrate the cost model
-(``hvd_easgd/cost_model.py``; ``python -m benchmarks validate`` checks it).
+(``hvd_easgd/choosing/cost_model.py``; ``python -m benchmarks validate`` checks it).
 
 With several ranks a host, a launch that runs two-level configurations also
 probes each level with its own collectives (``levels``): within a host, and
@@ -37,7 +37,7 @@ def measure(comm, megabytes, timed=TIMED, hosts=None, over=None, streams=1):
     ``comm`` starts together and the slowest of them is the time, so the sub-communicators of several
     groups run at once, as a two-level step runs them (``levels``); ``streams`` of them share a host's link,
     which carries that many times the one allreduce's bytes."""
-    from hvd_easgd import cost_model  # no TensorFlow
+    from hvd_easgd.choosing import cost_model  # no TensorFlow
 
     import tensorflow as tf
 
@@ -113,7 +113,7 @@ def within_bucket(sizes, seconds, chain, hosts, bucket):
     A chain larger than a shaped link's token bucket drains it and then waits on the tbf's rate, which
     is the link's bandwidth, not α: at 10 Mbit/s the 32 and 64 KB chains tip the fitted intercept below
     zero. ``bucket=None`` (an unshaped link) keeps every point."""
-    from hvd_easgd import cost_model  # no TensorFlow
+    from hvd_easgd.choosing import cost_model  # no TensorFlow
 
     share = cost_model.allreduce_link_share(hosts)
     kept = [(size, t) for size, t in zip(sizes, seconds) if bucket is None or chain * share * size <= bucket]
@@ -125,7 +125,7 @@ def fit_alpha(sizes, seconds, hosts):
     t(S) = L·α + F·S/B with the cost model's halving/doubling allreduce (the small messages' algorithm):
     L = ``allreduce_latencies(hosts)``, F = ``allreduce_link_share(hosts)``; a least-squares line
     through (S, t): α = intercept/L and B = F/slope."""
-    from hvd_easgd import cost_model  # no TensorFlow
+    from hvd_easgd.choosing import cost_model  # no TensorFlow
 
     slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
     latencies, share = cost_model.allreduce_latencies(hosts), cost_model.allreduce_link_share(hosts)

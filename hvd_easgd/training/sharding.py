@@ -35,7 +35,7 @@ def shard_dataset(dataset, comm=None):
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"`dataset` must be a tf.data.Dataset. Received: dataset={dataset!r}")
     if comm is None:
-        from .runtime import communicator
+        from ..startup.runtime import communicator
 
         comm = communicator()
     if comm.size == 1:

@@ -39,11 +39,11 @@ import numpy as np
 import tensorflow as tf
 from keras.saving import deserialize_keras_object, register_keras_serializable, serialize_keras_object
 
-from . import validation
-from .comm import RanksDisagreeError
-from .runtime import communicator as default_communicator
-from .strategies import SyncAverage
-from .strategies.base import gradient_sums, walk
+from .. import validation
+from ..comm import RanksDisagreeError
+from ..startup.runtime import communicator as default_communicator
+from ..strategies import SyncAverage
+from ..strategies.base import gradient_sums, walk
 
 
 def variable_signature(variables):
@@ -103,7 +103,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._non_trainable_variables = []
         self.check_initial_state = bool(check_initial_state)
         # Whether build() checks, in a collective, that every rank builds the same
-        # variables. Elastic mode (hvd_easgd/elastic.py) turns it off: a replacement
+        # variables. Elastic mode (hvd_easgd/checkpoint/elastic.py) turns it off: a replacement
         # builds while the live ranks wait in another collective, and the same check
         # runs on every rank once the state is synchronised.
         self.check_ranks_at_build = True

@@ -9,8 +9,8 @@ library only, so the sbatch templates can call it before TensorFlow loads.
 
 Command line (used by ``slurm/train.sbatch`` in horovodrun mode)::
 
-    python -m hvd_easgd.slurm hosts   # -> node01:2,node02:2  (horovodrun -H)
-    python -m hvd_easgd.slurm np      # -> 4                  (horovodrun -np)
+    python -m hvd_easgd.startup.slurm hosts   # -> node01:2,node02:2  (horovodrun -H)
+    python -m hvd_easgd.startup.slurm np      # -> 4                  (horovodrun -np)
 """
 import os
 import re
@@ -230,16 +230,16 @@ _COMMANDS = {
 
 
 def main(argv=None, environ=None, out=None):
-    """``python -m hvd_easgd.slurm {hosts,np,...}``; exit 2 with the HINT on error."""
+    """``python -m hvd_easgd.startup.slurm {hosts,np,...}``; exit 2 with the HINT on error."""
     argv = sys.argv[1:] if argv is None else argv
     out = sys.stdout if out is None else out
     if len(argv) != 1 or argv[0] not in _COMMANDS:
-        print(f"usage: python -m hvd_easgd.slurm {{{','.join(_COMMANDS)}}}", file=sys.stderr)
+        print(f"usage: python -m hvd_easgd.startup.slurm {{{','.join(_COMMANDS)}}}", file=sys.stderr)
         return 2
     try:
         print(_COMMANDS[argv[0]](SlurmEnvironment(environ)), file=out)
     except SlurmEnvironmentError as err:
-        print(f"hvd_easgd.slurm: error: {err}", file=sys.stderr)
+        print(f"hvd_easgd.startup.slurm: error: {err}", file=sys.stderr)
         return 2
     return 0
 

@@ -59,7 +59,7 @@ def communicator_of(model):
     found = distributed_optimizers(model)
     if found:
         return found[0].comm
-    from .runtime import communicator
+    from ..startup.runtime import communicator
 
     return communicator()
 

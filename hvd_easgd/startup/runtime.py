@@ -6,7 +6,8 @@ and comm/mpi_direct.py (with the build of its ops) the only one that imports mpi
 import os
 import warnings
 
-from . import _compat, tuning, validation
+from .. import _compat, validation
+from . import tuning
 
 _STATE = {"comm": None, "horovod_settings": None, "collectives": None, "collectives_reason": None}
 
@@ -172,7 +173,7 @@ def choose_collectives(environ=None, gpu=None, direct_ops=None):
 
 def _direct_ops_problem():
     """Why the direct ops cannot load here, or None (reads MPI's version without starting MPI)."""
-    from .comm import _mpi_ops
+    from ..comm import _mpi_ops
 
     try:
         path = _mpi_ops.library_path(_mpi_ops.mpi_library_version())
@@ -267,11 +268,11 @@ def init(threads_per_rank=None, use_horovod=None, process_sets=None, collectives
     _configure_threads(local_size, threads_per_rank)
     _pin_gpu(local_rank)
     if use_horovod:
-        from .comm.horovod_comm import HorovodCommunicator
+        from ..comm.horovod_comm import HorovodCommunicator
 
         comm = HorovodCommunicator(dynamic_process_sets=process_sets == "dynamic")
     else:
-        from .comm import LocalCommunicator
+        from ..comm import LocalCommunicator
 
         comm = LocalCommunicator()
     _STATE.update(comm=comm, collectives=collectives)
@@ -330,7 +331,7 @@ def _resolve_collectives(collectives):
 def _init_mpi_direct(threads_per_rank):
     # Open MPI reads how to wait when MPI starts, which importing the module does.
     os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", tuning.OMPI_YIELD_WHEN_IDLE)
-    from .comm import mpi_direct
+    from ..comm import mpi_direct
 
     _, _, local_rank, local_size, _, _ = mpi_direct.launch_layout()
     # Thread pools first: creating the communicator's account variable starts TF's runtime.

@@ -70,7 +70,7 @@ continue; there a dead rank stops the job fast, as it always did
 (``refusal``). Horovod's elastic driver binds its servers to every network
 interface: see docs/elastic.md.
 
-With runtime.py and comm/horovod_comm.py, the only module that imports Horovod.
+With startup/runtime.py and comm/horovod_comm.py, the only module that imports Horovod.
 """
 import math
 import os
@@ -79,8 +79,8 @@ import time
 
 import numpy as np
 
-from . import checkpoint
-from .strategies.base import walk
+from ..strategies.base import walk
+from . import store
 
 # Micro-batches between commits when train.py's --elastic-commit-every is not
 # given: a copy of a small model's state costs well under a millisecond per
@@ -211,7 +211,7 @@ def resized_state(shards, keys):
     The one call site of the resize mapping (today ``checkpoint.resized_arrays``),
     so a mapping over in-memory per-rank states can replace it in one place.
     """
-    return checkpoint.resized_arrays(shards, keys)
+    return store.resized_arrays(shards, keys)
 
 
 def as_internal_error(error):
@@ -260,7 +260,7 @@ def _state_class():
     class _HvdEasgdState(ObjectState):
         def __init__(self, model, optimizer, comm, steps_per_epoch):
             self._model, self._optimizer, self._comm = model, optimizer, comm
-            self._groups = checkpoint.state_groups(model, optimizer)
+            self._groups = store.state_groups(model, optimizer)
             self._keys = [f"{name}/{i:05d}" for name, vs in self._groups.items() for i in range(len(vs))]
             self._arrays = None
             self.resets = 0
