@@ -80,6 +80,10 @@ SLICE = 0.5
 CURVES = "curves.png"  # the budgeted folder's plot, beside parity.md
 
 
+def _passes(budget):
+    return "pass" if budget == 1 else "passes"
+
+
 def budget_flags(passes):
     """train.py's flags for a run of ``passes`` passes over the training split's tokens: 2·passes epochs
     of ``SLICE`` of it. Refuses a budget that is not a whole number of half passes."""
@@ -283,7 +287,7 @@ def render(directory):
     header = ["configuration", *early_header, f"{what}{at}, median", "min–max", "mean", f"mean vs {workload.baseline}",
               "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
-    setting = (f"{index['budget']:g} passes over the training split's tokens ({budget_flags(index['budget'])[1]} "
+    setting = (f"{index['budget']:g} {_passes(index['budget'])} over the training split's tokens ({budget_flags(index['budget'])[1]} "
                f"epochs of {SLICE:g} of it, the whole held-out set)" if budgeted else "")
     lines = [summary(workload, found, verdicts, versus_of)]
     if budgeted and baseline:
@@ -312,7 +316,7 @@ def flattening(workload, baseline, budget):
     that is under 2 %."""
     last = statistics.fmean(points[-1][1] for points in baseline["curves"])
     before = statistics.fmean(points[-2][1] for points in baseline["curves"])
-    return (f"Over the budget's last epoch (the last {SLICE:g} of its {budget:g} passes), {workload.baseline}'s "
+    return (f"Over the budget's last epoch (the last {SLICE:g} of its {budget:g} {_passes(budget)}), {workload.baseline}'s "
             f"mean validation loss moved {100 * (last - before) / before:+.2f} % ({before:.4f} to {last:.4f}, the "
             "kept model as each epoch ended).")
 
