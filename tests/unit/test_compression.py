@@ -13,7 +13,7 @@ from hvd_easgd.strategies.local_updates import allreduce_unless_non_finite
 from tests import least_squares, reference as ref
 from tests.least_squares import least_squares_ranks
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # many simulated ranks, seconds together
 QUANTISING = ("bf16", "int8", "int4")
 BATCH = 4
 

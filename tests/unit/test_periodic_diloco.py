@@ -17,7 +17,7 @@ from hvd_easgd.strategies import registry, walk
 from tests import least_squares, reference as ref
 from tests.least_squares import least_squares_ranks
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # many simulated ranks, seconds together
 BATCH = 4
 
 

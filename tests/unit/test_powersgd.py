@@ -17,7 +17,7 @@ from hvd_easgd.comm import LocalCommunicator, SimulatedCluster
 from hvd_easgd.comm.powersgd import PowerSGD, matrix_shape
 from tests import reference as ref
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # many simulated ranks, seconds together
 P = 3
 LR = 0.5
 RANK = 2

@@ -18,7 +18,7 @@ from hvd_easgd import DiLoCo, EASGD, GradientAccumulation, Hierarchical, Periodi
 from hvd_easgd.comm import SimulatedCluster
 from tests import reference as ref
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # many simulated ranks, seconds together
 
 V, D, K = 10, 3, 2  # vocabulary, embedding width, outputs of the Dense layer on top
 EMBEDDING = V * D

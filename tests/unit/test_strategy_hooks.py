@@ -18,7 +18,7 @@ from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies import registry
 from hvd_easgd.strategies.base import ExpectedTraffic, NoScaleRule, SyncStrategy, Traffic, payload_bytes
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.slow]  # many simulated ranks, seconds together
 
 P = 4
 STEPS = 12  # whole periods of every strategy below (tau 2, 3, 4; k 2)
