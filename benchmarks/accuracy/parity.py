@@ -117,6 +117,11 @@ WORKLOADS = {
             ("diloco_tau50_fragments", "--strategy diloco --tau 50 --fragments 5", None),
             ("diloco_tau50_streaming_mixing0", "--strategy diloco --tau 50 --fragments 5 --overlap 5 --mixing 0",
              None),
+            # The overlapped merge that keeps the rank's own steps (x <- theta + x - x(s)) in place of the mix.
+            ("diloco_tau50_streaming_progress",
+             "--strategy diloco --tau 50 --fragments 5 --overlap 5 --overlap-merge progress", None),
+            # The sparse payload (1/64 of each chunk at 2 bits, with error feedback) on DiLoCo at tau = 10.
+            ("diloco_tau10_topk", "--strategy diloco --tau 10 --compression topk", "diloco_tau10"),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
