@@ -372,21 +372,21 @@ def overlap_reference(strategy, shards, w0, lr, tau, steps, batch_size, delta, a
 
 
 class DiLoCoOverlapReference:
-    """DiLoCo with overlap δ and the mixing factor α (diloco.py's docstring), SGD(lr) inner, the outer
-    optimizer Keras's Nesterov SGD(0.7, 0.7) per fragment; fragment f (``masks[f]``, its elements of
-    the flat weights) starts at t ≡ ⌊fτ/F⌋ (mod τ), t = 1, 2, ...:
+    """DiLoCo with overlap δ (diloco.py's docstring), SGD(lr) inner, the outer optimizer Keras's
+    Nesterov SGD(0.7, 0.7) per fragment; fragment f (``masks[f]``, its elements of the flat weights)
+    starts at t ≡ ⌊fτ/F⌋ (mod τ), t = 1, 2, ...:
 
       start:   u_i = θ_f − x_if (+ e_if)                    (kept as pending)
       merge δ steps later (or at a drain):
                mean = Σ_i Q(u_i) / p,  e_if ← u_i − Q(u_i) (int8/int4),
-               θ_f ← outer_f(θ_f, mean),  x_if ← α x_if + (1 − α) θ_f
-               (the "progress" merge instead: x_if ← θ_f + x_if − x_if(start))
+               θ_f ← outer_f(θ_f, mean),  x_if ← θ_f + x_if − x_if(start)     (``merge="progress"``, the default)
+               (the "mix" merge instead: x_if ← α x_if + (1 − α) θ_f, α the mixing factor)
 
     With δ = 0 the merge is the blocking one: x_if ← θ_f. ``drain_after=k`` merges what is in flight
     right after step k."""
 
     def __init__(self, shards, w0, masks, tau, delta, mixing=0.5, name="none", lr=0.05, batch_size=4,
-                 merge="mix"):
+                 merge="progress"):
         self.shards, self.masks, self.tau, self.delta, self.mixing = shards, masks, tau, delta, mixing
         self.merge_rule = merge
         self.name, self.batch_size = name, batch_size

@@ -109,7 +109,8 @@ WORKLOADS = {
         configurations=configurations(
             *LOCAL_UPDATES,
             ("diloco_tau50", "--strategy diloco --tau 50", None),
-            # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts.
+            # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts
+            # (with the progress merge, the default since the one-pass table; the mix before).
             ("diloco_tau50_streaming", "--strategy diloco --tau 50 --fragments 5 --overlap 5", None),
             # Which of Streaming DiLoCo's changes costs its loss: the same fragments merged at once, and
             # merged late with alpha = 0 (every rank restarts from the new synced weights, other
@@ -117,9 +118,12 @@ WORKLOADS = {
             ("diloco_tau50_fragments", "--strategy diloco --tau 50 --fragments 5", None),
             ("diloco_tau50_streaming_mixing0", "--strategy diloco --tau 50 --fragments 5 --overlap 5 --mixing 0",
              None),
-            # The overlapped merge that keeps the rank's own steps (x <- theta + x - x(s)) in place of the mix.
+            # The overlapped merges by name: the one that keeps the rank's own steps (x <- theta + x - x(s)),
+            # and the paper's alpha-mix.
             ("diloco_tau50_streaming_progress",
              "--strategy diloco --tau 50 --fragments 5 --overlap 5 --overlap-merge progress", None),
+            ("diloco_tau50_streaming_mix", "--strategy diloco --tau 50 --fragments 5 --overlap 5 --overlap-merge mix",
+             None),
             # The sparse payload (1/64 of each chunk at 2 bits, with error feedback) on DiLoCo at tau = 10.
             ("diloco_tau10_topk", "--strategy diloco --tau 10 --compression topk", "diloco_tau10"),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),

@@ -24,6 +24,7 @@ from .config import (BALANCE_MODES, COSINE_IMAGE_SETS, DEFAULT_BALANCE, DEFAULT_
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
 from ..comm.compression import COMPRESSIONS, TOPK_BITS
+from .config_compare import CHANGED_DEFAULTS
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEXT_EPOCHS, MIN_UPDATES, auto_scales, \
     lr_factor, rule_help
@@ -254,6 +255,23 @@ def _given_strategy_options(args):
     return {key: value for key, value in given.items() if value is not None}
 
 
+def _implied_options(strategy, options, saved):
+    """What the strategy (and the one it contains) imply beside the given ``options``
+    (``SyncStrategy.implied_options``): config.yaml names them. A resumed run whose saved
+    config lacks one ran before its default changed, at the value ``CHANGED_DEFAULTS`` names."""
+    if strategy == AUTO:
+        return {}
+    cls = registry.get(strategy)
+    implied = dict(cls.implied_options(options))
+    delegate = _delegate(cls, options)
+    if delegate is not None:
+        implied.update(registry.get(delegate[1]).implied_options(options))
+    if saved:
+        implied = {k: CHANGED_DEFAULTS[k] if k in CHANGED_DEFAULTS and k not in saved else v
+                   for k, v in implied.items()}
+    return implied
+
+
 def _delegate(cls, options):
     """For a strategy that contains another one chosen by name (Hierarchical's
     ``--inter``): ``(its kwarg, the chosen strategy's name)``, else None."""
@@ -369,6 +387,7 @@ def parse_args(argv=None):
     parser = build_parser()
     first, _ = parser.parse_known_args(argv)
     defaults = {}
+    saved = {}
     if first.resume:
         saved = {k: v for k, v in _saved_config(first.resume).items() if k not in ("resume", "config", "run_dir")}
         defaults.update(_config_to_defaults(saved, parser, f"--resume {first.resume}"))
@@ -387,6 +406,7 @@ def parse_args(argv=None):
     options = _given_strategy_options(args)
     lr_given = args.lr is not None
     _validate(args, options)
+    options = {**options, **_implied_options(args.strategy, options, saved)}
     config = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.option_defaults()},
                          strategy_options=options)
     if config.balance == "speed" and config.strategy != AUTO:

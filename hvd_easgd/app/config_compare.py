@@ -35,9 +35,17 @@ ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
                "train_fraction": 1.0}
 
 
+# Options whose default changed, named in a config since (``SyncStrategy.implied_options``): a saved
+# config that lacks one where the current one names it ran with this value, and resumes with it.
+CHANGED_DEFAULTS = {
+    # Streaming DiLoCo's overlapped merge: "mix" until the language model's 3-seed table chose "progress".
+    "overlap_merge": "mix"}
+
+
 def config_differences(saved, current):
     """Keys (other than the resumable ones) whose values differ, sorted."""
-    saved = {**{k: v for k, v in ADDED_LATER.items() if k in current}, **saved}
+    older = {**ADDED_LATER, **CHANGED_DEFAULTS}
+    saved = {**{k: v for k, v in older.items() if k in current}, **saved}
     keys = (set(saved) | set(current)) - RESUMABLE_KEYS
     return sorted(k for k in keys if saved.get(k) != current.get(k))
 

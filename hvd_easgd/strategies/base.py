@@ -356,6 +356,14 @@ class SyncStrategy:
     # that one from the flags it declares and passes it as ``kwarg``.
     cli_delegate = None
 
+    @classmethod
+    def implied_options(cls, options):
+        """``{option key: value}`` that a command line giving ``options`` (its strategy options, keyed as
+        config.yaml names them) leaves to a default which config.yaml must name anyway: a default that
+        changed, so that a run saved before the change can tell, and resume with what it ran
+        (``app.config_compare.CHANGED_DEFAULTS``). None here."""
+        return {}
+
     def __init__(self):
         self.comm = None
         self._built = False

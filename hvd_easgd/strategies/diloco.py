@@ -72,22 +72,25 @@ Overlap (``overlap`` = δ >= 1; Streaming DiLoCo, arXiv:2501.18512, its
 section on overlapping communication with computation): a synchronisation's
 allreduce is started at its step and the inner steps go on; δ steps later
 the mean arrives, the outer optimizer steps θ with it, and the local weights
-become a mix of the new synced and the local weights::
+are merged with the new synced ones::
 
     at s ≡ ⌊f·τ/F⌋ (mod τ), after the inner step:  Δ_i = θ_f − x_if(s), start Σ_j Δ_j
     at s + δ, after the inner step:                θ_f ← outer_f(θ_f, (1/p) Σ_j Δ_j)
-                                                   x_if ← α·x_if + (1 − α)·θ_f
+        "progress" (the default):                  x_if ← θ_f + x_if − x_if(s)
+        "mix" (the paper's):                       x_if ← α·x_if + (1 − α)·θ_f
 
-with α the mixing factor (``mixing``; the paper's α, default 0.5, the paper's
-value: an even mix of the new θ and what the rank reached meanwhile). It is an
-argument (and ``--mixing``) because no one value is right everywhere: other
-Streaming DiLoCo implementations default to α = 0, which on the language
-model's parity runs did no worse than 0.5 (docs/language-model.md, "Why some
-configurations fall behind"). α = 0 drops
+The progress merge puts the rank's own δ steps since the start on the new θ
+(``pending_sent`` keeps x_if(s)); the mix keeps α of them and pulls the rank
+back by α of the outer step's reach past its own weights. On the language
+model at one pass (3 seeds) the progress merge ended +1.75 % from
+SyncAverage, the mix +3.81 % (docs/language-model.md), hence the default.
+α (``mixing``, default 0.5, the paper's) is an argument because no one value
+is right everywhere: other Streaming DiLoCo implementations default to α = 0,
+which on the language model's parity runs did no worse than 0.5. α = 0 drops
 those δ steps (every rank restarts from θ, stale by δ); α = 1 never pulls a
-rank back to θ, so the ranks drift apart. At δ = 0 nothing is mixed: the
-blocking rule above (x ← θ). The schedule: one synchronisation in flight at a
-time, so a fragment's merge lands before the next fragment starts:
+rank back to θ, so the ranks drift apart. At δ = 0 nothing is merged but θ:
+the blocking rule above (x ← θ). The schedule: one synchronisation in flight
+at a time, so a fragment's merge lands before the next fragment starts:
 
     δ < the shortest gap between two offsets = ⌊τ/F⌋    (δ < τ at F = 1)
 
@@ -128,7 +131,10 @@ DEFAULT_MIXING = 0.5  # Streaming DiLoCo's α for an overlapped merge (module do
 # How an overlapped merge sets the local weights (module docstring): "mix", Streaming DiLoCo's
 # α-mix, or "progress", the new θ plus the rank's own steps since the start.
 OVERLAP_MERGES = ("mix", "progress")
-DEFAULT_OVERLAP_MERGE = "mix"
+# "progress" since the language model's 3-seed table (docs/language-model.md): Streaming DiLoCo with it
+# ended +1.75 % from SyncAverage, with the mix +3.81 %. A run saved before (its config names an overlap
+# and no merge) mixed, and resumes so (app.config_compare.CHANGED_DEFAULTS).
+DEFAULT_OVERLAP_MERGE = "progress"
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
@@ -158,11 +164,12 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
       overlap: δ, the inner steps between a synchronisation's start and its
         merge (0 <= δ < ⌊τ/F⌋; default 0, blocking; module docstring).
       mixing: α, at an overlapped merge x ← α·x + (1 − α)·θ (0 <= α <= 1;
-        default 0.5, Streaming DiLoCo's); only with overlap >= 1 and the
-        ``"mix"`` merge.
+        None: 0.5, Streaming DiLoCo's); only with overlap >= 1 and the
+        ``"mix"`` merge. Giving it chooses that merge.
       overlap_merge: how an overlapped merge sets the local weights:
-        ``"mix"`` (the α-mix above) or ``"progress"`` (x ← θ + x − x(s): the
-        new θ plus this rank's own steps since the start; module docstring).
+        ``"progress"`` (x ← θ + x − x(s): the new θ plus this rank's own steps
+        since the start; module docstring) or ``"mix"`` (the α-mix above).
+        None: ``"mix"`` if ``mixing`` is given, else ``"progress"``.
 
     The kept model (``kept_variables()``) is θ, the synced weights: the one
     model every rank agrees on. It is up to τ − 1 inner steps behind the
@@ -198,18 +205,25 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
                   "staggered steps, 1 <= F <= tau (default 1)", type=int),
         CliOption("--overlap", "overlap", OVERLAP_HELP + "; with --fragments F, delta < tau // F", type=int),
         CliOption("--mixing", "mixing", "with --overlap: at a merge the local weights become mixing * local + "
-                  "(1 - mixing) * synced, 0 <= mixing <= 1 (default 0.5, Streaming DiLoCo's)", type=float),
-        CliOption("--overlap-merge", "overlap_merge", "with --overlap: mix (the local weights mixed with the new "
-                  "synced ones, --mixing) or progress (the new synced weights plus the rank's own steps since the "
-                  "synchronisation started)", choices=OVERLAP_MERGES),
+                  "(1 - mixing) * synced, 0 <= mixing <= 1 (default 0.5, Streaming DiLoCo's); chooses "
+                  "--overlap-merge mix", type=float),
+        CliOption("--overlap-merge", "overlap_merge", "with --overlap: progress (the new synced weights plus the "
+                  "rank's own steps since the synchronisation started; the default) or mix (the local weights "
+                  "mixed with the new synced ones, --mixing)", choices=OVERLAP_MERGES),
     )
     # On a flat shard of the variables (Hierarchical shards the state across groups).
     across_groups = True
 
+    @classmethod
+    def implied_options(cls, options):
+        """An overlap's merge: ``progress`` since it became the default, ``mix`` where ``--mixing`` is given."""
+        if not options.get("overlap") or "overlap_merge" in options:
+            return {}
+        return {"overlap_merge": "mix" if "mixing" in options else DEFAULT_OVERLAP_MERGE}
+
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",
-                 fragments=1, max_period=None, overlap=0, mixing=DEFAULT_MIXING,
-                 overlap_merge=DEFAULT_OVERLAP_MERGE):
+                 fragments=1, max_period=None, overlap=0, mixing=None, overlap_merge=None):
         super().__init__()
         self.period, self.schedule = make_schedule(period, max_period)
         self.fragments = validation.integer("fragments", fragments, minimum=1, maximum=self.period,
@@ -224,18 +238,22 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             raise ValueError(f"`overlap` must be below tau // fragments = {self.period // self.fragments} "
                              f"(period={self.period}, fragments={self.fragments}): a fragment's merge must land "
                              f"before the next fragment starts. Received: overlap={overlap!r}")
-        self.mixing = validation.number("mixing", mixing, minimum=0, maximum=1, gloss="(alpha)")
-        if not self.overlap and self.mixing != DEFAULT_MIXING:
-            raise ValueError("`mixing` applies to an overlapped merge only: give `overlap` >= 1 with it (at "
-                             f"overlap=0 every rank restarts from the synced weights). Received: mixing={mixing!r}, "
-                             f"overlap={overlap!r}")
-        self.overlap_merge = validation.one_of("overlap_merge", overlap_merge, OVERLAP_MERGES)
-        if self.overlap_merge != DEFAULT_OVERLAP_MERGE and not self.overlap:
-            raise ValueError("`overlap_merge` applies to an overlapped merge only: give `overlap` >= 1 with it. "
-                             f"Received: overlap_merge={overlap_merge!r}, overlap={overlap!r}")
-        if self.overlap_merge == "progress" and self.mixing != DEFAULT_MIXING:
-            raise ValueError("`mixing` is the \"mix\" merge's α; the \"progress\" merge keeps the rank's own steps "
-                             f"whole. Received: mixing={mixing!r}, overlap_merge='progress'")
+        if mixing is not None:
+            validation.number("mixing", mixing, minimum=0, maximum=1, gloss="(alpha)")
+            if not self.overlap:
+                raise ValueError("`mixing` applies to an overlapped merge only: give `overlap` >= 1 with it (at "
+                                 "overlap=0 every rank restarts from the synced weights). "
+                                 f"Received: mixing={mixing!r}, overlap={overlap!r}")
+        if overlap_merge is not None:
+            validation.one_of("overlap_merge", overlap_merge, OVERLAP_MERGES)
+            if not self.overlap:
+                raise ValueError("`overlap_merge` applies to an overlapped merge only: give `overlap` >= 1 with "
+                                 f"it. Received: overlap_merge={overlap_merge!r}, overlap={overlap!r}")
+            if overlap_merge == "progress" and mixing is not None:
+                raise ValueError("`mixing` is the \"mix\" merge's α; the \"progress\" merge keeps the rank's own "
+                                 f"steps whole. Received: mixing={mixing!r}, overlap_merge='progress'")
+        self.overlap_merge = overlap_merge or ("mix" if mixing is not None else DEFAULT_OVERLAP_MERGE)
+        self.mixing = DEFAULT_MIXING if mixing is None else float(mixing)
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
         self.warmup_steps = validation.integer("warmup_steps", warmup_steps, minimum=0)
@@ -566,14 +584,16 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
                 "outer_optimizer": None if outer is None else keras.saving.serialize_keras_object(outer),
                 "warmup_steps": self.warmup_steps,
                 **({"fragments": self.fragments} if self.fragments > 1 else {}),
-                **({"overlap": self.overlap, "mixing": self.mixing} if self.overlap else {}),
-                **({"overlap_merge": self.overlap_merge} if self.overlap_merge != DEFAULT_OVERLAP_MERGE else {}),
+                **({"overlap": self.overlap, "overlap_merge": self.overlap_merge} if self.overlap else {}),
+                **({"mixing": self.mixing} if self.overlap and self.overlap_merge == "mix" else {}),
                 **({"max_period": self.schedule.maximum} if self.schedule.adaptive else {}),
                 **({"compression": config_of(self.compression)} if self.compression.name != "none" else {})}
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        if config.get("overlap_merge") == "progress" and config.get("mixing") == DEFAULT_MIXING:
+            del config["mixing"]  # written beside every overlap before the merge was chosen by default
         if config.get("outer_optimizer") is not None:
             config["outer_optimizer"] = keras.saving.deserialize_keras_object(config["outer_optimizer"])
         return cls(**config)

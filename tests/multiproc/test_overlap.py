@@ -33,12 +33,13 @@ def test_diloco_overlap_across_real_ranks_matches_the_numpy_reference(tmp_path):
     ranks = read_rank_results(tmp_path, 2)
     shards, w0 = ref.least_squares_shards(2)
     bounds = np.cumsum([0, 2, 2, 2])
-    for name, (tau, fragments, delta, compression, steps) in {
-            "tau10_f3_delta2": (10, 3, 2, "none", 17), "tau4_f2_delta1_int8": (4, 2, 1, "int8", 11)}.items():
+    for name, (tau, fragments, delta, compression, steps, merge) in {
+            "tau10_f3_delta2": (10, 3, 2, "none", 17, "progress"),  # the default merge
+            "tau4_f2_delta1_int8_mix": (4, 2, 1, "int8", 11, "mix")}.items():
         layout = ranks[0][name]["fragment_indices"]
         masks = [np.isin(np.arange(bounds[-1]), np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in ix]))
                  for ix in layout]
-        reference = ref.DiLoCoOverlapReference(shards, w0, masks, tau, delta, name=compression)
+        reference = ref.DiLoCoOverlapReference(shards, w0, masks, tau, delta, name=compression, merge=merge)
         xs, theta = reference.run(steps, drain_after=steps)
         assert ranks[0][name]["in_flight_at_end"] == (name == "tau10_f3_delta2")  # 16 started, drained
         for r, result in enumerate(ranks):

@@ -1,8 +1,8 @@
-"""DiLoCo with overlap δ (Streaming DiLoCo's overlapped merge with mixing factor α) on p = 3
-simulated ranks, against tests/reference.py's DiLoCoOverlapReference: δ = 1 and 2 at F = 1 and at
-F = 3 with τ = 10 (F not dividing τ), int8 with F = 2 and its error feedback, the mixing factor's
-effect, drain and a mid-overlap resume bit for bit, the account, and the refusals (the strategy's
-and train.py's)."""
+"""DiLoCo with overlap δ (Streaming DiLoCo's overlapped merge) on p = 3 simulated ranks, against
+tests/reference.py's DiLoCoOverlapReference: the default "progress" merge at δ = 1 and 2 at F = 1 and
+at F = 3 with τ = 10 (F not dividing τ), int8 with F = 2 and its error feedback; the "mix" merge and
+its mixing factor's effect; drain and a mid-overlap resume bit for bit, the account, the configs of
+runs saved before the default changed, and the refusals (the strategy's and train.py's)."""
 import keras
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import hvd_easgd
 from hvd_easgd import DiLoCo, checkpoint
-from hvd_easgd.app import cli, errors
+from hvd_easgd.app import cli, config_compare, errors
 from hvd_easgd.comm import SimulatedCluster
 from hvd_easgd.strategies.diloco import fragment_layout
 from tests import reference as ref
@@ -91,28 +91,44 @@ def test_overlap_matches_the_numpy_reference(tau, fragments, delta, steps, name)
         traffic = strategy.expected_traffic(models[0].trainable_variables, hosts=P)
         assert traffic.total.bytes == pytest.approx(4 * (ref.DIM + fragments) / tau)  # as without overlap
         assert traffic.overlapped == (1.0 if strategy.comm.reduces_in_background else 0.0)
-    # Not the blocking run: the merges are δ steps late and mixed.
+    # Not the blocking run: the merges are δ steps late, each rank's own steps since the start kept.
     blocking, _ = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, 0, name=name).run(steps)
     assert not np.allclose(xs[0], blocking[0], rtol=1e-4)
 
 
 @pytest.mark.parametrize("tau, fragments, delta, steps", [(4, 1, 2, 10), (10, 3, 1, 12)])
-def test_the_progress_merge_puts_each_ranks_own_steps_since_the_start_on_the_new_synced_weights(
-        tau, fragments, delta, steps):
+def test_the_mix_merge_mixes_the_local_with_the_new_synced_weights(tau, fragments, delta, steps):
     shards, w0 = ref.least_squares_shards(P)
-    cluster, models, opts = ranks(lambda: DiLoCo(tau, fragments=fragments, overlap=delta, overlap_merge="progress"),
-                                  w0)
+    cluster, models, opts = ranks(lambda: DiLoCo(tau, fragments=fragments, overlap=delta, overlap_merge="mix"), w0)
     train(cluster, models, opts, shards, steps)
-    reference = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta, merge="progress")
+    reference = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta, merge="mix")
     assert_matches(models, opts, *reference.run(steps))
-    mixed, _ = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta).run(steps)
-    assert not np.allclose(weights(models)[0], mixed[0], rtol=1e-4)  # not the α-mix
-    assert opts[0].strategy.get_config()["overlap_merge"] == "progress"
+    progress, _ = ref.DiLoCoOverlapReference(shards, w0, masks(fragments), tau, delta).run(steps)
+    assert not np.allclose(weights(models)[0], progress[0], rtol=1e-4)  # not the default merge
+    assert opts[0].strategy.get_config()["overlap_merge"] == "mix"
 
 
-def test_the_progress_merge_is_refused_without_overlap_or_beside_a_mixing_factor():
-    with pytest.raises(ValueError, match="`overlap_merge` applies to an overlapped merge only"):
-        DiLoCo(10, overlap_merge="progress")
+def test_the_merge_is_progress_by_default_and_mix_where_a_mixing_factor_is_given():
+    assert (DiLoCo(10, overlap=1).overlap_merge, DiLoCo(10, overlap=1, mixing=0.3).overlap_merge) == (
+        "progress", "mix")
+    assert DiLoCo(10, overlap=1).get_config() | {"outer_optimizer": None} == {
+        "period": 10, "outer_learning_rate": 0.7, "outer_momentum": 0.7, "outer_optimizer": None,
+        "warmup_steps": 0, "overlap": 1, "overlap_merge": "progress"}  # no mixing factor: it has none
+    assert DiLoCo(10, overlap=1, mixing=0.3).get_config()["mixing"] == 0.3
+    assert "overlap_merge" not in DiLoCo(10).get_config()
+    # A config saved before "progress" was the default named the mixing factor beside every overlap
+    # and no merge: it mixed, and comes back mixing; one saved with the progress merge kept 0.5 beside it.
+    old = {"period": 10, "overlap": 2, "mixing": 0.5}
+    assert (DiLoCo.from_config(old).overlap_merge, DiLoCo.from_config(old).mixing) == ("mix", 0.5)
+    assert DiLoCo.from_config({**old, "overlap_merge": "progress"}).overlap_merge == "progress"
+    for config in (DiLoCo(10, overlap=2).get_config(), DiLoCo(10, overlap=2, mixing=0.25).get_config()):
+        assert DiLoCo.from_config(config).get_config() == config
+
+
+def test_the_merge_is_refused_without_overlap_or_progress_beside_a_mixing_factor():
+    for merge in ("progress", "mix"):
+        with pytest.raises(ValueError, match="`overlap_merge` applies to an overlapped merge only"):
+            DiLoCo(10, overlap_merge=merge)
     with pytest.raises(ValueError, match="`mixing` is the \"mix\" merge's"):
         DiLoCo(10, overlap=1, overlap_merge="progress", mixing=0.3)
     with pytest.raises(ValueError, match="`overlap_merge` must be one of"):
@@ -125,7 +141,7 @@ def test_the_mixing_factor_weighs_the_local_against_the_synced_weights():
     for mixing in (0.0, 0.5, 1.0):  # F = 1, δ = 1; 0.5 is the default
         cluster, models, opts = ranks(lambda: DiLoCo(4, overlap=1, mixing=mixing), w0)
         train(cluster, models, opts, shards, 5)  # started at 4, merged at 5
-        xs, theta = ref.DiLoCoOverlapReference(shards, w0, masks(1), 4, 1, mixing=mixing).run(5)
+        xs, theta = ref.DiLoCoOverlapReference(shards, w0, masks(1), 4, 1, mixing=mixing, merge="mix").run(5)
         assert_matches(models, opts, xs, theta)
         runs[mixing] = weights(models)
     theta = np.concatenate([v.numpy() for v in opts[0].strategy.synced])
@@ -134,7 +150,7 @@ def test_the_mixing_factor_weighs_the_local_against_the_synced_weights():
     assert not np.allclose(runs[1.0][0], runs[1.0][1])  # α = 1: the ranks keep their own weights
     for half, none, full in zip(runs[0.5], runs[0.0], runs[1.0]):  # one merge, the last step: linear in α
         np.testing.assert_allclose(half, (none + full) / 2, rtol=1e-5, atol=1e-6)
-    assert DiLoCo(10, overlap=1).get_config()["mixing"] == 0.5 and "overlap" not in DiLoCo(10).get_config()
+    assert DiLoCo(10, overlap=1, overlap_merge="mix").get_config()["mixing"] == 0.5  # the default α
 
 
 def test_drain_then_a_mid_overlap_resume_continues_bit_for_bit(tmp_path):
@@ -195,4 +211,31 @@ def test_train_py_refuses_bad_overlap_in_one_line(argv, message):
 def test_train_py_builds_the_overlapped_diloco():
     strategy = cli.make_strategy(cli.parse_args(["--strategy", "diloco", "--tau", "10", "--fragments", "3",
                                                  "--overlap", "2", "--mixing", "0.25"]))
-    assert (strategy.period, strategy.fragments, strategy.overlap, strategy.mixing) == (10, 3, 2, 0.25)
+    assert (strategy.period, strategy.fragments, strategy.overlap, strategy.mixing, strategy.overlap_merge) == (
+        10, 3, 2, 0.25, "mix")
+
+
+@pytest.mark.parametrize("argv, recorded", [
+    (["--overlap", "2"], "progress"),  # the default, named in config.yaml
+    (["--overlap", "2", "--mixing", "0.25"], "mix"),  # a mixing factor chooses its merge
+    (["--overlap", "2", "--overlap-merge", "mix"], "mix"),
+])
+def test_train_py_names_the_overlapped_merge_in_its_config(argv, recorded):
+    config = cli.parse_args(["--strategy", "diloco", "--tau", "10", *argv])
+    assert cli.effective_config(config)["overlap_merge"] == recorded
+    assert cli.make_strategy(config).overlap_merge == recorded
+    assert "overlap_merge" not in cli.effective_config(cli.parse_args(["--strategy", "diloco", "--tau", "10"]))
+
+
+def test_a_run_saved_before_the_progress_merge_was_the_default_resumes_mixing(tmp_path):
+    from tests.unit.test_cli import saved_run
+    new = cli.effective_config(cli.parse_args(["--strategy", "diloco", "--tau", "10", "--overlap", "2"]))
+    old = {k: v for k, v in new.items() if k != "overlap_merge"}  # what config.yaml held then
+    for name, saved, merge in (("old", old, "mix"), ("new", new, "progress")):
+        run_dir = saved_run(tmp_path / name, checkpoint.FORMAT_VERSION, dict(saved, run_dir=str(tmp_path / name)))
+        resumed = cli.parse_args(["--resume", run_dir, "--epochs", "9"])
+        assert (cli.make_strategy(resumed).overlap_merge, cli.effective_config(resumed)["overlap_merge"]) == (
+            merge, merge)
+        assert config_compare.config_differences(saved, cli.effective_config(resumed)) == []
+    # Its checkpoint does not fit a run that asks for the new merge: one line says which option differs.
+    assert config_compare.config_differences(old, new) == ["overlap_merge"]

@@ -25,9 +25,10 @@ OUT = sys.argv[1]
 COLLECTIVES = sys.argv[2] if len(sys.argv) > 2 else "horovod"
 comm = hvd_easgd.init(threads_per_rank=1, collectives=COLLECTIVES)
 SIZES, BATCH = (2, 2, 2), 4
-# (τ, F, δ, compression, steps): F = 3 not dividing τ, merges at 5, 8, 12, 15 and one in flight at
-# the end (drained); int8 with F = 2 and error feedback, merges at 3, 5, 7, 9, 11.
-CASES = {"tau10_f3_delta2": (10, 3, 2, "none", 17), "tau4_f2_delta1_int8": (4, 2, 1, "int8", 11)}
+# (τ, F, δ, compression, steps, merge): F = 3 not dividing τ, merges at 5, 8, 12, 15 and one in flight
+# at the end (drained), the default merge; int8 with F = 2 and error feedback, merges at 3, 5, 7, 9, 11,
+# the α-mix.
+CASES = {"tau10_f3_delta2": (10, 3, 2, "none", 17, None), "tau4_f2_delta1_int8_mix": (4, 2, 1, "int8", 11, "mix")}
 
 
 class Pieces(keras.layers.Layer):
@@ -41,12 +42,12 @@ class Pieces(keras.layers.Layer):
         return tf.linalg.matvec(x, tf.concat(self.pieces, 0))
 
 
-def run(tau, fragments, delta, compression, steps):
+def run(tau, fragments, delta, compression, steps, merge):
     shards, w0 = ref.least_squares_shards(comm.size)
     model = keras.Sequential([keras.Input((ref.DIM,)), Pieces(SIZES)])
     for v, part in zip(model.trainable_variables, np.split(w0 + 100.0 * comm.rank, np.cumsum(SIZES)[:-1])):
         v.assign(part)  # off by rank: the initial broadcast must fix it
-    strategy = DiLoCo(tau, fragments=fragments, overlap=delta, compression=compression)
+    strategy = DiLoCo(tau, fragments=fragments, overlap=delta, compression=compression, overlap_merge=merge)
     opt = hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(0.05), strategy, comm=comm)
     hvd_easgd.broadcast_initial_state(model, opt)
 
