@@ -72,7 +72,7 @@ import keras
 import tensorflow as tf
 
 from .. import validation
-from .sample_shares import check as check_shares, equal as equal_shares, weight as share_weight
+from . import sample_shares
 from ..comm import Compression, LocalCommunicator
 from ..comm import quantised_allreduce, sparse_allreduce
 from ..comm.communicator import WIRE_FACTORS
@@ -520,12 +520,12 @@ class SyncStrategy:
         Every strategy this one contains weighs alike.
         """
         comm = self._ensure_comm()
-        shares = check_shares(shares, comm.size)
+        shares = sample_shares.check(shares, comm.size)
         if not self.takes_sample_shares:
-            if not equal_shares(shares):
+            if not sample_shares.equal(shares):
                 raise ValueError(f"{_equal_shares_only(self)} Received: shares={list(shares)!r}")
             return  # equal shares are the unweighted average it makes
-        weight = share_weight(shares, comm.rank)
+        weight = sample_shares.weight(shares, comm.rank)
         with tf.init_scope():
             if self._share_weight is None:
                 self._share_weight = tf.Variable(weight, dtype=tf.float32, trainable=False,

@@ -56,8 +56,13 @@ def import_graph():
                 if node.level:
                     parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                     base = f"{parent}.{base}" if base else parent
-                # `from package import submodule` imports the submodule as well
-                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+                # `from package import submodule` imports the submodule; the package itself only where a
+                # name is not a submodule (its __init__ must have run to hold it). `from . import sibling`
+                # from inside the package needs only the package begun, which importing any module of it
+                # has done: it is no edge to the package.
+                submodules = [f"{base}.{alias.name}" for alias in node.names]
+                inside = node.level and package == base
+                targets = submodules + ([] if inside and all(m in modules for m in submodules) else [base])
             else:
                 continue
             edges |= {t for t in targets if t in modules and t != module}

@@ -2,6 +2,9 @@
 reference of tests/reference.py, error feedback's conservation bit for bit, the sparse allreduce on
 p = 2 and 3 simulated ranks with its exact account, DiLoCo and EASGD with it against NumPy, a
 mid-period resume, the command line, and what the traffic hooks and the cost model say of it."""
+import os
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -10,7 +13,7 @@ import tensorflow as tf
 from hvd_easgd import DiLoCo, EASGD, PeriodicAverage, SyncAverage, checkpoint, resize
 from hvd_easgd.choosing import cost_model
 from hvd_easgd.app import cli, config_compare, errors
-from hvd_easgd.comm import Compression, SimulatedCluster
+from hvd_easgd.comm import Compression, SimulatedCluster, sparse_allreduce
 from hvd_easgd.comm.compression import TopKCompression, config_of
 from hvd_easgd.strategies.base import Traffic, allreduce_traffic
 from tests import least_squares, reference as ref
@@ -79,6 +82,38 @@ def test_the_bytes_follow_the_formula_and_on_the_language_model_a_tenth_of_int4s
     int4 = ref.quantised_message_bytes(141312, 1, "int4", 2)
     assert int4 == 72868 and 4064 / int4 < 0.06  # the goal: at most 1/4
     assert 4064 / (4 * (141312 + 1)) < 1 / 128
+
+
+def _language_model_bytes_per_rank(p):
+    """(topk, int4, fp32): the wire bytes a rank sends per synchronisation of the language model's 141,312
+    parameters and the flag at ``p`` ranks, as the account counts them (``allreduce_traffic``)."""
+    shape = [tf.TensorShape([141312])]
+    return tuple(allreduce_traffic([tf.zeros(s) for s in shape], p, fmt, exact_values=1).wire_bytes
+                 for fmt in (Compression.topk, Compression.int4, Compression.none))
+
+
+def _numbers(row):
+    return [float(cell.replace(",", "")) for cell in row.strip("|").split("|")]
+
+
+def test_the_pages_byte_tables_are_the_formulas():
+    # compression.md's table and sparse_allreduce.py's docstring give the bytes each rank sends on the
+    # language model at p = 2, 8 and 64: typed once, held here to the formula the account follows.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "compression.md")) as f:
+        page = f.read()
+    table = page[page.index("| p | topk (D = 1/64, B = 2) | int4 | fp32 | topk ÷ int4 |"):]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")][:3]
+    docstring = [line.split() for line in sparse_allreduce.__doc__.splitlines()
+                 if re.fullmatch(r"\d+( +[\d,]+){5}", line.strip())]  # the table's rows: p and five byte counts
+    assert [int(_numbers(row)[0]) for row in rows] == [int(line[0]) for line in docstring] == [2, 8, 64]
+    for row, line in zip(rows, docstring):
+        p, topk_bytes, int4_bytes, fp32_bytes, ratio = _numbers(row)
+        expected = _language_model_bytes_per_rank(int(p))
+        assert (topk_bytes, int4_bytes, fp32_bytes) == tuple(round(b) for b in expected), row
+        assert ratio == round(expected[0] / expected[1], 2 if expected[0] / expected[1] >= 0.1 else 3), row
+        chosen, int4_column, fp32_column = (float(line[i].replace(",", "")) for i in (1, 4, 5))
+        assert (chosen, int4_column, fp32_column) == tuple(round(b) for b in expected), line
 
 
 # --- the sparse allreduce ----------------------------------------------------------------------
