@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks.suite import configurations, host_traffic, names
 from hvd_easgd.app import models
+from hvd_easgd.comm import Compression, quantised_allreduce
 
 pytestmark = pytest.mark.unit
 
@@ -60,6 +61,22 @@ def test_a_flat_allreduce_crosses_hosts_as_halving_doubling_does(cnn, hosts, per
     assert configurations.cross_host_bytes_per_step("sync", cnn, hosts, per_host) == pytest.approx(crossings * M)
     assert configurations.cross_host_bytes_per_step("easgd_tau10", cnn, hosts, per_host) == pytest.approx(
         crossings * (M + 4) / 10)
+
+
+@pytest.mark.parametrize("hosts, per_host", [(2, 1), (2, 2), (4, 2)])
+def test_an_allgather_or_alltoall_crosses_hosts_part_by_part(cnn, hosts, per_host):
+    # Each rank's part reaches every rank on another host: p·(p − r) parts in all, not an allreduce's
+    # 2(H − 1)·B (the hosts' counters at 4 × 2: docs/results/wire/4x2-topk).
+    p, flag = hosts * per_host, 1
+    sparse = Compression.topk.message_bytes(P, flag)  # one rank's top-k message: the allgather's part
+    assert configurations.cross_host_bytes_per_step("diloco_tau10_topk", cnn, hosts, per_host) == pytest.approx(
+        p * (p - per_host) * sparse / 10)
+    # int4: at p = 2 one allgather of the whole message; from p = 3 an alltoall of p parts of S/p, then an
+    # allgather of one part (the encoded sum of its range).
+    part = quantised_allreduce.message_bytes(P, flag, Compression.int4, p, True)
+    crossing = p * (p - per_host) * part * (1 if p == 2 else 2)
+    assert configurations.cross_host_bytes_per_step("diloco_tau10_int4", cnn, hosts, per_host) == pytest.approx(
+        crossing / 10)
 
 
 def test_hierarchical_carries_each_shard_once_per_rank_index(cnn):
