@@ -108,6 +108,9 @@ WORKLOADS = {
         twin_relative=0.01, budget=2.5, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
         configurations=configurations(
             *LOCAL_UPDATES,
+            # EASGD at TF1 ElasticAverageOptimizer's moving rate, alpha = 0.9/(tau p) (beta = p alpha = 0.09),
+            # a tenth of ours (beta/p, beta = 0.9).
+            ("easgd_tau10_tf1_alpha", "--strategy easgd --tau 10 --beta 0.09", None),
             ("diloco_tau50", "--strategy diloco --tau 50", None),
             # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts
             # (with the progress merge, the default since the one-pass table; the mix before).
