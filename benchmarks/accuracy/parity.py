@@ -78,6 +78,9 @@ class Workload(NamedTuple):
 # the curve every half pass over the split's tokens. The held-out set is the whole one.
 SLICE = 0.5
 CURVES = "curves.png"  # the budgeted folder's plot, beside parity.md
+# Its payloads' plot (docs/compression.md leads with it): a twin and the rows that differ from it by
+# --compression alone, final loss against the wire bytes a rank sends per outer step.
+LOSS_VS_BYTES = "loss-vs-bytes.png"
 
 
 def _passes(budget):
@@ -190,11 +193,14 @@ def main(argv=None, prog="python -m benchmarks parity"):
 
 
 def write_table(directory):
-    """Renders ``directory``'s table into its parity.md (and a budgeted folder's plot); returns the table."""
+    """Renders ``directory``'s table into its parity.md (and a budgeted folder's plots: its curves, and its
+    payloads' loss against bytes where it has them); returns the table."""
     text = write_rendered(directory, TABLE, render)
     with open(os.path.join(directory, RUNS)) as f:
-        if "budget" in json.load(f):
-            plot(directory)
+        index = json.load(f)
+    if "budget" in index:
+        plot(directory)
+        plot_payloads(directory, summarise(directory)[1], WORKLOADS[index["workload"]])
     return text
 
 
@@ -202,8 +208,8 @@ def write_table(directory):
 def summarise(directory):
     """``(runs.json, {configuration: {"values": [final metric per seed], "twin": name, "speed": [tokens or
     samples/s], "training": [the last epoch's training loss, the mean over its steps of the ranks' local
-    weights], "command": the first seed's, "curves": [each seed's ``curve``] in a budgeted folder}})``, in
-    the order the runs were made."""
+    weights], "command": the first seed's, "curves": [each seed's ``curve``] in a budgeted folder,
+    "outer_bytes": [each seed's ``outer_bytes``]}})``, in the order the runs were made."""
     index, runs = kept_runs(directory)
     metric = WORKLOADS[index["workload"]].metric
     budgeted = "budget" in index
@@ -211,13 +217,72 @@ def summarise(directory):
     for run, metrics in runs:
         final = metrics["final"]
         entry = found.setdefault(run["variant"], {"values": [], "twin": run["twin"], "speed": [], "training": [],
-                                                  "command": run["command"], "curves": []})
+                                                  "command": run["command"], "curves": [], "outer_bytes": []})
         entry["values"].append(final[metric])
+        entry["outer_bytes"].append(outer_bytes(metrics))
         entry["speed"].append(final.get("tokens_per_sec") or final.get("samples_per_sec"))
         entry["training"].append(metrics["epochs"][-1]["loss"] if metrics.get("epochs") else None)
         if budgeted:
             entry["curves"].append(curve(metrics, metric))
     return index, found
+
+
+def outer_bytes(metrics):
+    """The wire bytes a rank sent per synchronisation over the run's last epoch (its bytes per step times its
+    τ), None for a run whose rows do not say (made before they held both, or of a strategy without τ)."""
+    row = (metrics.get("epochs") or [{}])[-1]
+    if row.get("wire_bytes_per_step") is None or not row.get("tau"):
+        return None
+    return row["wire_bytes_per_step"] * row["tau"]
+
+
+def payload_label(command):
+    """What a run's command sends, as the plot names it: its ``--compression`` (with ``--density`` and
+    ``--bits`` where given), fp32 without one."""
+    words = command.split()
+
+    def flag(name):
+        return words[words.index(name) + 1] if name in words else None
+
+    label = flag("--compression") or "fp32"
+    extra = [f"D={flag('--density')}" if flag("--density") else "", f"B={flag('--bits')}" if flag("--bits") else ""]
+    return " ".join([label] + [e for e in extra if e])
+
+
+def payload_rows(found):
+    """``[(label, mean bytes per outer step, [final loss per seed])]`` of each twin that has rows differing from
+    it by ``--compression`` alone and of those rows, most bytes first; [] where fewer than two have bytes."""
+    compressed = [n for n, e in found.items() if e["twin"] in found and "--compression" in e["command"].split()]
+    family = list(dict.fromkeys([found[n]["twin"] for n in compressed] + compressed))
+    rows = [(payload_label(found[n]["command"]), statistics.fmean(found[n]["outer_bytes"]), found[n]["values"])
+            for n in family if found[n]["outer_bytes"] and None not in found[n]["outer_bytes"]]
+    return sorted(rows, key=lambda row: -row[1]) if len(rows) >= 2 else []
+
+
+def plot_payloads(directory, found, workload):
+    """``LOSS_VS_BYTES``: each payload row's mean final loss (its seeds' range as a bar) against the bytes a rank
+    sends per outer step, log scale, beside the baseline's mean and its goal band; None without two rows."""
+    rows = payload_rows(found)
+    if not rows:
+        return None
+    from ..suite import plots
+
+    fig, ax = plots.plt.subplots(figsize=(7, 4.5))
+    for label, sent, values in rows:
+        mean = statistics.fmean(values)
+        ax.errorbar([sent], [mean], yerr=[[mean - min(values)], [max(values) - mean]], marker="o", capsize=3)
+        ax.annotate(f"{label} ({len(values)})", (sent, mean), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    baseline = found.get(workload.baseline)
+    if baseline:
+        base = statistics.fmean(baseline["values"])
+        ax.axhline(base, color="0.3", linewidth=1, label=f"{workload.baseline}, mean")
+        ax.axhspan(base, base * (1 + workload.relative), color="0.85", label=f"within {100 * workload.relative:g} %")
+        ax.legend(fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("wire bytes a rank sends per outer step")
+    ax.set_ylabel("final validation loss, nats/token (mean; bar: seeds' range)")
+    plots._save_panels(fig, [ax], os.path.join(directory, LOSS_VS_BYTES))
+    return LOSS_VS_BYTES
 
 
 def curve(metrics, metric):

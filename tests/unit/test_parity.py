@@ -146,6 +146,36 @@ def test_a_budgeted_table_reads_each_configuration_at_one_pass_and_at_the_budget
     assert (tmp_path / parity.CURVES).stat().st_size > 10_000
 
 
+def test_a_budgeted_folder_plots_its_payloads_final_loss_against_their_bytes_per_outer_step(tmp_path):
+    runs = []
+    # (name, twin, flags, wire bytes per step at tau 10, final losses): fp32 DiLoCo and two payloads of it
+    for name, twin, flags, per_step, finals in (
+            ("sync", None, "", 1000.0, (1.88, 1.89, 1.90)),
+            ("diloco_tau10", None, "--tau 10", 56_525.2, (1.90, 1.91, 1.92)),
+            ("diloco_tau10_int4", "diloco_tau10", "--tau 10 --compression int4", 7_286.8, (1.91, 1.92, 1.96)),
+            ("diloco_tau10_topk", "diloco_tau10", "--tau 10 --compression topk --density 0.03", 406.4, (1.95,) * 3)):
+        for seed, final in enumerate(finals):
+            run = write_budgeted_run(tmp_path, name, seed, [3.0, 2.0, 1.95, final], final)
+            path = tmp_path / run["run"] / "metrics.json"
+            metrics = json.loads(path.read_text())
+            if name != "sync":  # SyncAverage's rows hold no tau
+                metrics["epochs"][-1].update(wire_bytes_per_step=per_step, tau=10)
+            path.write_text(json.dumps(metrics))
+            runs.append(dict(run, twin=twin, command=f"horovodrun -np 2 python train.py --strategy x {flags}"))
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "seeds": 3, "flags": "", "budget": 2.0, "runs": runs,
+                   "failures": []}, f)
+    _, found = parity.summarise(str(tmp_path))
+    rows = parity.payload_rows(found)
+    assert [(label, round(sent)) for label, sent, _ in rows] == [
+        ("fp32", 565_252), ("int4", 72_868), ("topk D=0.03", 4_064)]  # a synchronisation's bytes, most first
+    assert rows[1][2] == [1.91, 1.92, 1.96]
+    parity.write_table(str(tmp_path))
+    assert (tmp_path / parity.LOSS_VS_BYTES).stat().st_size > 10_000
+    # Without a compressed row there is nothing to set against fp32: no plot.
+    assert parity.payload_rows({k: v for k, v in found.items() if "--compression" not in v["command"]}) == []
+
+
 def test_fewer_than_three_seeds_are_not_judged(tmp_path):
     runs = [write_run(tmp_path, "sync", 0, 2.0, 30_000), write_run(tmp_path, "easgd_tau10", 0, 2.5, 30_000)]
     with open(tmp_path / "runs.json", "w") as f:
