@@ -109,6 +109,10 @@ BALANCE = "_balance"
 BALANCE_FLAGS = ("--balance", "speed")
 BALANCED = ("diloco_tau10",)
 BALANCE_RATIO = 0.75
+# The sparse payload's goal (issue 62): where both race, top-k DiLoCo's median time to target at most
+# SPARSE_RATIO × int4 DiLoCo's at the slowest rate raced; at faster rates the ratio is reported.
+SPARSE_PAIRS = (("diloco_tau10_topk", "diloco_tau10_int4"),)
+SPARSE_RATIO = 0.5
 # The hosts share this machine's cores: one thread a rank, as the suite's.
 CLUSTER_FLAGS = ("--threads-per-rank", "1")
 
@@ -572,6 +576,28 @@ def judge_balance(settings, entry):
     return "; ".join(goals)
 
 
+def judge_sparse(settings, entry):
+    """The sparse payload's goal at a rate: each ``SPARSE_PAIRS`` pair's ratio of median times to target, at
+    most ``SPARSE_RATIO`` at the slowest rate raced, reported at the others; None without a pair, before every
+    seed is in, or with a slow rank."""
+    rows = entry["rows"]
+    pairs = [(sparse, dense) for sparse, dense in SPARSE_PAIRS if sparse in rows and dense in rows]
+    if not pairs or entry["seeds"] < parity.SEEDS_TO_JUDGE or settings.get("slow_rank"):
+        return None
+    slowest = entry["rate"] == min(settings["link_rates"], key=parse_rate)
+    goals = []
+    for sparse, dense in pairs:
+        mine, theirs = rows[sparse]["median"], rows[dense]["median"]
+        if mine is None or theirs is None:
+            goals.append(f"`{sparse}` ÷ `{dense}` not judged (one did not reach the target on every seed)")
+            continue
+        ratio = mine / theirs
+        goals.append(f"`{sparse}` at {ratio:.2f} × `{dense}`" + (
+            f": ≤ {SPARSE_RATIO:g} × " + ("met" if ratio <= SPARSE_RATIO else "**missed**") if slowest else
+            f" (the goal, ≤ {SPARSE_RATIO:g} ×, is the slowest rate's)"))
+    return "; ".join(goals)
+
+
 def slow_rank_line(settings):
     """What the report says of a race with ``--slow-rank``: which rank was slow, by how much, and the hook."""
     slow = settings["slow_rank"]
@@ -599,7 +625,7 @@ def render(out):
         lines[0] += " " + slow_rank_line(settings)
     for entry in rates:
         goal, auto_goal = judge(settings, entry), judge_auto(settings, entry)
-        balance_goal = judge_balance(settings, entry)
+        balance_goal, sparse_goal = judge_balance(settings, entry), judge_sparse(settings, entry)
         share = entry["sync_comm_share"]
         sentences = []
         if share is not None:
@@ -613,6 +639,8 @@ def render(out):
             sentences.append(f"Not judged ({entry['seeds']} of {parity.SEEDS_TO_JUDGE} seeds).")
         if auto_goal:
             sentences.append(f"`auto`'s goals: {auto_goal}.")
+        if sparse_goal:
+            sentences.append(f"The sparse payload's goal: {sparse_goal}.")
         if balance_goal:
             sentences.append(f"`--balance speed`'s goal: {balance_goal}.")
         elif settings.get("slow_rank") and balance_pairs(entry):

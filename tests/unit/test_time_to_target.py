@@ -464,3 +464,22 @@ def test_without_a_slow_rank_balance_speed_has_no_goal_and_the_report_is_as_befo
     text = ttt.render(str(tmp_path))
     assert "--balance speed" not in text and "slower by the test hook" not in text
     assert "Goal: `diloco_tau10_balance` at 0.10 × sync: ≤ 0.25 × met." in text  # a rival like any other
+
+
+def test_top_k_is_judged_against_int4_at_the_slowest_rate_and_reported_at_the_others(tmp_path):
+    # Issue 62's goal: top-k DiLoCo's median time to target at most 0.5 x int4 DiLoCo's at the slowest rate.
+    write_settings(tmp_path, ["10mbit", "100mbit"], loopback=False)
+    for rate, topk_epoch in (("10mbit", 20.0), ("100mbit", 9.0)):
+        os.makedirs(tmp_path / rate)
+        # both reach 2.0 at their 2nd epoch: 2 x 1.1 x the epoch's seconds, the median seed's
+        write_folder(tmp_path / rate, {"diloco_tau10_int4": [2.5, 1.9], "diloco_tau10_topk": [2.6, 1.95]},
+                     {"diloco_tau10_int4": 30.0, "diloco_tau10_topk": topk_epoch},
+                     {"diloco_tau10_int4": 100, "diloco_tau10_topk": 200}, rate=rate)
+    settings, (slow, fast) = ttt.summarise(str(tmp_path))
+    assert ttt.judge_sparse(settings, slow) == "`diloco_tau10_topk` at 0.67 × `diloco_tau10_int4`: ≤ 0.5 × **missed**"
+    assert ttt.judge_sparse(settings, fast) == ("`diloco_tau10_topk` at 0.30 × `diloco_tau10_int4` (the goal, "
+                                                "≤ 0.5 ×, is the slowest rate's)")
+    assert "The sparse payload's goal: `diloco_tau10_topk` at 0.67" in ttt.render(str(tmp_path))
+    # Before every seed is in, no goal.
+    slow["seeds"] = 2
+    assert ttt.judge_sparse(settings, slow) is None
