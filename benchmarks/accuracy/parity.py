@@ -132,6 +132,11 @@ WORKLOADS = {
              None),
             # The sparse payload (1/64 of each chunk at 2 bits, with error feedback) on DiLoCo at tau = 10.
             ("diloco_tau10_topk", "--strategy diloco --tau 10 --compression topk", "diloco_tau10"),
+            # Denser or finer payloads within a quarter of int4's bytes at p = 2 (0.21 and 0.12 of them): what
+            # the sparse payload's loss hangs on where the default's is lost.
+            ("diloco_tau10_topk_d16", "--strategy diloco --tau 10 --compression topk --density 0.0625", "diloco_tau10"),
+            ("diloco_tau10_topk_d32_b4", "--strategy diloco --tau 10 --compression topk --density 0.03125 --bits 4",
+             "diloco_tau10"),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
