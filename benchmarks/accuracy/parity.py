@@ -137,6 +137,10 @@ WORKLOADS = {
             ("diloco_tau10_topk_d16", "--strategy diloco --tau 10 --compression topk --density 0.0625", "diloco_tau10"),
             ("diloco_tau10_topk_d32_b4", "--strategy diloco --tau 10 --compression topk --density 0.03125 --bits 4",
              "diloco_tau10"),
+            # SparseLoCo's outer step: the residual carried over stands in for the outer momentum, so none, at an
+            # outer rate of 1 (theta <- theta - mean of what was sent).
+            ("diloco_tau10_topk_no_momentum",
+             "--strategy diloco --tau 10 --compression topk --outer-momentum 0 --outer-lr 1.0", "diloco_tau10"),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
