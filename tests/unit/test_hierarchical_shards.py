@@ -174,3 +174,33 @@ def test_the_inter_strategy_must_not_clip_on_shards():
     cluster = SimulatedCluster(4, ranks_per_host=2)
     with pytest.raises(ValueError, match="`inter` must not clip by the global norm"):
         Hierarchical(SyncAverage(), SyncAverage(clip_norm=1.0)).bind(cluster.communicators[0])
+
+
+@pytest.mark.parametrize("merge", ["progress", "mix"])
+def test_an_overlapped_inter_diloco_merges_on_the_shard_and_keeps_each_group_identical(merge):
+    # Streaming DiLoCo's overlap across the groups, on Hierarchical's flat shard, with either merge (progress is
+    # the default): each group's ranks stay identical, the groups keep their own progress between merges, and
+    # the ranks that hold the same shard (the same index within their groups) hold the same synced weights.
+    p = 4
+    cluster = SimulatedCluster(p, ranks_per_host=2)
+    models, opts = [], []
+    for comm in cluster.communicators:
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(WIDTH, use_bias=False)])
+        model.layers[0].kernel.assign(np.reshape(X0, (1, -1)) + 100.0 * comm.rank)
+        strategy = Hierarchical(SyncAverage(), DiLoCo(4, overlap=1, **({} if merge == "progress" else
+                                                                        {"overlap_merge": "mix"})))
+        strategy.bind(comm)
+        models.append(model)
+        opts.append(hvd_easgd.DistributedOptimizer(keras.optimizers.SGD(LR), strategy, comm=comm))
+    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    assert opts[0].strategy.inter.overlap_merge == merge
+    grads = np.random.default_rng(0).normal(size=(9, p, WIDTH))  # merges at 5 and 9
+    train(cluster, models, opts, grads, [1] * p)
+    weights = [m.layers[0].kernel.numpy().ravel() for m in models]
+    np.testing.assert_array_equal(weights[0], weights[1])
+    np.testing.assert_array_equal(weights[2], weights[3])
+    assert not np.allclose(weights[0], weights[2])
+    synced = [np.concatenate([v.numpy().ravel() for v in o.strategy.inter.synced]) for o in opts]
+    np.testing.assert_array_equal(synced[0], synced[2])
+    np.testing.assert_array_equal(synced[1], synced[3])
+    assert not np.array_equal(synced[0], synced[1])  # two shards
