@@ -31,13 +31,12 @@ The goals each workload is judged by (``Workload``), on the mean over seeds:
 
 This process never imports TensorFlow: it launches, waits and copies.
 """
-import json
 import os
 import statistics
 import sys
 from typing import NamedTuple
 
-from .study import (RUNS, Variant, chosen, configurations, continue_runs, docs_link, kept_runs, parsed, parser,
+from .study import (Variant, chosen, configurations, continue_runs, docs_link, kept_runs, parsed, parser,
                     run_or_render, write_rendered)
 from ..suite.runner import table
 
@@ -205,11 +204,10 @@ def write_table(directory):
     """Renders ``directory``'s table into its parity.md (and a budgeted folder's plots: its curves, and its
     payloads' loss against bytes where it has them); returns the table."""
     text = write_rendered(directory, TABLE, render)
-    with open(os.path.join(directory, RUNS)) as f:
-        index = json.load(f)
+    index, found = summarise(directory)
     if "budget" in index:
-        plot(directory)
-        plot_payloads(directory, summarise(directory)[1], WORKLOADS[index["workload"]])
+        plot(directory, index, found)
+        plot_payloads(directory, found, WORKLOADS[index["workload"]])
     return text
 
 
@@ -413,10 +411,10 @@ def flattening(workload, baseline, budget):
             "kept model as each epoch ended).")
 
 
-def plot(directory):
+def plot(directory, index, found):
     """``CURVES``: each configuration's mean validation loss over its seeds against tokens trained, a point
-    an epoch, and its final loss (the kept model after ``merge_at_end``) as a cross at the budget."""
-    index, found = summarise(directory)
+    an epoch, and its final loss (the kept model after ``merge_at_end``) as a cross at the budget; ``index``
+    and ``found`` are ``summarise(directory)``'s."""
     from ..suite import plots
 
     fig, ax = plots.plt.subplots(figsize=(8, 5))

@@ -219,7 +219,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         """An overlap's merge: ``progress`` since it became the default, ``mix`` where ``--mixing`` is given."""
         if not options.get("overlap") or "overlap_merge" in options:
             return {}
-        return {"overlap_merge": "mix" if "mixing" in options else DEFAULT_OVERLAP_MERGE}
+        return {"overlap_merge": overlap_merge_of(None, "mixing" in options)}
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",
@@ -252,7 +252,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             if overlap_merge == "progress" and mixing is not None:
                 raise ValueError("`mixing` is the \"mix\" merge's α; the \"progress\" merge keeps the rank's own "
                                  f"steps whole. Received: mixing={mixing!r}, overlap_merge='progress'")
-        self.overlap_merge = overlap_merge or ("mix" if mixing is not None else DEFAULT_OVERLAP_MERGE)
+        self.overlap_merge = overlap_merge_of(overlap_merge, mixing is not None)
         self.mixing = DEFAULT_MIXING if mixing is None else float(mixing)
         self.compression = compression_for(compression, self.payload_kind, self.name)
         self.error_feedback = None
@@ -597,6 +597,13 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         if config.get("outer_optimizer") is not None:
             config["outer_optimizer"] = keras.saving.deserialize_keras_object(config["outer_optimizer"])
         return cls(**config)
+
+
+def overlap_merge_of(overlap_merge, mixing_given):
+    """The overlapped merge a DiLoCo runs: ``overlap_merge`` where given, else ``"mix"`` where a mixing
+    factor is (it is that merge's α), else ``DEFAULT_OVERLAP_MERGE``. The one rule of the strategy and of
+    the merge train.py names in config.yaml (``DiLoCo.implied_options``)."""
+    return overlap_merge or ("mix" if mixing_given else DEFAULT_OVERLAP_MERGE)
 
 
 def fragment_layout(variables, fragments):

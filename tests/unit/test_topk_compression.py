@@ -17,6 +17,7 @@ from hvd_easgd.comm import Compression, SimulatedCluster, sparse_allreduce
 from hvd_easgd.comm.compression import TopKCompression, config_of
 from hvd_easgd.strategies.base import Traffic, allreduce_traffic
 from tests import least_squares, reference as ref
+from tests.helpers import ROOT
 from tests.least_squares import least_squares_ranks
 
 pytestmark = pytest.mark.unit
@@ -87,8 +88,7 @@ def test_the_bytes_follow_the_formula_and_on_the_language_model_a_tenth_of_int4s
 def _language_model_bytes_per_rank(p):
     """(topk, int4, fp32): the wire bytes a rank sends per synchronisation of the language model's 141,312
     parameters and the flag at ``p`` ranks, as the account counts them (``allreduce_traffic``)."""
-    shape = [tf.TensorShape([141312])]
-    return tuple(allreduce_traffic([tf.zeros(s) for s in shape], p, fmt, exact_values=1).wire_bytes
+    return tuple(allreduce_traffic([tf.zeros([141312])], p, fmt, exact_values=1).wire_bytes
                  for fmt in (Compression.topk, Compression.int4, Compression.none))
 
 
@@ -99,8 +99,7 @@ def _numbers(row):
 def test_the_pages_byte_tables_are_the_formulas():
     # compression.md's table and sparse_allreduce.py's docstring give the bytes each rank sends on the
     # language model at p = 2, 8 and 64: typed once, held here to the formula the account follows.
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with open(os.path.join(root, "docs", "compression.md")) as f:
+    with open(os.path.join(ROOT, "docs", "compression.md")) as f:
         page = f.read()
     table = page[page.index("| p | topk (D = 1/64, B = 2) | int4 | fp32 | topk ÷ int4 |"):]
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")][:3]
