@@ -140,7 +140,8 @@ def _choose_strategy(config, dataset, comm, steps):
         # One write, newline included: unbuffered (PYTHONUNBUFFERED, as launches set it), print() writes the
         # text and its newline apart, and the MPI launcher may tag them as two pieces of output, the line's
         # end then carrying the next tag ("... c = 21 ms[1,0]<stdout>:").
-        sys.stdout.write(f"train.py: {record['reason']}\n")
+        lines = [record["reason"]] + ([record["withheld_line"]] if record.get("withheld_line") else [])
+        sys.stdout.write("".join(f"train.py: {line}\n" for line in lines))
         sys.stdout.flush()
     config = dataclasses.replace(config, auto_choice=record)
     strategy = auto_strategy.strategy_of(record)

@@ -19,7 +19,9 @@ equal to it, so fewer bits are taken where they buy the utilisation, not where t
 
 Only what that evidence allows is a candidate (``CANDIDATE_FAMILIES``): a configuration whose parity
 table shows it losing more than the goal is never chosen, and a τ beyond the largest measured is not
-offered. Importing this module imports no TensorFlow (measuring does, when it runs): the strategies'
+offered. A family the framework trains that the evidence does not allow yet (``WITHHELD_FAMILIES``: top-k
+DiLoCo, PowerSGD) is predicted beside them and never chosen: config.yaml keeps what it would have given, and
+where it beats a choice below the target a second line says so and why it was withheld. Importing this module imports no TensorFlow (measuring does, when it runs): the strategies'
 traffic reaches the rule as plain figures (``traffic_entry``), so the rule is tested on hand-written
 measurements.
 """
@@ -37,6 +39,16 @@ PERIODS = (10,)
 # (strategy, compression) pairs the parity evidence allows; a family not listed is never a candidate.
 CANDIDATE_FAMILIES = (("sync", "none"), ("sync", "fp16"), ("sync", "bf16"),
                       ("diloco", "none"), ("diloco", "int8"), ("diloco", "int4"))
+# Families the framework trains and the evidence does not allow yet, each with why. ``auto`` predicts them beside
+# the candidates, so config.yaml shows what each would have given on this job's links, and never chooses one;
+# an entry moves to CANDIDATE_FAMILIES when its parity row is within the goal.
+WITHHELD_FAMILIES = {
+    ("diloco", "topk"): "its loss on the language model is further from SyncAverage's than the goal allows, and "
+                        "at 10 Mbit/s it reached the target loss no sooner than int4 DiLoCo "
+                        "(docs/compression.md#across-a-slow-link-time-to-a-target-loss)",
+    ("sync", "powersgd"): "at its default rank its loss on the language model is behind SyncAverage's by more than "
+                          "the goal (docs/language-model.md#quality-under-each-strategy)",
+}
 
 
 class Candidate(NamedTuple):
@@ -146,6 +158,7 @@ class Choice(NamedTuple):
     prediction: Prediction
     reason: str  # the one line rank 0 prints
     ranked: tuple  # every candidate's Prediction, most synchronous first
+    withheld: tuple = ()  # (Prediction, why) of each withheld family's configuration, never chosen
 
 
 def choose(predictions, measured, target=DEFAULT_UTILISATION):
@@ -183,15 +196,35 @@ def _milliseconds(seconds):
     return f"{seconds * 1e3:.0f} ms" if seconds >= 0.01 else f"{seconds * 1e3:.1f} ms"
 
 
-def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDIDATE_FAMILIES, periods=PERIODS):
+def choose_for(measured, expected_of, target=DEFAULT_UTILISATION, families=CANDIDATE_FAMILIES, periods=PERIODS,
+               withheld=WITHHELD_FAMILIES):
     """``choose`` over every candidate at the measured layout; ``expected_of(candidate)`` is that
-    candidate's ``ExpectedTraffic`` for the model (its strategy's hook), or None where it cannot run."""
-    predictions = []
-    for candidate in candidates(measured.hosts, measured.ranks_per_host, families, periods):
-        expected = expected_of(candidate)
-        if expected is not None:
-            predictions.append(predict(candidate, expected, measured))
-    return choose(predictions, measured, target)
+    candidate's ``ExpectedTraffic`` for the model (its strategy's hook), or None where it cannot run.
+    The ``withheld`` families (``{(strategy, compression): why}``) are predicted too, into ``Choice.withheld``,
+    and never chosen."""
+    def predicted(families_):
+        found = []
+        for candidate in candidates(measured.hosts, measured.ranks_per_host, families_, periods):
+            expected = expected_of(candidate)
+            if expected is not None:
+                found.append(predict(candidate, expected, measured))
+        return found
+
+    choice = choose(predicted(families), measured, target)
+    aside = [(p, withheld[(p.candidate.strategy, p.candidate.compression)])
+             for p in predicted(tuple(f for f in withheld if f not in families))]
+    return choice._replace(withheld=tuple(aside))
+
+
+def withheld_line(choice, target=DEFAULT_UTILISATION):
+    """``auto: withheld diloco τ=10 topk, predicted utilisation 0.97: why``: where the choice is below the
+    target, the withheld configuration of the highest predicted utilisation above the choice's (what a user on
+    this link might ask for, and why it was not taken); None where the choice reaches the target or none is."""
+    better = [(p, why) for p, why in choice.withheld if p.utilisation > choice.prediction.utilisation]
+    if choice.prediction.utilisation >= target or not better:
+        return None
+    best, why = max(better, key=lambda entry: entry[0].utilisation)
+    return f"auto: withheld {best.candidate.label}, predicted utilisation {best.utilisation:.2f}: {why}"
 
 
 # --- what the job measures of itself --------------------------------------------------------------------
@@ -284,5 +317,11 @@ def _record(choice, measured, target):
             "utilisation": chosen.utilisation, "compute": measured.compute, "hosts": measured.hosts,
             "ranks_per_host": measured.ranks_per_host, "across": dict(measured.across._asdict()),
             "within": dict(measured.within._asdict()),
-            "predictions": [{"candidate": p.candidate.label, "step": p.step, "utilisation": p.utilisation,
-                             "wire_bytes": p.wire_bytes} for p in choice.ranked]}
+            "predictions": [_entry(p) for p in choice.ranked],
+            "withheld": [dict(_entry(p), why=why) for p, why in choice.withheld],
+            "withheld_line": withheld_line(choice, target)}
+
+
+def _entry(prediction):
+    return {"candidate": prediction.candidate.label, "step": prediction.step,
+            "utilisation": prediction.utilisation, "wire_bytes": prediction.wire_bytes}

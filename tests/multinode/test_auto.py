@@ -40,9 +40,12 @@ def test_auto_chooses_sync_on_a_fast_link_and_a_local_update_strategy_on_a_slow_
             out = _run(virtual_cluster, ARGS + ["--epochs", "1", "--run-dir", run_dir])
             found[rate] = _choice(run_dir)
             lines = [line for line in out.stdout.splitlines() if "auto: " in line]
-            # once, rank 0's (the MPI launcher prefixes each line with its rank)
-            assert len(lines) == 1 and lines[0].endswith(f"train.py: {found[rate]['reason']}"), out.stdout[-2000:]
-            assert lines[0].startswith("[1,0]<stdout>:")
+            # once, rank 0's (the MPI launcher prefixes each line with its rank), and the withheld line where a
+            # withheld family (top-k DiLoCo on the slow link) predicts more than the choice
+            said = [found[rate]["reason"]] + ([found[rate]["withheld_line"]] if found[rate]["withheld_line"] else [])
+            assert len(lines) == len(said) and all(line.endswith(f"train.py: {text}")
+                                                   for line, text in zip(lines, said)), out.stdout[-2000:]
+            assert all(line.startswith("[1,0]<stdout>:") for line in lines)
         out = _run(virtual_cluster, ["--resume", run_dir, "--epochs", "2", "--threads-per-rank", "1"])
         assert "auto: " not in out.stdout and _choice(run_dir) == found["10mbit"]  # kept, not measured again
     finally:
@@ -51,6 +54,8 @@ def test_auto_chooses_sync_on_a_fast_link_and_a_local_update_strategy_on_a_slow_
     assert fast["candidate"]["strategy"] == "sync" and fast["hosts"] == 2, fast
     assert slow["candidate"]["strategy"] == "diloco" and slow["hosts"] == 2, slow
     assert slow["predictions"][0]["candidate"] == "sync" and slow["predictions"][0]["utilisation"] < 0.5
+    # top-k DiLoCo is priced on the same link and never chosen
+    assert "diloco τ=10 topk" in {w["candidate"] for w in slow["withheld"]}
     # the link each priced is the one it crossed: tens of Mbit/s through the tbf (its bucket lets part of a
     # small probe through at the line's rate), hundreds unshaped
     assert slow["across"]["bandwidth"] * 8 < 40e6 < 100e6 < fast["across"]["bandwidth"] * 8, (slow, fast)

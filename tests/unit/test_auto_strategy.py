@@ -28,7 +28,7 @@ class Expected:
 
 # The rule over several periods (the evidence offers τ = 10 alone today: auto.PERIODS).
 PERIODS = (10, 25, 50)
-SHARE = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int4": 0.125}
+SHARE = {"none": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.25, "int4": 0.125, "topk": 0.03, "powersgd": 0.05}
 
 
 def hand_traffic(candidate):
@@ -99,6 +99,40 @@ def test_only_the_families_the_evidence_allows_are_candidates():
     assert max(c.period for c in auto.candidates(2, 1)) == max(auto.PERIODS)
 
 
+def test_a_withheld_family_is_predicted_and_never_chosen_and_the_second_line_says_why():
+    # 10 Mbit/s: diloco tau 10 int4 0.1/(0.1 + 2·(1/2)·4e6·0.125/10/1.25e6) = 0.1/0.14 = 0.71 is the highest
+    # candidate; top-k (0.03 of fp32's bytes) would give 0.1/0.1096 = 0.91 and PowerSGD (0.05 every step)
+    # 0.1/0.26 = 0.38: top-k is named, with why, and int4 is still the choice
+    choice = auto.choose_for(measured(10e6), hand_traffic)
+    assert choice.prediction.candidate == auto.Candidate("diloco", "int4", 10)
+    aside = {p.candidate: (p.utilisation, why) for p, why in choice.withheld}
+    assert set(aside) == {auto.Candidate("diloco", "topk", 10), auto.Candidate("sync", "powersgd")}
+    assert aside[auto.Candidate("diloco", "topk", 10)][0] == pytest.approx(0.1 / 0.1096)
+    assert aside[auto.Candidate("sync", "powersgd")][0] == pytest.approx(0.1 / 0.26)
+    assert auto.withheld_line(choice) == ("auto: withheld diloco τ=10 topk, predicted utilisation 0.91: "
+                                          + auto.WITHHELD_FAMILIES[("diloco", "topk")])
+    # a choice that reaches the target needs none: on a fast link sync (0.97) has no second line though top-k
+    # predicts 1.00, nor has int4 at 10 Mbit/s against a target of 0.7
+    assert auto.withheld_line(auto.choose_for(measured(10e9), hand_traffic)) is None
+    assert auto.withheld_line(auto.choose_for(measured(10e6), hand_traffic, target=0.7), target=0.7) is None
+    # a family allowed as a candidate is not also predicted aside; none withheld, none predicted aside
+    allowed = auto.CANDIDATE_FAMILIES + (("diloco", "topk"),)
+    assert auto.choose_for(measured(10e6), hand_traffic, families=allowed).prediction.candidate == \
+        auto.Candidate("diloco", "topk", 10)
+    assert [p.candidate for p, _ in auto.choose_for(measured(10e6), hand_traffic, families=allowed).withheld] == \
+        [auto.Candidate("sync", "powersgd")]
+    assert auto.choose_for(measured(10e6), hand_traffic, withheld={}).withheld == ()
+
+
+def test_the_withheld_families_are_not_candidates_and_each_builds_and_says_why():
+    assert not set(auto.WITHHELD_FAMILIES) & set(auto.CANDIDATE_FAMILIES)
+    for (strategy, compression), why in auto.WITHHELD_FAMILIES.items():
+        built = auto.Candidate(strategy, compression, 10 if strategy == "diloco" else 1).build()
+        # PowerSGD is SyncAverage's own low-rank step, not a wire format
+        assert built.powersgd is not None if compression == "powersgd" else built.compression.name == compression
+        assert "docs/" in why and len(why) > 40
+
+
 def test_the_rule_refuses_nothing_to_choose_from_and_a_target_outside_0_1():
     with pytest.raises(ValueError, match="at least one candidate"):
         auto.choose([], measured(1e9))
@@ -137,3 +171,7 @@ def test_auto_at_one_rank_measures_a_copy_and_keeps_sync_on_one_host():
     assert record["reason"].startswith("auto: sync, predicted utilisation 1.00") and " on one host, c = " in \
         record["reason"]
     assert len(record["predictions"]) == len(auto.candidates(1, 1))
+    # the withheld families are predicted too, and on one host none beats sync's 1.00: no second line
+    assert {w["candidate"] for w in record["withheld"]} == {"diloco τ=10 topk", "sync powersgd"}
+    assert all(w["why"] == auto.WITHHELD_FAMILIES[tuple(w["candidate"].replace(" τ=10", "").split())]
+               for w in record["withheld"]) and record["withheld_line"] is None
