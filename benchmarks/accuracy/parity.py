@@ -428,6 +428,7 @@ def plot(directory, index, found):
     ax.set_title(f"{index['np']} ranks; a point an epoch, x: the final loss after the end-of-training merge",
                  fontsize=9)
     ax.set_yscale("log")
+    plots._plain_log_ticks(ax, "y", steps=(1, 1.2, 1.4, 1.6, 1.8, 2, 2.5, 3, 4, 5, 6, 8))
     plots._save_panels(fig, [ax], os.path.join(directory, CURVES))
     return CURVES
 

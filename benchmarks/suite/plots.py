@@ -125,14 +125,16 @@ def _seed_curves(ax, tta, targets):
                     va="bottom", fontsize=7, color="grey")
 
 
-def _plain_log_ticks(ax):
-    """Seconds as plain numbers at 1-2-5 steps: a log axis's default labels the minor ticks of a range under
-    a decade as 3×10¹, 4×10¹, ..., and they overlap."""
-    low, high = ax.get_xlim()
-    ticks = [m * 10 ** e for e in range(-2, 6) for m in (1, 2, 5) if low <= m * 10 ** e <= high]
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
+def _plain_log_ticks(ax, axis="x", steps=(1, 2, 5)):
+    """Plain numbers at ``steps`` of each decade on a log ``axis`` (seconds at 1-2-5; a loss's range under a
+    decade takes finer steps): its default labels a range under a decade only at its minor ticks, as 3×10¹,
+    4×10¹, ..., which overlap, or by the one power of ten inside it (10⁰)."""
+    low, high = ax.get_xlim() if axis == "x" else ax.get_ylim()
+    ticks = [m * 10 ** e for e in range(-2, 6) for m in steps if low <= m * 10 ** e <= high]
+    scale = ax.xaxis if axis == "x" else ax.yaxis
+    scale.set_major_locator(FixedLocator(ticks))
+    scale.set_major_formatter(ScalarFormatter())
+    scale.set_minor_formatter(NullFormatter())
 
 
 def time_to_accuracy_by_rate(ttas, out_dir, name="time_to_accuracy_by_rate.png", targets=None):
