@@ -29,6 +29,9 @@ SUBCOMMANDS = {
     "parity": Subcommand("benchmarks.accuracy.parity", "a real workload (the language model, Fashion-MNIST) under each "
                                               "strategy over seeds: final validation loss or accuracy against "
                                               "SyncAverage's, goals checked"),
+    "parity-by-np": Subcommand("benchmarks.accuracy.parity_by_np", "one workload's parity folders side by side across "
+                                                          "numbers of ranks: by-np.md and a plot of the final "
+                                                          "metric against np (--render: again, from sources.json)"),
     "long-run": Subcommand("benchmarks.accuracy.long_run", "the language model for half an hour or more: every rank's "
                                                   "memory per epoch, flat after the first, goal checked"),
     "slow-rank": Subcommand("benchmarks.accuracy.slow_rank", "the language model with one rank twice as slow, with and "

@@ -4,6 +4,7 @@
     python -m benchmarks parity --workload language_model --np 4 --configurations sync,diloco_tau10 --out DIR
     python -m benchmarks parity --workload fashion_mnist --out docs/results/parity-fashion-mnist-np2
     python -m benchmarks parity --render DIR       # rewrite DIR/parity.md from DIR's runs (no launch)
+    python -m benchmarks parity-by-np --out OUT DIR DIR ...   # folders at several --np side by side (parity_by_np.py)
 
 Each configuration is a set of ``train.py`` flags on the workload's data at
 train.py's defaults otherwise (the model, optimizer, schedule, epochs and
@@ -367,7 +368,7 @@ def render(directory):
                      ("; ".join(verdicts[name]) or "—") if name in verdicts
                      else f"not judged ({len(values)} of {SEEDS_TO_JUDGE} seeds)"])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
-    what = "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
+    what = metric_words(workload)
     at = ""
     early_header = []
     if budgeted and found:
@@ -377,20 +378,30 @@ def render(directory):
     header = ["configuration", *early_header, f"{what}{at}, median", "min–max", "mean", f"mean vs {workload.baseline}",
               "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
-    setting = (f"{index['budget']:g} {_passes(index['budget'])} over the training split's tokens ({budget_flags(index['budget'])[1]} "
-               f"epochs of {SLICE:g} of it, the whole held-out set)" if budgeted else "")
     lines = [summary(workload, found, verdicts, versus_of)]
     if budgeted and baseline:
         lines += ["", flattening(workload, baseline, index["budget"]), "", f"![Validation loss against tokens]"
                   f"({docs_link(directory, CURVES)})"]
-    lines += ["", f"{index['np']} rank{'s' * (index['np'] != 1)}, {seeds}, "
-              + (f"{setting}, " if setting else "") + "train.py's defaults otherwise"
-              + (f", with `{index['flags']}`" if index.get("flags") else "")
-              + f". Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
+    lines += ["", f"{index['np']} rank{'s' * (index['np'] != 1)}, {seeds}, {setting(index)}. "
+              f"Each row's runs are commands like `{next(iter(found.values()))['command']}`." if found else "",
               "", table(header, rows, "l" + "rr" * bool(early_header) + "rrrrrrl")]
     if index.get("failures"):
         lines += ["", "Failed runs: " + "; ".join(index["failures"])]
     return "\n".join(lines) + "\n"
+
+
+def metric_words(workload):
+    """What the workload's metric is, as a table's header names it."""
+    return "validation loss (nats/token)" if workload.metric == "test_loss" else "test accuracy"
+
+
+def setting(index):
+    """How a folder's runs were made besides their ranks and seeds, as its table says it (from its runs.json
+    ``index``): its budget if it has one, ``train.py's defaults otherwise``, and its ``--flags`` if any."""
+    budget = (f"{index['budget']:g} {_passes(index['budget'])} over the training split's tokens "
+              f"({budget_flags(index['budget'])[1]} epochs of {SLICE:g} of it, the whole held-out set), "
+              if "budget" in index else "")
+    return budget + "train.py's defaults otherwise" + (f", with `{index['flags']}`" if index.get("flags") else "")
 
 
 def _versus(workload, name, mean, base_mean):

@@ -174,7 +174,7 @@ def test_the_entry_point_lists_refuses_and_dispatches(capsys):
     assert all(f"  {name}" in out for name in entry.SUBCOMMANDS)
     assert entry.main(["nope"]) == 2
     assert capsys.readouterr().err.strip() == ("python -m benchmarks: `subcommand` must be one of "
-                                               "compare, accuracy, parity, long-run, slow-rank, time-to-target, traffic, project, validate, tta-report, defaults-report. Received: subcommand=nope")
+                                               "compare, accuracy, parity, parity-by-np, long-run, slow-rank, time-to-target, traffic, project, validate, tta-report, defaults-report. Received: subcommand=nope")
     assert entry.main([]) == 2
     assert entry.main(["defaults-report", "--check"]) == 0  # the committed pages are current
 
