@@ -24,12 +24,14 @@ import statistics
 import sys
 
 from .parity import SEEDS_TO_JUDGE, TABLE, WORKLOADS, _versus, metric_words, setting, summarise
-from .study import RUNS, docs_link
+from .study import RUNS, docs_link, kept_runs
 from ..suite.runner import REPO_ROOT, table
 
 PAGE, PLOT, SOURCES = "by-np.md", "by-np.png", "sources.json"
 # What the folders of one page must share: runs of another setting at another np would read as np's effect.
 SAME = ("workload", "budget", "flags")
+# The memory of every machine these results were made on (docs/development.md): what np ranks must fit in.
+MACHINE_GIB = 24
 
 
 def load(directories):
@@ -131,6 +133,23 @@ def answer(workload, nps, rows):
     return " ".join(parts)
 
 
+def memory(studies):
+    """What a rank cost at the largest np, in a sentence: the largest resident memory of any rank after its
+    last epoch over that folder's runs (metrics.json's ``rss_mb``, every rank's), and the largest sum over a
+    run's ranks, against this machine's memory; None where its runs recorded none."""
+    directory, index, _ = studies[-1]
+    per_run = [metrics["epochs"][-1].get("rss_mb") for _, metrics in kept_runs(directory)[1]
+               if metrics.get("epochs")]
+    per_run = [ranks for ranks in per_run if ranks]
+    if not per_run:
+        return None
+    largest = max(per_run, key=sum)
+    return (f"Memory at np {index['np']}: each rank's resident memory after its last epoch was at most "
+            f"{max(max(ranks) for ranks in per_run):,.0f} MB over the {len(per_run)} runs, and the {len(largest)} "
+            f"ranks of a run held at most {sum(largest) / 1024:.1f} GiB together, of this machine's "
+            f"{MACHINE_GIB} GiB.")
+
+
 def render_studies(studies, out):
     """``by-np.md`` of ``load``'s studies, written into ``out`` (which its plot's link is relative to): the
     answer, what a cell is, the table, the plot, and the folders it comes from."""
@@ -143,7 +162,8 @@ def render_studies(studies, out):
                                   for column in (f"np {n}: mean (min–max), seeds", f"np {n}: vs {workload.baseline}")]
     body = [[f"`{name}`"] + [cell for n in nps for cell in cells(workload, name, by_np.get(n), base.get(n))]
             for name, by_np in rows.items()]
-    lines = [answer(workload, nps, rows), "",
+    held = memory(studies)
+    lines = [answer(workload, nps, rows) + (f" {held}" if held else ""), "",
              f"Each cell is the final {metric_words(workload)} of a configuration's runs at that np: the mean over "
              f"its seeds, their (min–max) and how many (under {SEEDS_TO_JUDGE}, how many of the {SEEDS_TO_JUDGE} "
              f"a goal is judged on); *vs {workload.baseline}* is that mean against {workload.baseline}'s at the same "

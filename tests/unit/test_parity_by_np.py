@@ -15,15 +15,17 @@ COMMITTED = sorted(os.path.dirname(path) for path in glob.glob(
     os.path.join(REPO_ROOT, "docs", "results", "*", parity_by_np.SOURCES)))
 
 
-def write_folder(directory, workload, np_, values_by_name, **index):
+def write_folder(directory, workload, np_, values_by_name, rss_mb=None, **index):
     """A parity folder as ``parity`` leaves it at ``np_``: each configuration's final metric per seed
-    (``values_by_name``, in run order), its runs.json (with more of ``index``) and a parity.md."""
+    (``values_by_name``, in run order), its runs.json (with more of ``index``) and a parity.md; with
+    ``rss_mb``, ``{run: each rank's MB}`` in its runs' last epoch rows."""
     os.makedirs(directory)
     metric, runs = parity.WORKLOADS[workload].metric, []
     for name, values in values_by_name.items():
         for seed, value in enumerate(values):
             os.makedirs(directory / f"{name}-seed{seed}")
-            (directory / f"{name}-seed{seed}" / "metrics.json").write_text(json.dumps({"epochs": [],
+            rows = [{"loss": value, "rss_mb": rss_mb[f"{name}-seed{seed}"]}] if rss_mb else []
+            (directory / f"{name}-seed{seed}" / "metrics.json").write_text(json.dumps({"epochs": rows,
                                                                                       "final": {metric: value}}))
             runs.append({"run": f"{name}-seed{seed}", "variant": name, "twin": None, "seed": seed,
                          "command": f"horovodrun -np {np_} python train.py --strategy {name} --seed {seed}"})
@@ -145,3 +147,17 @@ def test_the_committed_pages_are_the_one_epoch_folders_at_every_np_and_the_docs_
                       ("language-model.md", "parity-language-model-by-np")):
         with open(os.path.join(REPO_ROOT, "docs", page)) as f:
             assert f'--8<-- "docs/results/{out}/{parity_by_np.PAGE}"' in f.read()
+
+
+def test_the_answer_says_what_a_rank_held_at_the_largest_np_from_every_runs_rss(tmp_path):
+    np2 = write_folder(tmp_path / "np2", "language_model", 2, {"sync": (2.0, 2.2, 2.1)})
+    rss = {"sync-seed0": [700, 720, 710, 705], "sync-seed1": [690, 900, 700, 700],
+           "sync-seed2": [800, 800, 800, 800], "diloco_tau10-seed0": [600] * 4}
+    np4 = write_folder(tmp_path / "np4", "language_model", 4, {"sync": (2.4, 2.5, 2.6), "diloco_tau10": (2.6,)},
+                       rss_mb=rss)
+    # the largest rank 900 MB (sync seed 1); the largest run 3,200 MB = 3.1 GiB (sync seed 2), over 4 runs
+    assert parity_by_np.render([np2, np4], str(tmp_path / "out")).splitlines()[0].endswith(
+        "Memory at np 4: each rank's resident memory after its last epoch was at most 900 MB over the 4 runs, "
+        "and the 4 ranks of a run held at most 3.1 GiB together, of this machine's 24 GiB.")
+    # runs that recorded none say nothing of memory
+    assert "Memory" not in parity_by_np.render(language_model_folders(tmp_path / "none"), str(tmp_path / "out"))
