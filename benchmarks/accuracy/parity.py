@@ -111,6 +111,12 @@ WORKLOADS = {
         twin_relative=0.01, budget=2.5, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
         configurations=configurations(
             *LOCAL_UPDATES,
+            # SyncAverage at Adam's square-root rule for a p-times larger batch (Malladi et al. 2022,
+            # arXiv:2205.10287): sqrt(2) and sqrt(8) times train.py's 1e-3, at np 2 and np 8 (issue 61). The
+            # local-update strategies' Adam rules are set against SyncAverage at 1e-3; these rows say what a
+            # baseline at the rule would be.
+            ("sync_lr_sqrt2", "--strategy sync --lr 0.0014142", None),
+            ("sync_lr_sqrt8", "--strategy sync --lr 0.0028284", None),
             # EASGD at TF1 ElasticAverageOptimizer's moving rate, alpha = 0.9/(tau p) (beta = p alpha = 0.09),
             # a tenth of ours (beta/p, beta = 0.9).
             ("easgd_tau10_tf1_alpha", "--strategy easgd --tau 10 --beta 0.09", None),
