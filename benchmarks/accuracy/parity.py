@@ -117,6 +117,10 @@ WORKLOADS = {
             # baseline at the rule would be.
             ("sync_lr_sqrt2", "--strategy sync --lr 0.0014142", None),
             ("sync_lr_sqrt8", "--strategy sync --lr 0.0028284", None),
+            # EASGD and PeriodicAverage with their Adam rules on that base rate (--scale-lr scales a given --lr):
+            # what they give against a SyncAverage at the square-root rule, should it become the default.
+            ("easgd_tau10_lr_sqrt2", "--strategy easgd --tau 10 --lr 0.0014142 --scale-lr", None),
+            ("periodic_tau10_lr_sqrt2", "--strategy periodic --tau 10 --lr 0.0014142 --scale-lr", None),
             # EASGD at TF1 ElasticAverageOptimizer's moving rate, alpha = 0.9/(tau p) (beta = p alpha = 0.09),
             # a tenth of ours (beta/p, beta = 0.9).
             ("easgd_tau10_tf1_alpha", "--strategy easgd --tau 10 --beta 0.09", None),
