@@ -118,12 +118,12 @@ from ..comm.compression.kinds import PSEUDO_GRADIENTS
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, NoScaleRule, SyncStrategy, allreduce_traffic, check_count, \
     compression_for, gradient_format, state_variable_name
+from .local_periods import LocalPeriods
 from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
     check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_step, overlapped_share, \
     start_allreduce_unless_non_finite, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
-from .warmup import run_phases
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
@@ -138,7 +138,7 @@ DEFAULT_OVERLAP_MERGE = "progress"
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
+class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     """τ inner steps per rank, then one outer step on the mean pseudo-gradient.
 
     Args:
@@ -346,11 +346,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             return None
         return self.synced
 
-    def local_steps(self):
-        """t: optimizer steps since the warm-up ended (the τ counter)."""
-        return self.step_counter - self.warmup_steps
-
-    # --- one step ----------------------------------------------------------------
+    # --- one step (LocalPeriods.step: the warm-up's, then _main_step) ----------------
 
     def fragment_offset(self, f):
         """The local step t (mod τ) at which fragment f synchronises: ⌊f·τ/F⌋."""
@@ -371,13 +367,7 @@ class DiLoCo(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     def weight_synchronisations_per_step(self):
         return self.fragments / self.period
 
-    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        run_phases(self.step_counter, self.warmup_steps,
-                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
-                   lambda: self._local_step(grad_sums, variables, apply_update, sample_count, mean),
-                   self.on_warmup_end, main_counts=True)
-
-    def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
+    def _main_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
         if self.overlap:
             # A fixed τ (check_overlap_schedule). Never both at once: δ < ⌊τ/F⌋ puts every merge,

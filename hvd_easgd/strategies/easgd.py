@@ -94,13 +94,13 @@ from ..comm.compression import config_of
 from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     gradient_format, state_variable_name
+from .local_periods import LocalPeriods
 from .local_updates import OVERLAP_HELP, MergesOnDrain, allreduce_unless_non_finite, check_overlap, \
     check_overlap_schedule, finish_allreduce_unless_non_finite, local_adaptive_factor, local_lr_factor, local_step, \
     overlapped_share, \
     start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
-from .warmup import run_phases
 
 
 def at_stability_bound(alpha, p):
@@ -124,7 +124,7 @@ def most_ranks_for(alpha):
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class EASGD(MergesOnDrain, SyncStrategy):
+class EASGD(LocalPeriods, MergesOnDrain, SyncStrategy):
     """Elastic averaging every ``period`` optimizer steps.
 
     Args:
@@ -299,24 +299,9 @@ class EASGD(MergesOnDrain, SyncStrategy):
         super().on_warmup_end()
         self.reset_center()
 
-    def local_steps(self):
-        """t: optimizer steps since warm-up ended (the τ counter)."""
-        return self.step_counter - self.warmup_steps
+    # --- one step (LocalPeriods.step: the warm-up's, then this) ---------------------
 
-    # --- one step ----------------------------------------------------------------
-
-    def weights_synchronised(self):
-        return synchronised_this_step(self)
-
-    def weight_synchronisations_per_step(self):
-        return 1.0 / self.period
-    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        run_phases(self.step_counter, self.warmup_steps,
-                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
-                   lambda: self._elastic_or_local_step(grad_sums, variables, apply_update, sample_count, mean),
-                   self.on_warmup_end, main_counts=True)
-
-    def _elastic_or_local_step(self, grad_sums, variables, apply_update, sample_count, mean):
+    def _main_step(self, grad_sums, variables, apply_update, sample_count, mean):
         if self.overlap:
             self._local_step(grad_sums, variables, apply_update, sample_count, mean)
             # Never both at once: t ≡ 0 and t ≡ −δ (mod τ) differ for 0 < δ < τ.

@@ -73,17 +73,17 @@ from ..comm.compression.kinds import WEIGHT_DIFFERENCES
 from ..statistics import floating
 from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, compression_for, state_variable_name
+from .local_periods import LocalPeriods
 from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
     check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_adaptive_factor, local_lr_factor, \
     local_step, \
     overlapped_share, start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
 from .sync_average import SyncAverage
-from .warmup import run_phases
 
 
 @keras.saving.register_keras_serializable(package="hvd_easgd")
-class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
+class PeriodicAverage(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     """Local SGD: every rank steps on its own gradients; every ``period`` steps
     the weights and floating non-trainable state become their mean over ranks.
 
@@ -186,25 +186,9 @@ class PeriodicAverage(MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         for s, v in zip(self.synced or (), self.averaged_variables):
             s.assign(v)
 
-    def local_steps(self):
-        """t: optimizer steps since the warm-up ended (the τ counter)."""
-        return self.step_counter - self.warmup_steps
+    # --- one step (LocalPeriods.step: the warm-up's, then this) ---------------------
 
-    # --- one step ----------------------------------------------------------------
-
-    def weights_synchronised(self):
-        return synchronised_this_step(self)
-
-    def weight_synchronisations_per_step(self):
-        return 1.0 / self.period
-    def step(self, grad_sums, variables, apply_update, sample_count=None, mean=True):
-        # At the switch the ranks hold the same weights: the period simply starts (on_warmup_end's default).
-        run_phases(self.step_counter, self.warmup_steps,
-                   lambda: self.warmup_strategy.step(grad_sums, variables, apply_update, sample_count, mean),
-                   lambda: self._local_step(grad_sums, variables, apply_update, sample_count, mean),
-                   self.on_warmup_end, main_counts=True)
-
-    def _local_step(self, grad_sums, variables, apply_update, sample_count, mean):
+    def _main_step(self, grad_sums, variables, apply_update, sample_count, mean):
         local_step(self, grad_sums, variables, apply_update, sample_count, mean)
         if self.overlap:
             # Never both at once: t ≡ 0 and t ≡ −δ (mod τ) differ for 0 < δ < τ.
