@@ -72,6 +72,10 @@ class Workload(NamedTuple):
     # Configurations also judged at one pass, within ``early_relative`` of the baseline's mean there.
     early: tuple = ()
     early_relative: float = None
+    # The baseline at other learning rates (configurations): where one has its seeds in a folder, a line under
+    # the answer sets every judged configuration against it too (``against_rate_baselines``). Not a goal: the
+    # goals stay against ``baseline``, train.py's default, until that default is such a rate.
+    rate_baselines: tuple = ()
 
 
 # A budgeted run's epochs are of this share of the training split (``--train-fraction``): a point of
@@ -109,6 +113,7 @@ WORKLOADS = {
     "language_model": Workload(
         data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
         twin_relative=0.01, budget=2.5, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
+        rate_baselines=("sync_lr_sqrt2", "sync_lr_sqrt8"),
         configurations=configurations(
             *LOCAL_UPDATES,
             # SyncAverage at Adam's square-root rule for a p-times larger batch (Malladi et al. 2022,
@@ -389,6 +394,9 @@ def render(directory):
               "training loss, last epoch", unit, "goals"]
     seeds = f"seeds 0–{index['seeds'] - 1}" if index["seeds"] > 1 else "seed 0"
     lines = [summary(workload, found, verdicts, versus_of)]
+    for other in workload.rate_baselines:
+        line = against_rate_baselines(workload, found, verdicts, other)
+        lines += ["", line] if line else []
     if budgeted and baseline:
         lines += ["", flattening(workload, baseline, index["budget"]), "", f"![Validation loss against tokens]"
                   f"({docs_link(directory, CURVES)})"]
@@ -472,6 +480,33 @@ def summary(workload, found, verdicts, versus_of):
     if waiting:
         parts.append(f"Not judged yet (fewer than {SEEDS_TO_JUDGE} seeds): {names(waiting)}.")
     return " ".join(parts)
+
+
+def against_rate_baselines(workload, found, verdicts, other):
+    """A sentence setting every judged configuration's mean against ``other`` (the baseline at another
+    learning rate), within the baseline's goal or behind it; "" unless ``other`` is judged (has its seeds).
+    A look for when ``other``'s rate becomes train.py's default, not a goal."""
+    if other not in verdicts or workload.baseline not in found:
+        return ""
+    reference = statistics.fmean(found[other]["values"])
+    within, behind = [], []
+    for name in verdicts:
+        if name in (other, workload.baseline):
+            continue
+        mean = statistics.fmean(found[name]["values"])
+        worse = (mean - reference) if workload.lower_is_better else (reference - mean)
+        ok = (worse <= workload.relative * abs(reference) if workload.relative is not None
+              else worse <= workload.absolute)
+        (within if ok else behind).append(f"`{name}` ({_versus(workload, name, mean, reference)})")
+    limit = f"{100 * workload.relative:g} %" if workload.relative is not None else f"{100 * workload.absolute:g} pp"
+    parts = [f"Against `{other}` ({workload.baseline} at another rate, its mean "
+             f"{_versus(workload, other, reference, statistics.fmean(found[workload.baseline]['values']))} "
+             f"vs {workload.baseline}'s; not a goal while {workload.baseline} is train.py's default)"]
+    if within:
+        parts.append(f"within {limit}: {', '.join(within)}")
+    if behind:
+        parts.append(f"more than {limit} behind: {', '.join(behind)}")
+    return "; ".join(parts) + "."
 
 
 if __name__ == "__main__":

@@ -176,6 +176,29 @@ def test_a_budgeted_folder_plots_its_payloads_final_loss_against_their_bytes_per
     assert parity.payload_rows({k: v for k, v in found.items() if "--compression" not in v["command"]}) == []
 
 
+def test_the_answer_also_sets_every_judged_row_against_the_baseline_at_another_rate(tmp_path):
+    # sync 2.0; sync_lr_sqrt2 1.9 (-5.00 % of sync); diloco 1.92: +1.05 % of 1.9, within 1.5 %; easgd 1.95:
+    # +2.63 %, behind; periodic has 2 seeds and is left out
+    means = {"sync": 2.0, "sync_lr_sqrt2": 1.9, "diloco_tau10": 1.92, "easgd_tau10": 1.95}
+    runs = [write_run(tmp_path, name, s, mean + (s - 1) / 100, 30_000) for name, mean in means.items() for s in range(3)]
+    runs += [write_run(tmp_path, "periodic_tau10", s, 1.8, 30_000) for s in range(2)]
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "seeds": 3, "flags": "", "runs": runs, "failures": []}, f)
+    lines = parity.write_table(str(tmp_path)).splitlines()
+    assert lines[2] == ("Against `sync_lr_sqrt2` (sync at another rate, its mean -5.00 % vs sync's; not a goal while "
+                        "sync is train.py's default); within 1.5 %: `diloco_tau10` (+1.05 %); more than 1.5 % behind: "
+                        "`easgd_tau10` (+2.63 %).")
+    # the goals stay against sync (2.0), which every judged row meets
+    assert lines[0].startswith("**Within every goal** (means over 3 seeds): `sync_lr_sqrt2`, `diloco_tau10`, "
+                               "`easgd_tau10`.")
+    # with 2 seeds of sync_lr_sqrt2, no such line
+    (tmp_path / "sync_lr_sqrt2-seed2" / "metrics.json").unlink()
+    index = json.loads((tmp_path / "runs.json").read_text())
+    index["runs"] = [r for r in index["runs"] if r["run"] != "sync_lr_sqrt2-seed2"]
+    (tmp_path / "runs.json").write_text(json.dumps(index))
+    assert "Against" not in parity.write_table(str(tmp_path))
+
+
 def test_fewer_than_three_seeds_are_not_judged(tmp_path):
     runs = [write_run(tmp_path, "sync", 0, 2.0, 30_000), write_run(tmp_path, "easgd_tau10", 0, 2.5, 30_000)]
     with open(tmp_path / "runs.json", "w") as f:
