@@ -344,7 +344,7 @@ def judge(workload, name, values, found, budgeted=False):
         comparisons.append((found[name]["twin"], workload.twin_relative, None))
     for other, relative, absolute in comparisons:
         reference = statistics.fmean(found[other]["values"])
-        worse = (mean - reference) if workload.lower_is_better else (reference - mean)
+        worse = _behind(workload, mean, reference)
         if relative is not None:
             goals.append(f"within {100 * relative:g} % of {other} " + ("met" if worse <= relative * abs(reference)
                                                                         else "**missed**"))
@@ -422,6 +422,11 @@ def setting(index):
     return budget + "train.py's defaults otherwise" + (f", with `{index['flags']}`" if index.get("flags") else "")
 
 
+def _behind(workload, mean, reference):
+    """How far ``mean`` is worse than ``reference`` in the metric's units (negative where it is better)."""
+    return (mean - reference) if workload.lower_is_better else (reference - mean)
+
+
 def _versus(workload, name, mean, base_mean):
     if not base_mean or name == workload.baseline:
         return "—"
@@ -494,7 +499,7 @@ def against_rate_baselines(workload, found, verdicts, other):
         if name in (other, workload.baseline):
             continue
         mean = statistics.fmean(found[name]["values"])
-        worse = (mean - reference) if workload.lower_is_better else (reference - mean)
+        worse = _behind(workload, mean, reference)
         ok = (worse <= workload.relative * abs(reference) if workload.relative is not None
               else worse <= workload.absolute)
         (within if ok else behind).append(f"`{name}` ({_versus(workload, name, mean, reference)})")
