@@ -76,6 +76,11 @@ class Workload(NamedTuple):
     # the answer sets every judged configuration against it too (``against_rate_baselines``). Not a goal: the
     # goals stay against ``baseline``, train.py's default, until that default is such a rate.
     rate_baselines: tuple = ()
+    # train.py's rate rules the runs are made at, kept in runs.json: a folder made at other rules is not
+    # continued (its rows' commands name no --lr, so a row made today would not be the row it sits beside).
+    # None: the workload's optimizer kept its rules (SGD's); a folder without the key was made before
+    # SyncAverage took its Adam rule.
+    rate_rules: str = None
 
 
 # A budgeted run's epochs are of this share of the training split (``--train-fraction``): a point of
@@ -101,6 +106,10 @@ def budget_flags(passes):
     return ("--epochs", str(round(epochs)), "--train-fraction", f"{SLICE:g}")
 
 
+# Adam's rate rules since SyncAverage took one: SyncAverage √m (m = ranks·k, flat beyond 8), PeriodicAverage
+# and EASGD their own factor times SyncAverage's (``lr_scale_factor``). Before it: SyncAverage at --lr.
+ADAM_RULES = "sync sqrt(m)"
+
 LOCAL_UPDATES = (
     ("sync", "--strategy sync", None),
     ("easgd_tau10", "--strategy easgd --tau 10", None),
@@ -113,19 +122,19 @@ WORKLOADS = {
     "language_model": Workload(
         data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
         twin_relative=0.01, budget=2.5, early=("easgd_tau10", "periodic_tau10"), early_relative=0.03,
-        rate_baselines=("sync_lr_sqrt2", "sync_lr_sqrt8"),
+        rate_baselines=("sync_lr_sqrt2", "sync_lr_sqrt8"), rate_rules=ADAM_RULES,
         configurations=configurations(
             *LOCAL_UPDATES,
             # SyncAverage at Adam's square-root rule for a p-times larger batch (Malladi et al. 2022,
-            # arXiv:2205.10287): sqrt(2) and sqrt(8) times train.py's 1e-3, at np 2 and np 8 (issue 61). The
-            # local-update strategies' Adam rules are set against SyncAverage at 1e-3; these rows say what a
-            # baseline at the rule would be.
+            # arXiv:2205.10287): sqrt(2) and sqrt(8) times 1e-3, at np 2 and np 8 (issue 61), measured while
+            # train.py trained SyncAverage at 1e-3; the evidence for its rule (ADAM_RULES), now its default.
             ("sync_lr_sqrt2", "--strategy sync --lr 0.0014142", None),
             ("sync_lr_sqrt8", "--strategy sync --lr 0.0028284", None),
-            # EASGD and PeriodicAverage with their Adam rules on that base rate (--scale-lr scales a given --lr):
-            # what they give against a SyncAverage at the square-root rule, should it become the default.
-            ("easgd_tau10_lr_sqrt2", "--strategy easgd --tau 10 --lr 0.0014142 --scale-lr", None),
-            ("periodic_tau10_lr_sqrt2", "--strategy periodic --tau 10 --lr 0.0014142 --scale-lr", None),
+            # EASGD and PeriodicAverage at their Adam rules on that base rate, 3 x and 2 x 1e-3: their defaults at
+            # np 2 since. Their kept runs were made as --lr 0.0014142 --scale-lr under the rules before (the
+            # same rate to 1e-5); under today's, that would scale 0.0014142 by SyncAverage's factor again.
+            ("easgd_tau10_lr_sqrt2", "--strategy easgd --tau 10 --lr 0.003", None),
+            ("periodic_tau10_lr_sqrt2", "--strategy periodic --tau 10 --lr 0.002", None),
             # EASGD at TF1 ElasticAverageOptimizer's moving rate, alpha = 0.9/(tau p) (beta = p alpha = 0.09),
             # a tenth of ours (beta/p, beta = 0.9).
             ("easgd_tau10_tf1_alpha", "--strategy easgd --tau 10 --beta 0.09", None),
@@ -209,6 +218,8 @@ def main(argv=None, prog="python -m benchmarks parity"):
         index = {"workload": args.workload, "np": args.np, "flags": args.flags}
         if args.budget is not None:  # a folder of runs of train.py's epochs has no such key, and continues as such
             index["budget"] = args.budget
+        if WORKLOADS[args.workload].rate_rules:
+            index["rate_rules"] = WORKLOADS[args.workload].rate_rules
         return continue_runs(out, index, args.variants,
                              args.np, args.seeds, args.timeout, "parity",
                              shown=lambda m: f"final {metric} {m['final'][metric]:.4f}")

@@ -30,9 +30,11 @@ the rule (×4) ends at 0.978 and 0.981. The rule keeps what it was measured
 with: SGD with or without momentum. Adam (the language model's optimizer)
 adapts its own step size, so a strategy states its Adam rule apart
 (``lr_scale_factor(..., adaptive=True)``, asked through ``lr_factor``):
-PeriodicAverage's √p and EASGD's √p·(p+1)/p keep SyncAverage's pace at
-the same ``--lr``; a strategy that states none (SyncAverage, DiLoCo)
-refuses, and ``--scale-lr auto`` then keeps ``--lr``.
+SyncAverage's √m (m = size·k batches an update, flat beyond m = 8), and
+PeriodicAverage's √p and EASGD's √p·(p+1)/p, which keep SyncAverage's pace
+at the same rate, times SyncAverage's √m, so that they keep its pace at
+its rate (at k = 1: p and p + 1, up to 8 ranks); a strategy that states
+none (DiLoCo) refuses, and ``--scale-lr auto`` then keeps ``--lr``.
 
 Standard library only (the benchmarks' TF-free parts may import it): the
 strategy classes are handed in, never imported here.
@@ -42,7 +44,8 @@ Example::
     SyncAverage.lr_scale_factor(2, 4)        # 5.657 (m = 8)
     EASGD.lr_scale_factor(2, 4)              # 4.0
     auto_scales(DiLoCo, "momentum", False)   # False: DiLoCo has no rule
-    lr_factor(EASGD, 2, optimizer="adam")    # 2.121: sqrt(2) * 3/2
+    lr_factor(SyncAverage, 2, optimizer="adam")  # 1.414: sqrt(2)
+    lr_factor(EASGD, 2, optimizer="adam")    # 3.0: sqrt(2) * 3/2 * sqrt(2)
 """
 import inspect
 

@@ -578,12 +578,6 @@ class SyncStrategy:
         raise NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule: it declares none "
                           "(lr_scale_factor); tune --lr")
 
-    @classmethod
-    def _no_adaptive_rule(cls):
-        """The refusal of a strategy whose ``lr_scale_factor`` holds for SGD alone."""
-        return NoScaleRule(f"--strategy {cls.name} has no --scale-lr rule for Adam: its rule was measured with SGD, "
-                           "whose step grows with the gradient, and Adam's does not; tune --lr")
-
     def resize_refusal(self, saved_ranks, ranks):
         """Why a checkpoint of this strategy saved at ``saved_ranks`` ranks cannot
         resume at ``ranks`` ranks, or None when it can (``checkpoint.restore``

@@ -44,9 +44,11 @@ descent), the p + 1 copies settle to one velocity v, (p + 1)·v = p·δ: the
 center and the workers advance p/(p+1) of a worker's own pace, for any
 stable α (2/3 at p = 2, 8/9 at p = 8), where SyncAverage and PeriodicAverage
 advance all of it. That is a smaller effective learning rate, which
-``lr_scale_factor`` makes up for under SGD (×2 at p = 2); the language
-model's parity table (docs/language-model.md: Adam, no rule) shows what is
-left without it, the workers' own training loss behind SyncAverage's.
+``lr_scale_factor`` makes up for under SGD (×2 at p = 2) and under Adam
+((p+1)/p on top of the workers' √p and SyncAverage's own factor); the
+language model's first parity table (docs/language-model.md: Adam, no
+rule then) showed what is left without it, the workers' own training loss
+behind SyncAverage's.
 
 Compressed (``compression``): the elastic differences d_i travel encoded
 (fp16, bf16, int8, int4), and each rank subtracts what the center received
@@ -391,7 +393,7 @@ class EASGD(LocalPeriods, MergesOnDrain, SyncStrategy):
     # --- the hooks (base.py) ----------------------------------------------------------
     @classmethod
     def lr_scale_factor(cls, size, accumulate=1, adaptive=False):
-        """factor ranks*sqrt(K) up to 2 ranks, then 2*sqrt(ranks/2)*sqrt(K); Adam: sqrt(ranks)*(ranks+1)/ranks.
+        """factor ranks*sqrt(K) up to 2 ranks, then 2*sqrt(ranks/2)*sqrt(K); Adam: sqrt(ranks)*(ranks+1)/ranks times sync's.
 
         ``local_lr_factor(n, k)`` (``size * sqrt(k)``) with n the ranks up to
         2 and ``2 * sqrt(size / 2)`` beyond, continuous at the bend: a rank's
@@ -414,12 +416,18 @@ class EASGD(LocalPeriods, MergesOnDrain, SyncStrategy):
         Under Adam (``adaptive``): ``local_adaptive_factor(size)`` (√p, the rate at which
         the workers' mean keeps SyncAverage's pace at the same ``--lr``) times the drag's
         compensation (p+1)/p (module docstring: the center and the workers advance p/(p+1)
-        of a worker's pace), so that the center advances as the workers' mean would.
+        of a worker's pace), so that the center advances as the workers' mean would, times
+        SyncAverage's own Adam factor (√m, m = size·k), so that it keeps pace with the baseline
+        at the baseline's rate: p + 1 at k = 1 up to 8 ranks, 3 at 2 ranks. Measured on the
+        language model at the budget (2 ranks, τ = 10, 3 seeds): ×2.12 (without SyncAverage's
+        factor) ends at 1.4247 nats/token (1.4228-1.4261), +3.15 % behind SyncAverage at its √2;
+        ×3 at 1.3977 (1.3964-1.3985), +1.20 %.
         Under SGD the linear rule already holds more than (p+1)/p.
         """
         ranks = check_count("size", size)
         if adaptive:
-            return local_adaptive_factor(ranks, accumulate) * (ranks + 1) / ranks
+            return local_adaptive_factor(ranks, accumulate) * (ranks + 1) / ranks * \
+                SyncAverage.lr_scale_factor(ranks, accumulate, adaptive=True)
         return local_lr_factor(1, accumulate) * (ranks if ranks <= 2 else 2.0 * math.sqrt(ranks / 2.0))
 
     def resize_refusal(self, saved_ranks, ranks):

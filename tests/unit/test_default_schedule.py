@@ -50,7 +50,8 @@ def test_the_defaults_scale_the_rate_and_keep_100_updates(size, updates, epochs,
     (["--strategy", "diloco"], 8, 0.02, 20),                         # no rule: --lr as it is
     (["--strategy", "hierarchical", "--ranks-per-group", "2"], 4, 0.02 * 2 * SQRT2, 10),  # EASGD's at G=2, n·k=2
     (["--strategy", "hierarchical", "--ranks-per-group", "2", "--inter", "diloco"], 4, 0.02, 10),  # no rule
-    (["--optimizer", "adam"], 8, 0.001, 20),                         # Adam's own default; the rule is SGD's only
+    (["--optimizer", "adam"], 8, 0.001 * 2 * SQRT2, 20),             # Adam's own default at Adam's rule: sqrt(m = 8)
+    (["--optimizer", "adam", "--strategy", "diloco"], 8, 0.001, 20),  # DiLoCo states none under Adam either
     (["--no-scale-lr"], 8, 0.02, 20),
 ])
 def test_auto_follows_the_strategy_and_optimizer(argv, size, rate, epochs, digits):

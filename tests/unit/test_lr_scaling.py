@@ -88,33 +88,49 @@ def test_the_trainer_takes_its_rate_from_the_strategys_rule(overrides, size, exp
 
 # --- Adam's rules (``adaptive``): a rule written for SGD does not carry over ----------------------
 @pytest.mark.parametrize("size", [1, 2, 4, 8, 64])
-def test_under_adam_periodic_takes_root_p_and_easgd_root_p_times_the_drags_p_plus_1_over_p(size):
-    assert PeriodicAverage.lr_scale_factor(size, adaptive=True) == pytest.approx(math.sqrt(size), rel=1e-12)
+def test_under_adam_sync_takes_root_m_and_the_local_rules_take_theirs_times_syncs(size):
+    sync = math.sqrt(min(size, 8))  # √m, flat beyond the largest m measured
+    assert SyncAverage.lr_scale_factor(size, adaptive=True) == pytest.approx(sync, rel=1e-12)
+    assert PeriodicAverage.lr_scale_factor(size, adaptive=True) == pytest.approx(math.sqrt(size) * sync, rel=1e-12)
     assert EASGD.lr_scale_factor(size, adaptive=True) == pytest.approx(
-        math.sqrt(size) * (size + 1) / size, rel=1e-12)
-    # whatever k: every rank's step and SyncAverage's on the p ranks' batches grow alike with it
+        math.sqrt(size) * (size + 1) / size * sync, rel=1e-12)
+    # k = 4: SyncAverage's m = 4p (flat beyond 8); the workers' own √p whatever k
+    with_k = math.sqrt(min(4 * size, 8))
+    assert GradientAccumulation(4).lr_scale_factor(size, adaptive=True) == pytest.approx(with_k, rel=1e-12)
     assert GradientAccumulation(4, strategy=PeriodicAverage()).lr_scale_factor(size, adaptive=True) == \
-        pytest.approx(math.sqrt(size), rel=1e-12)
-    for strategy in (SyncAverage, DiLoCo):  # no rule stated for Adam: --scale-lr auto keeps --lr
-        with pytest.raises(NoScaleRule, match="no --scale-lr rule"):
-            strategy.lr_scale_factor(size, adaptive=True)
+        pytest.approx(math.sqrt(size) * with_k, rel=1e-12)
+    with pytest.raises(NoScaleRule, match="no --scale-lr rule"):  # DiLoCo: --scale-lr auto keeps --lr
+        DiLoCo.lr_scale_factor(size, adaptive=True)
 
 
-def test_easgd_at_two_ranks_under_adam_is_2_12_and_hierarchical_asks_its_inter_strategy_at_g_groups():
-    assert lr_factor(EASGD, 2, optimizer="adam") == pytest.approx(2.1213203, rel=1e-6)
+@pytest.mark.parametrize("size, periodic, easgd", [(1, 1.0, 2.0), (2, 2.0, 3.0), (4, 4.0, 5.0), (8, 8.0, 9.0),
+                                                   (64, 8 * math.sqrt(8), 65 / 8 * math.sqrt(8))])
+def test_under_adam_at_k_1_periodic_is_p_and_easgd_p_plus_1_up_to_8_ranks(size, periodic, easgd):
+    assert lr_factor(PeriodicAverage, size, optimizer="adam") == pytest.approx(periodic, rel=1e-12)
+    assert lr_factor(EASGD, size, optimizer="adam") == pytest.approx(easgd, rel=1e-12)
+
+
+def test_easgd_at_two_ranks_under_adam_is_3_and_hierarchical_asks_its_inter_strategy_at_g_groups():
+    assert lr_factor(EASGD, 2, optimizer="adam") == pytest.approx(3.0, rel=1e-12)
     assert lr_factor(EASGD, 2, optimizer="momentum") == 2.0  # SGD's rule, unchanged
-    # 8 ranks in groups of 4: EASGD across G = 2 groups
+    # 8 ranks in groups of 4: EASGD across G = 2 groups of m = 4 batches (SyncAverage's √8, flat at 8)
     hierarchical = Hierarchical(inter=EASGD(), ranks_per_group=4)
-    assert hierarchical.lr_scale_factor(8, adaptive=True) == pytest.approx(2.1213203, rel=1e-6)
+    assert hierarchical.lr_scale_factor(8, adaptive=True) == pytest.approx(math.sqrt(2) * 1.5 * math.sqrt(8),
+                                                                           rel=1e-12)
+    # one group: SyncAverage's rule over its n ranks
+    assert Hierarchical(inter=EASGD(), ranks_per_group=4).lr_scale_factor(4, adaptive=True) == \
+        pytest.approx(2.0, rel=1e-12)
 
 
-def test_train_py_scales_adam_for_periodic_and_easgd_and_keeps_it_for_sync_and_diloco():
-    for strategy, scaled in (("periodic", True), ("easgd", True), ("sync", False), ("diloco", False)):
+def test_train_py_scales_adam_for_sync_periodic_and_easgd_and_keeps_it_for_diloco():
+    for strategy, scaled in (("periodic", True), ("easgd", True), ("sync", True), ("diloco", False)):
         config = cli.parse_args(["--data", "python_docs", "--strategy", strategy])
         assert (config.optimizer, config.lr, config.scale_lr) == ("adam", 0.001, scaled)
     assert not cli.parse_args(["--data", "python_docs", "--strategy", "easgd", "--lr", "0.001"]).scale_lr
-    optimizer = _inner_optimizer(namespace(optimizer="adam", lr=0.001, strategy="easgd"), size=2, updates_per_epoch=10)
-    assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.001 * math.sqrt(2) * 1.5, rel=1e-6)
+    for strategy, factor in (("easgd", 3.0), ("periodic", 2.0), ("sync", math.sqrt(2))):
+        optimizer = _inner_optimizer(namespace(optimizer="adam", lr=0.001, strategy=strategy), size=2,
+                                     updates_per_epoch=10)
+        assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.001 * factor, rel=1e-6)
 
 
 def test_a_plugin_that_states_no_adam_rule_is_refused_for_adam_and_kept_for_sgd():

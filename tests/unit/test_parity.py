@@ -222,6 +222,15 @@ def test_a_folder_of_other_runs_is_not_continued(tmp_path):
     assert study.earlier_runs(str(tmp_path / "none"), {"np": 2}) == []
 
 
+def test_a_language_model_folder_made_before_syncs_adam_rule_is_not_continued(tmp_path):
+    # Its rows' commands name no --lr: a `sync` row made today (at sqrt(m) x 1e-3) is not the row beside it.
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "flags": "", "budget": 2.5, "runs": []}, f)
+    with pytest.raises(SystemExit, match=r"holds runs made with other rate_rules \(rate_rules=None\)"):
+        parity.main(["--workload", "language_model", "--configurations", "sync", "--out", str(tmp_path)])
+    assert parity.WORKLOADS["fashion_mnist"].rate_rules is None  # SGD's rules did not move: its folders continue
+
+
 @pytest.mark.parametrize("directory", sorted(os.path.dirname(path) for path in glob.glob(
     os.path.join(REPO_ROOT, "docs", "results", "parity-*", study.RUNS))))  # the -by-np pages: test_parity_by_np.py
 def test_every_committed_table_is_its_results_rendered(directory):

@@ -72,11 +72,11 @@ def test_a_resolved_value_comes_back_as_a_new_config():
      {"accumulate": 4, "accumulate_reduction": "sum", "checkpoint_on_signal": "TERM", "tensorboard": False,
       "data": "synthetic", "image_shape": "8,8,3", "fp16_allreduce": "fp16"}),
     (["--optimizer", "adam", "--collectives", "horovod", "--run-dir", "/tmp/x", "--verbose", "2"],
-     {"optimizer": "adam", "lr": 0.001, "scale_lr": False, "collectives": "horovod", "run_dir": "/tmp/x",
+     {"optimizer": "adam", "lr": 0.001, "scale_lr": True, "collectives": "horovod", "run_dir": "/tmp/x",
       "verbose": 2}),
     (["--data", "text:/etc/hostname", "--width", "64", "--heads", "2"],  # the transformer's defaults
      {"data": "text:/etc/hostname", "model": "transformer", "width": 64, "heads": 2, "optimizer": "adam",
-      "lr": 0.001, "scale_lr": False, "lr_schedule": "cosine"}),
+      "lr": 0.001, "scale_lr": True, "lr_schedule": "cosine"}),
     (["--data", "fashion_mnist"], {"data": "fashion_mnist", "lr_schedule": "cosine"}),  # COSINE_IMAGE_SETS
     (["--data", "fashion_mnist:/srv/fm"], {"data": "fashion_mnist:/srv/fm", "lr_schedule": "cosine"}),
     (["--data", "fashion_mnist", "--lr-schedule", "constant"], {"data": "fashion_mnist"}),
