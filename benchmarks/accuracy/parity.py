@@ -130,6 +130,9 @@ WORKLOADS = {
             # train.py trained SyncAverage at 1e-3; the evidence for its rule (ADAM_RULES), now its default.
             ("sync_lr_sqrt2", "--strategy sync --lr 0.0014142", None),
             ("sync_lr_sqrt8", "--strategy sync --lr 0.0028284", None),
+            # At np 8, np 2's global batch (8 ranks x 8 sequences = 2 x 32) at np 2's rate: the same updates as the
+            # table at 2 ranks, each rank a quarter of the work. What an np 8 user keeps np 2's model with.
+            ("sync_b8_lr_sqrt2", "--strategy sync --batch-size 8 --lr 0.0014142", None),
             # EASGD and PeriodicAverage at their Adam rules on that base rate, 3 x and 2 x 1e-3: their defaults at
             # np 2 since. Their kept runs were made as --lr 0.0014142 --scale-lr under the rules before (the
             # same rate to 1e-5); under today's, that would scale 0.0014142 by SyncAverage's factor again.
