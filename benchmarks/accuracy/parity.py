@@ -374,6 +374,8 @@ def render(directory):
     baseline moved over the budget's last half pass, and links the plot of the curves (``plot``)."""
     index, found = summarise(directory)
     workload = WORKLOADS[index["workload"]]
+    # The baseline's row first, whatever order the runs were made in (rows carried over from another folder).
+    found = {n: found[n] for n in sorted(found, key=lambda n: n != workload.baseline)}
     budgeted = "budget" in index
     baseline = found.get(workload.baseline)
     base_mean = statistics.fmean(baseline["values"]) if baseline else None
@@ -383,7 +385,7 @@ def render(directory):
         values = entry["values"]
         mean = statistics.fmean(values)
         versus_of[name] = _versus(workload, name, mean, base_mean)
-        if len(values) >= SEEDS_TO_JUDGE:
+        if len(values) >= SEEDS_TO_JUDGE and not unjudged_references(workload, name, found):
             verdicts[name] = judge(workload, name, values, found, budgeted)
         speed = statistics.median(s for s in entry["speed"] if s) if any(entry["speed"]) else None
         training = [t for t in entry["training"] if t is not None]
@@ -394,8 +396,7 @@ def render(directory):
         rows.append([f"`{name}`", *early, f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
                      f"{mean:.4f}", versus_of[name], f"{statistics.fmean(training):.4f}" if training else "—",
                      "—" if speed is None else f"{speed:,.0f}",
-                     ("; ".join(verdicts[name]) or "—") if name in verdicts
-                     else f"not judged ({len(values)} of {SEEDS_TO_JUDGE} seeds)"])
+                     ("; ".join(verdicts[name]) or "—") if name in verdicts else not_judged(workload, name, found)])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
     what = metric_words(workload)
     at = ""
@@ -420,6 +421,23 @@ def render(directory):
     if index.get("failures"):
         lines += ["", "Failed runs: " + "; ".join(index["failures"])]
     return "\n".join(lines) + "\n"
+
+
+def unjudged_references(workload, name, found):
+    """The references ``name`` is judged against (the baseline, its twin) that the folder holds with fewer than
+    ``SEEDS_TO_JUDGE`` seeds: a mean of 3 is not judged against a mean of 1."""
+    references = [workload.baseline, found[name].get("twin")]
+    return [r for r in references
+            if r and r != name and r in found and len(found[r]["values"]) < SEEDS_TO_JUDGE]
+
+
+def not_judged(workload, name, found):
+    """Why a row has no verdict yet: its own seeds, or its references'."""
+    seeds = len(found[name]["values"])
+    if seeds < SEEDS_TO_JUDGE:
+        return f"not judged ({seeds} of {SEEDS_TO_JUDGE} seeds)"
+    return "not judged (" + ", ".join(f"{r} has {len(found[r]['values'])} of {SEEDS_TO_JUDGE} seeds"
+                                      for r in unjudged_references(workload, name, found)) + ")"
 
 
 def metric_words(workload):
@@ -497,7 +515,8 @@ def summary(workload, found, verdicts, versus_of):
     if missed:
         parts.append(f"**Missing a goal:** {names(missed, with_versus=True)}.")
     if waiting:
-        parts.append(f"Not judged yet (fewer than {SEEDS_TO_JUDGE} seeds): {names(waiting)}.")
+        parts.append(f"Not judged yet (fewer than {SEEDS_TO_JUDGE} seeds, or a reference with fewer): "
+                     f"{names(waiting)}.")
     return " ".join(parts)
 
 

@@ -207,6 +207,20 @@ def test_fewer_than_three_seeds_are_not_judged(tmp_path):
     assert "not judged (1 of 3 seeds)" in table and "missed" not in table and "seed 0," in table
 
 
+def test_a_row_is_not_judged_against_a_baseline_of_fewer_seeds_and_the_baseline_leads_the_table(tmp_path):
+    # DiLoCo's 3 seeds carried into a folder before its sync has run them all: 2.05 would be "met" against
+    # sync's one seed, and is not judged until sync has three.
+    runs = [write_run(tmp_path, "diloco_tau10", s, loss, 30_000) for s, loss in enumerate((2.05, 2.06, 2.04))]
+    runs.append(write_run(tmp_path, "sync", 0, 2.0, 30_000))
+    with open(tmp_path / "runs.json", "w") as f:
+        json.dump({"workload": "language_model", "np": 2, "seeds": 3, "flags": "", "runs": runs, "failures": []}, f)
+    table = parity.render(str(tmp_path))
+    assert "not judged (sync has 1 of 3 seeds)" in table and " met" not in table
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ["sync", "diloco_tau10"]
+    assert table.startswith("Not judged yet (fewer than 3 seeds, or a reference with fewer): `sync`, `diloco_tau10`.")
+
+
 def test_one_rank_is_said_in_the_singular(tmp_path):
     runs = [write_run(tmp_path, "sync", 0, 2.0, 30_000)]
     with open(tmp_path / "runs.json", "w") as f:
@@ -244,7 +258,7 @@ def test_the_summary_names_what_meets_every_goal_what_misses_and_what_is_not_jud
     text = parity.summary(FASHION, runs, verdicts, {"easgd_tau10": "-0.37 pp"})
     # sync meets its floor, easgd its floor and 0.5 pp; periodic has 2 seeds
     assert text == ("**Within every goal** (means over 3 seeds): `sync`, `easgd_tau10`. Not judged yet (fewer "
-                    "than 3 seeds): `periodic_tau10`.")
+                    "than 3 seeds, or a reference with fewer): `periodic_tau10`.")
 
 
 class _FakeLaunch:
