@@ -133,6 +133,10 @@ WORKLOADS = {
             # At np 8, np 2's global batch (8 ranks x 8 sequences = 2 x 32) at np 2's rate: the same updates as the
             # table at 2 ranks, each rank a quarter of the work. What an np 8 user keeps np 2's model with.
             ("sync_b8_lr_sqrt2", "--strategy sync --batch-size 8 --lr 0.0014142", None),
+            # At np 8, EASGD and PeriodicAverage at their rates at 2 ranks (3 x and 2 x 1e-3): their rules flat beyond
+            # 2 ranks, against the rules' own 9 x and 8 x there.
+            ("easgd_tau10_np2_rate", "--strategy easgd --tau 10 --lr 0.003", None),
+            ("periodic_tau10_np2_rate", "--strategy periodic --tau 10 --lr 0.002", None),
             # EASGD and PeriodicAverage at their Adam rules on that base rate, 3 x and 2 x 1e-3: their defaults at
             # np 2 since. Their kept runs were made as --lr 0.0014142 --scale-lr under the rules before (the
             # same rate to 1e-5); under today's, that would scale 0.0014142 by SyncAverage's factor again.
