@@ -107,8 +107,9 @@ def budget_flags(passes):
 
 
 # Adam's rate rules since SyncAverage took one: SyncAverage √m (m = ranks·k, flat beyond 8), PeriodicAverage
-# and EASGD their own factor times SyncAverage's (``lr_scale_factor``). Before it: SyncAverage at --lr.
-ADAM_RULES = "sync sqrt(m)"
+# and EASGD their own factor times SyncAverage's up to 2 ranks, flat beyond (``lr_scale_factor``). Before it:
+# SyncAverage at --lr.
+ADAM_RULES = "sync sqrt(m); local x sync's, flat beyond 2 ranks"
 
 LOCAL_UPDATES = (
     ("sync", "--strategy sync", None),
@@ -133,10 +134,13 @@ WORKLOADS = {
             # At np 8, np 2's global batch (8 ranks x 8 sequences = 2 x 32) at np 2's rate: the same updates as the
             # table at 2 ranks, each rank a quarter of the work. What an np 8 user keeps np 2's model with.
             ("sync_b8_lr_sqrt2", "--strategy sync --batch-size 8 --lr 0.0014142", None),
-            # At np 8, EASGD and PeriodicAverage at their rates at 2 ranks (3 x and 2 x 1e-3): their rules flat beyond
-            # 2 ranks, against the rules' own 9 x and 8 x there.
+            # At np 8, EASGD and PeriodicAverage at their rates at 2 ranks (3 x and 2 x 1e-3, their rules flat beyond
+            # 2 ranks: today's defaults there), and at their rules carried on to 8 ranks (9 x and 8 x; those rows
+            # were made as the defaults of the rules before they were flat, at the same rate).
             ("easgd_tau10_np2_rate", "--strategy easgd --tau 10 --lr 0.003", None),
             ("periodic_tau10_np2_rate", "--strategy periodic --tau 10 --lr 0.002", None),
+            ("easgd_tau10_lr9", "--strategy easgd --tau 10 --lr 0.009", None),
+            ("periodic_tau10_lr8", "--strategy periodic --tau 10 --lr 0.008", None),
             # EASGD and PeriodicAverage at their Adam rules on that base rate, 3 x and 2 x 1e-3: their defaults at
             # np 2 since. Their kept runs were made as --lr 0.0014142 --scale-lr under the rules before (the
             # same rate to 1e-5); under today's, that would scale 0.0014142 by SyncAverage's factor again.

@@ -33,8 +33,9 @@ adapts its own step size, so a strategy states its Adam rule apart
 SyncAverage's √m (m = size·k batches an update, flat beyond m = 8), and
 PeriodicAverage's √p and EASGD's √p·(p+1)/p, which keep SyncAverage's pace
 at the same rate, times SyncAverage's √m, so that they keep its pace at
-its rate (at k = 1: p and p + 1, up to 8 ranks); a strategy that states
-none (DiLoCo) refuses, and ``--scale-lr auto`` then keeps ``--lr``.
+its rate (at k = 1: p and p + 1), up to 2 ranks and flat beyond
+(``local_updates.ADAPTIVE_RANKS_UP_TO``); a strategy that states none
+(DiLoCo) refuses, and ``--scale-lr auto`` then keeps ``--lr``.
 
 Standard library only (the benchmarks' TF-free parts may import it): the
 strategy classes are handed in, never imported here.
