@@ -404,7 +404,8 @@ def render(directory):
         rows.append([f"`{name}`", *early, f"{statistics.median(values):.4f}", f"{min(values):.4f}–{max(values):.4f}",
                      f"{mean:.4f}", versus_of[name], f"{statistics.fmean(training):.4f}" if training else "—",
                      "—" if speed is None else f"{speed:,.0f}",
-                     ("; ".join(verdicts[name]) or "—") if name in verdicts else not_judged(workload, name, found)])
+                     ("; ".join(verdicts[name]) or "—") if name in verdicts
+                     else not_judged(workload, name, found)])
     unit = "tokens/s" if workload.metric == "test_loss" else "samples/s"
     what = metric_words(workload)
     at = ""

@@ -151,8 +151,8 @@ def build_parser():
     train.add_argument("--seed", type=int, help="weights and data order (not the train/test split)")
     train.add_argument("--scale-lr", action=argparse.BooleanOptionalAction,
                        help="multiply --lr by a factor that grows with the ranks and --accumulate K; auto: when "
-                            "--lr is not given, for strategies with a rule for the optimizer (SGD's family, or Adam's own; --no-scale-lr: "
-                            f"never). {rule_help(_strategy_classes())}")
+                            "--lr is not given, for strategies with a rule for the optimizer (SGD's family, or "
+                            f"Adam's own; --no-scale-lr: never). {rule_help(_strategy_classes())}")
     train.add_argument("--lr-warmup-epochs", type=float,
                        help="with the scaled rate: ramp linearly from --lr to it over these epochs")
     train.add_argument("--threads-per-rank", type=int,
