@@ -97,7 +97,7 @@ from ..comm.compression.kinds import ELASTIC_DIFFERENCES
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     gradient_format, state_variable_name
 from .local_periods import LocalPeriods
-from .local_updates import ADAPTIVE_RANKS_UP_TO, OVERLAP_HELP, MergesOnDrain, allreduce_unless_non_finite, \
+from .local_updates import OVERLAP_HELP, MergesOnDrain, adaptive_ranks, allreduce_unless_non_finite, \
     check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_adaptive_factor, local_lr_factor, \
     local_step, overlapped_share, start_allreduce_unless_non_finite, starts_this_step, synchronised_this_step
 from .period_schedule import cli_period, make_schedule
@@ -412,12 +412,12 @@ class EASGD(LocalPeriods, MergesOnDrain, SyncStrategy):
         seed 0, 2026-12-02): ×8 (the linear rule, lr 0.16) ends at 0.097,
         ×4 (this rule, lr 0.08) at 0.969.
 
-        Under Adam (``adaptive``): ``local_adaptive_factor(size)`` (√p, the rate at which
-        the workers' mean keeps SyncAverage's pace at the same ``--lr``) times the drag's
-        compensation (p+1)/p (module docstring: the center and the workers advance p/(p+1)
-        of a worker's pace), so that the center advances as the workers' mean would, times
-        SyncAverage's own Adam factor (√m, m = size·k), so that it keeps pace with the baseline
-        at the baseline's rate: 3 at 2 ranks and k = 1. Measured on the
+        Under Adam (``adaptive``): PeriodicAverage's rule, ``local_adaptive_factor`` (√p, the
+        rate at which the workers' mean keeps SyncAverage's pace at the same ``--lr``, times
+        SyncAverage's own Adam factor √m, m = size·k, so that it keeps pace with the baseline at
+        the baseline's rate), times the drag's compensation (p+1)/p (module docstring: the
+        center and the workers advance p/(p+1) of a worker's pace), so that the center advances
+        as the workers' mean would: 3 at 2 ranks and k = 1. Measured on the
         language model at the budget (2 ranks, τ = 10, 3 seeds): ×2.12 (without SyncAverage's
         factor) ends at 1.4247 nats/token (1.4228-1.4261), +3.15 % behind SyncAverage at its √2;
         ×3 at 1.3977 (1.3964-1.3985), +1.20 %. Flat beyond 2 ranks (``ADAPTIVE_RANKS_UP_TO``): at 8 ranks
@@ -426,9 +426,9 @@ class EASGD(LocalPeriods, MergesOnDrain, SyncStrategy):
         """
         ranks = check_count("size", size)
         if adaptive:
-            measured = min(ranks, ADAPTIVE_RANKS_UP_TO)
-            return local_adaptive_factor(measured, accumulate) * (measured + 1) / measured * \
-                SyncAverage.lr_scale_factor(measured, accumulate, adaptive=True)
+            # The center and the workers advance p/(p+1) of the workers' mean's pace.
+            measured = adaptive_ranks(ranks)
+            return local_adaptive_factor(ranks, accumulate, SyncAverage.lr_scale_factor) * (measured + 1) / measured
         return local_lr_factor(1, accumulate) * (ranks if ranks <= 2 else 2.0 * math.sqrt(ranks / 2.0))
 
     def resize_refusal(self, saved_ranks, ranks):

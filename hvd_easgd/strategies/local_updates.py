@@ -50,14 +50,19 @@ def local_lr_factor(size, accumulate):
 ADAPTIVE_RANKS_UP_TO = 2
 
 
-def local_adaptive_factor(size, accumulate):
+def local_adaptive_factor(size, accumulate, baseline):
     """The rate factor under Adam for a strategy whose ranks step on their own batches and meet in
-    the weights (PeriodicAverage; EASGD before its drag): √p, whatever k::
+    the weights (PeriodicAverage; EASGD before its drag): √p times the baseline's own Adam factor,
+    p at most ``ADAPTIVE_RANKS_UP_TO``, whatever k::
 
-        factor = sqrt(size)
+        p = min(size, ADAPTIVE_RANKS_UP_TO)
+        factor = sqrt(p) * baseline(p, accumulate, adaptive=True)
 
-    Adam's step is the rate times the gradient over the root of its running square, and where the
-    batch's noise dominates that square (σ²/b per coordinate for a batch of b), a step moves
+    ``baseline`` is SyncAverage's ``lr_scale_factor`` (this module sits below the strategies and
+    imports none of them): the ranks' mean then keeps pace with SyncAverage at SyncAverage's rate.
+
+    Why √p: Adam's step is the rate times the gradient over the root of its running square, and
+    where the batch's noise dominates that square (σ²/b per coordinate for a batch of b), a step moves
     η·sqrt(b)/σ times the gradient's mean. One SyncAverage step on the p ranks' batches (b = p·k·B)
     then moves √p times as far along the mean as each rank's own step (b = k·B), and averaging the
     p ranks' steps keeps their common part and cancels their noise as the larger batch does: the
@@ -65,8 +70,15 @@ def local_adaptive_factor(size, accumulate):
     rule for Adam's rate against its batch (Malladi et al. 2022, arXiv:2205.10287) gives the same
     √p. Where the mean dominates the noise the factor this asks for falls to 1.
     """
+    ranks = adaptive_ranks(size)
     check_count("accumulate", accumulate)
-    return math.sqrt(check_count("size", size))
+    return math.sqrt(ranks) * baseline(ranks, accumulate, adaptive=True)
+
+
+def adaptive_ranks(size):
+    """The ranks a local-update strategy's Adam rule is evaluated at: ``size``, at most
+    ``ADAPTIVE_RANKS_UP_TO`` (the rule stays at its value there beyond)."""
+    return min(check_count("size", size), ADAPTIVE_RANKS_UP_TO)
 
 
 def local_step(strategy, grad_sums, variables, apply_update, sample_count, mean, adjust=None):

@@ -75,7 +75,7 @@ from .error_feedback import ErrorFeedback, error_feedback_wanted
 from .base import CliOption, ExpectedTraffic, SyncStrategy, allreduce_traffic, check_count, compression_for, \
     state_variable_name
 from .local_periods import LocalPeriods
-from .local_updates import ADAPTIVE_RANKS_UP_TO, OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, \
+from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, \
     allreduce_unless_non_finite, check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, \
     local_adaptive_factor, local_lr_factor, local_step, overlapped_share, start_allreduce_unless_non_finite, \
     starts_this_step, synchronised_this_step
@@ -298,8 +298,8 @@ class PeriodicAverage(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrat
         (``horovodrun -np 8 train.py --strategy periodic``, 20 epochs, seed 0) ×8 ends at 0.981: the
         average every τ steps resets the drift that makes EASGD bend at 2 ranks.
 
-        Under Adam (``adaptive``) ``local_adaptive_factor(size)``, √p: the rate at which
-        the average keeps SyncAverage's pace at the same ``--lr`` (that function derives it),
+        Under Adam (``adaptive``) ``local_adaptive_factor``: √p, the rate at which the
+        average keeps SyncAverage's pace at the same ``--lr`` (that function derives it),
         times SyncAverage's own Adam factor, so that the average keeps pace with the baseline
         at the baseline's rate: √p·√m (m = size·k), 2 at 2 ranks. Measured on the language
         model at the budget (2 ranks, τ = 10, 3 seeds): √2 alone ends at 1.4107 nats/token
@@ -308,9 +308,7 @@ class PeriodicAverage(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrat
         8 × 1e-3, ends at 1.9161 against SyncAverage's 1.5455.
         """
         if adaptive:
-            ranks = min(check_count("size", size), ADAPTIVE_RANKS_UP_TO)
-            return local_adaptive_factor(ranks, accumulate) * SyncAverage.lr_scale_factor(ranks, accumulate,
-                                                                                          adaptive=True)
+            return local_adaptive_factor(size, accumulate, SyncAverage.lr_scale_factor)
         return local_lr_factor(size, accumulate)
 
     def resize_refusal(self, saved_ranks, ranks):
