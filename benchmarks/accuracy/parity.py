@@ -20,7 +20,9 @@ config.yaml and metrics.json are kept in ``OUT/<configuration>-seed<S>/`` and
 ``OUT/runs.json`` names every command; the table, ``OUT/parity.md``, is
 rendered from them (``render``), never typed, and the workload's docs page
 includes it. Invoked again with the same ``--out`` (and more ``--seeds``), it
-continues: the runs already kept are not made again.
+continues: the runs already kept are not made again. A configuration that
+cannot run at ``--np`` (two groups of 4 ranks below 8) is left out of the
+default set there, and refused in one line when named (``runs_at``).
 
 The goals each workload is judged by (``Workload``), on the mean over seeds:
 
@@ -119,6 +121,15 @@ LOCAL_UPDATES = (
     # A smaller outer momentum, steadier over issue 42's short runs (docs/slow-ranks.md): what it costs a whole run.
     ("diloco_tau10_momentum05", "--strategy diloco --tau 10 --outer-momentum 0.5", "diloco_tau10"),
 )
+# Issue 61's rows at 4 and 8 ranks beside LOCAL_UPDATES: two groups of 4 ranks (SyncAverage within a group,
+# DiLoCo across; at 8 ranks only, as the groups must divide the ranks) and SyncAverage over two batches an
+# update, half the ranks' updates of the same batch.
+AT_SCALE = (
+    ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
+    ("diloco_tau50_streaming", "--strategy diloco --tau 50 --fragments 5 --overlap 5", None),
+    ("hierarchical_g4_diloco", "--strategy hierarchical --ranks-per-group 4 --inter diloco", None),
+    ("sync_accumulate2", "--strategy sync --accumulate 2", None),
+)
 WORKLOADS = {
     "language_model": Workload(
         data=("--data", "python_docs"), metric="test_loss", lower_is_better=True, relative=0.015,
@@ -186,14 +197,16 @@ WORKLOADS = {
             # Or the uncompressed start under Adam (torch's start_powerSGD_iter, 1-bit Adam's warm-up): a tenth
             # of the budget's 3,200 updates at np 2 sent exact, in place of the default 10.
             ("sync_powersgd4_warmup320",
-             "--strategy sync --compression powersgd --powersgd-rank 4 --powersgd-warmup-steps 320", None))),
+             "--strategy sync --compression powersgd --powersgd-rank 4 --powersgd-warmup-steps 320", None),
+            *(entry for entry in AT_SCALE if entry[0] in ("hierarchical_g4_diloco", "sync_accumulate2")))),
     "fashion_mnist": Workload(
         data=("--data", "fashion_mnist"), metric="test_accuracy", lower_is_better=False, absolute=0.005,
         floor=0.90,
         configurations=configurations(
             *LOCAL_UPDATES,
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
-            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None))),
+            ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
+            *AT_SCALE)),
 }
 
 
@@ -216,9 +229,23 @@ def parse_args(argv, prog):
     if args.budget is not None and workload.budget is None:
         p.error(f"--budget is the language model's: --workload {args.workload} trains train.py's epochs")
     extra = (budget_flags(args.budget) if args.budget is not None else ()) + tuple(args.flags.split())
-    args.variants = [Variant(c.name, workload.data + c.flags + extra, c.twin)
-                     for c in chosen(p, args.configurations, workload.configurations, first=(workload.baseline,))]
+    picked = chosen(p, args.configurations, workload.configurations, first=(workload.baseline,))
+    misfits = [c.name for c in picked if not runs_at(c, args.np)]
+    if misfits and args.configurations:
+        p.error(f"{','.join(misfits)} need(s) a --np its --ranks-per-group divides into 2 or more groups. "
+                f"Received: --np {args.np}")
+    args.variants = [Variant(c.name, workload.data + c.flags + extra, c.twin) for c in picked if runs_at(c, args.np)]
     return args
+
+
+def runs_at(variant, np_):
+    """Whether ``variant`` can run at ``np_`` ranks: a hierarchical one only where its groups divide the ranks
+    into 2 or more (the default configurations leave the others out at that np)."""
+    flags = list(variant.flags)
+    if "--ranks-per-group" not in flags:
+        return True
+    n = int(flags[flags.index("--ranks-per-group") + 1])
+    return np_ % n == 0 and np_ // n >= 2
 
 
 def main(argv=None, prog="python -m benchmarks parity"):

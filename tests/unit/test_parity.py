@@ -49,6 +49,24 @@ def test_a_budget_is_half_passes_of_epochs_of_half_the_training_split(capsys):
     assert parity.parse_args(["--workload", "fashion_mnist", "--out", "/tmp/x"], "parity").budget is None
 
 
+@pytest.mark.parametrize("workload", sorted(parity.WORKLOADS))
+def test_two_groups_of_4_run_only_where_4_divides_the_ranks_into_groups(workload, capsys):
+    def names(*more):
+        return [v.name for v in parity.parse_args(["--workload", workload, "--out", "/tmp/x", *more], "parity").variants]
+    assert "hierarchical_g4_diloco" not in names("--np", "2") and "hierarchical_g4_diloco" not in names("--np", "4")
+    assert "hierarchical_g4_diloco" in names("--np", "8") and "sync_accumulate2" in names("--np", "2")
+    args = parity.parse_args(["--workload", workload, "--out", "/tmp/x", "--np", "8", "--configurations",
+                              "hierarchical_g4_diloco"], "parity")
+    assert args.variants[1].flags[:len(parity.WORKLOADS[workload].data) + 6] == (
+        *parity.WORKLOADS[workload].data, "--strategy", "hierarchical", "--ranks-per-group", "4", "--inter", "diloco")
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--workload", workload, "--out", "/tmp/x", "--np", "6", "--configurations",
+                           "sync,hierarchical_g4_diloco"], "parity")
+    err = capsys.readouterr().err
+    assert "hierarchical_g4_diloco need(s) a --np its --ranks-per-group divides into 2 or more groups. " \
+           "Received: --np 6" in err and "Traceback" not in err
+
+
 def test_unknown_configurations_and_a_missing_workload_are_refused(capsys):
     with pytest.raises(SystemExit):
         parity.parse_args(["--workload", "fashion_mnist", "--out", "/tmp/x", "--configurations", "nope"], "parity")
