@@ -145,11 +145,9 @@ WORKLOADS = {
             # At np 8, np 2's global batch (8 ranks x 8 sequences = 2 x 32) at np 2's rate: the same updates as the
             # table at 2 ranks, each rank a quarter of the work. What an np 8 user keeps np 2's model with.
             ("sync_b8_lr_sqrt2", "--strategy sync --batch-size 8 --lr 0.0014142", None),
-            # At np 8, EASGD and PeriodicAverage at their rates at 2 ranks (3 x and 2 x 1e-3, their rules flat beyond
-            # 2 ranks: today's defaults there), and at their rules carried on to 8 ranks (9 x and 8 x; those rows
-            # were made as the defaults of the rules before they were flat, at the same rate).
-            ("easgd_tau10_np2_rate", "--strategy easgd --tau 10 --lr 0.003", None),
-            ("periodic_tau10_np2_rate", "--strategy periodic --tau 10 --lr 0.002", None),
+            # At np 8, EASGD and PeriodicAverage at their rules carried on to 8 ranks (9 x and 8 x 1e-3) where today's
+            # stay flat beyond 2 (3 x and 2 x: easgd_tau10 and periodic_tau10 there). Each row's runs.json keeps the
+            # command it was made as (made_as), at the same float32 rate.
             ("easgd_tau10_lr9", "--strategy easgd --tau 10 --lr 0.009", None),
             ("periodic_tau10_lr8", "--strategy periodic --tau 10 --lr 0.008", None),
             # EASGD and PeriodicAverage at their Adam rules on that base rate, 3 x and 2 x 1e-3: their defaults at

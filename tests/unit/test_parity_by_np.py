@@ -138,13 +138,15 @@ def test_every_committed_page_is_its_sources_rendered(out):
         assert f.read() == parity_by_np.render(parity_by_np.sources(out), out)
 
 
-def test_the_committed_pages_are_the_one_epoch_folders_at_every_np_and_the_docs_include_them():
+def test_the_committed_pages_are_the_folders_of_one_length_at_every_np_and_the_docs_include_them():
     by_np = {os.path.basename(out): [os.path.basename(d) for d in parity_by_np.sources(out)]
              for out in COMMITTED}
     assert by_np == {"parity-fashion-mnist-by-np": [f"parity-fashion-mnist-np{n}" for n in (1, 2, 4, 8)],
-                     "parity-language-model-by-np": ["parity-language-model-np2", "parity-language-model-np4"]}
+                     "parity-language-model-by-np": ["parity-language-model-np2", "parity-language-model-np4"],
+                     "parity-language-model-by-np-budget": [f"parity-language-model-np{n}-adam-rules" for n in (2, 8)]}
     for page, out in (("fashion-mnist.md", "parity-fashion-mnist-by-np"),
-                      ("language-model.md", "parity-language-model-by-np")):
+                      ("language-model.md", "parity-language-model-by-np"),
+                      ("language-model.md", "parity-language-model-by-np-budget")):
         with open(os.path.join(REPO_ROOT, "docs", page)) as f:
             assert f'--8<-- "docs/results/{out}/{parity_by_np.PAGE}"' in f.read()
 
