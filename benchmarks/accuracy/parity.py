@@ -142,6 +142,9 @@ WORKLOADS = {
             # train.py trained SyncAverage at 1e-3; the evidence for its rule (ADAM_RULES), now its default.
             ("sync_lr_sqrt2", "--strategy sync --lr 0.0014142", None),
             ("sync_lr_sqrt8", "--strategy sync --lr 0.0028284", None),
+            # At np 8, SyncAverage at the linear rule (8 x 1e-3, Goyal et al.'s for SGD, with train.py's warm-up):
+            # whether a global batch of 256 sequences is still below the size past which the square root holds.
+            ("sync_lr8", "--strategy sync --lr 0.008", None),
             # At np 8, np 2's global batch (8 ranks x 8 sequences = 2 x 32) at np 2's rate: the same updates as the
             # table at 2 ranks, each rank a quarter of the work. What an np 8 user keeps np 2's model with.
             ("sync_b8_lr_sqrt2", "--strategy sync --batch-size 8 --lr 0.0014142", None),
