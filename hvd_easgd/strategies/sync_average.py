@@ -255,8 +255,9 @@ class SyncAverage(SyncStrategy):
         arXiv:2205.10287). Measured on the language model at the budget (2.5 passes, 26.2 M
         tokens; ``python -m benchmarks parity --workload language_model``, docs/language-model.md):
         at 2 ranks, 3 seeds, ×1 ends at 1.4191 nats/token (1.4178-1.4205) and ×√2 at 1.3812
-        (1.3773-1.3845); at 8 ranks, seed 0, ×1 at 1.7882 and ×√8 at 1.5418. Beyond m = 8
-        nothing is measured, and the factor stays flat, as SGD's does.
+        (1.3773-1.3845); at 8 ranks, seed 0, ×1 at 1.7882, ×√8 at 1.5418 and the linear ×8 at
+        1.6727: past √m the rate costs again, so what 8 ranks lack at the same tokens is updates,
+        not rate. Beyond m = 8 nothing is measured, and the factor stays flat, as SGD's does.
         """
         batches = check_count("size", size) * check_count("accumulate", accumulate)
         if adaptive:
