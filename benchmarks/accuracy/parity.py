@@ -161,6 +161,11 @@ WORKLOADS = {
             # a tenth of ours (beta/p, beta = 0.9).
             ("easgd_tau10_tf1_alpha", "--strategy easgd --tau 10 --beta 0.09", None),
             ("diloco_tau50", "--strategy diloco --tau 50", None),
+            # The DiLoCo paper's outer momentum for long periods (0.9; ours, 0.7, was chosen on digits at tau = 10),
+            # alone and under Streaming DiLoCo: whether tau = 50's gap is the outer step's.
+            ("diloco_tau50_momentum09", "--strategy diloco --tau 50 --outer-momentum 0.9", "diloco_tau50"),
+            ("diloco_tau50_streaming_momentum09",
+             "--strategy diloco --tau 50 --fragments 5 --overlap 5 --outer-momentum 0.9", "diloco_tau50_momentum09"),
             # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts
             # (with the progress merge, the default since the one-pass table; the mix before). Each Streaming row's
             # twin is DiLoCo at the same tau: what the fragments and the overlap cost (within 1 %: issue 61).
