@@ -59,8 +59,10 @@ class FlatPayload:
         # Each tensor's elements, then the padding: one split each instead of a slice per tensor (eager
         # slicing costs several ops a slice, and SimulatedCluster's ranks spend their time in op dispatch).
         sizes = [elements(self.tensors[i].shape) for i in self.coded_at]
-        pieces = tf.split(coded, sizes + [-1])
-        sent_pieces = tf.split(sent, sizes + [-1]) if sent is not None else None
+        # No coded tensor (every one a single value, sent exact): nothing to split, and TF's split
+        # of an empty tensor into one inferred piece fails.
+        pieces = tf.split(coded, sizes + [-1]) if sizes else []
+        sent_pieces = tf.split(sent, sizes + [-1]) if sent is not None and sizes else None
         for k, i in enumerate(self.coded_at):
             t = self.tensors[i]
             reduced[i] = tf.cast(tf.reshape(pieces[k], t.shape), t.dtype)

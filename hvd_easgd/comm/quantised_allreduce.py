@@ -56,15 +56,16 @@ ALLTOALL = "alltoall"
 ALLGATHER = "allgather"
 
 
-def form(size, has_alltoall):
-    """Which form runs at ``size`` ranks (module docstring)."""
-    return ALLTOALL if size > 2 and has_alltoall else ALLGATHER
+def form(size, has_alltoall, elements=1):
+    """Which form runs at ``size`` ranks (module docstring). A payload of exact values alone (``elements``
+    coded, 0: a fragment holding a scalar) has no chunks to hand over: the allgather."""
+    return ALLTOALL if size > 2 and has_alltoall and elements else ALLGATHER
 
 
 def message_bytes(elements, exact_values, compression, size, has_alltoall=True):
     """Bytes of one message: an alltoall chunk (and each reduced chunk), or the whole allgather payload."""
     blocks = -(-elements // compression.block_size)
-    if form(size, has_alltoall) == ALLTOALL:
+    if form(size, has_alltoall, elements) == ALLTOALL:
         blocks = -(-blocks // size)
     return blocks * compression.block_bytes + 4 * exact_values
 
@@ -75,7 +76,7 @@ def expected_collectives(elements, exact_values, compression, size, has_alltoall
     docstring): the alltoall hands over p messages, the allgather one."""
     message = message_bytes(elements, exact_values, compression, size, has_alltoall)
     gathered = (ALLGATHER, message, 1, (size - 1) * message)
-    if form(size, has_alltoall) == ALLTOALL:
+    if form(size, has_alltoall, elements) == ALLTOALL:
         return [(ALLTOALL, size * message, 1, (size - 1) * message), gathered]
     return [gathered]
 
@@ -125,7 +126,7 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
     payload = FlatPayload(tensors)
     elements, block = payload.elements, compression.block_size
     blocks = -(-elements // block)
-    chosen = form(size, comm.has_alltoall)
+    chosen = form(size, comm.has_alltoall, elements)
     chunk = -(-blocks // size) if chosen == ALLTOALL else blocks
     total = chunk * size if chosen == ALLTOALL else blocks
     padded = tf.reshape(tf.pad(payload.coded, [[0, total * block - elements]]), [total, block])

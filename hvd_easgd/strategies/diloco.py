@@ -395,19 +395,31 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
     def merge_at_end(self):
         """The partial period (``SyncStrategy.merge_at_end``): every fragment takes an outer step
         on the mean pseudo-gradient of the local steps since its last synchronisation, and every
-        rank restarts from θ. Where that mean is zero (the fragment synchronised at the last
-        step, and no residual is left) the step is not taken: an outer step on zero would still
-        move θ by its momentum. With overlap the synchronisation in flight is merged first."""
+        rank restarts from θ. A fragment that synchronised at the last step has no partial period
+        and takes no step: θ is already its kept weights. Its Δ is zero then, but a compressed
+        payload would still carry the error-feedback residual, and an outer step on it moves θ by
+        the momentum's μ²·m besides; that extrapolation cost int8 and int4 DiLoCo 0.3-0.4 % of
+        validation loss at the language model's budget. Decided by the step count, the same on
+        every rank, so the ranks agree on which allreduces run. With overlap the synchronisation
+        in flight is merged first."""
         super().merge_at_end()
         if not self._built or int(self.step_counter.numpy()) <= self.warmup_steps:
             return  # in the warm-up every rank holds the same weights, the kept model
         self.drain()
         for f in range(self.fragments):
-            self._outer_step(f, only_if_moved=True)
+            if not self.just_synchronised(f):
+                self._outer_step(f)
 
-    def _outer_step(self, f=0, only_if_moved=False):
-        """Fragment f's synchronisation: its Δ, one allreduce, its outer step, x ← θ on its variables.
-        ``only_if_moved``: no outer step where the mean Δ is zero (``merge_at_end``)."""
+    def just_synchronised(self, f):
+        """Whether fragment f's last synchronisation started at the last local step (eager): its
+        schedule's with F = 1 and no overlap, else t ≡ ⌊f·τ/F⌋ (mod τ), t >= 1."""
+        t = int(self.local_steps().numpy())
+        if self.fragments == 1 and not self.overlap:
+            return t >= 1 and bool(self.schedule.just_synced(self.local_steps()).numpy())
+        return t >= 1 and t % self.period == self.fragment_offset(f)
+
+    def _outer_step(self, f=0):
+        """Fragment f's synchronisation: its Δ, one allreduce, its outer step, x ← θ on its variables."""
         indices = self.fragment_indices[f]
         synced = [self.synced[i] for i in indices]
         variables = [self.variables[i] for i in indices]
@@ -430,11 +442,7 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
             self.skipped_outer_steps.assign_add(1)
             return tf.no_op()
 
-        def apply_if_moved():  # the sums are every rank's alike, and so is the decision
-            moved = tf.reduce_any(tf.stack([tf.reduce_any(tf.not_equal(total, 0)) for total in sums]))
-            return tf.cond(moved, apply, tf.no_op)
-
-        tf.cond(tf.equal(bad_ranks, 0), apply_if_moved if only_if_moved else apply, skip)
+        tf.cond(tf.equal(bad_ranks, 0), apply, skip)
         if error_feedback is not None:
             error_feedback.keep(errors, tf.equal(bad_ranks, 0))
         # Every rank restarts from θ: the new one, or after a skip the unchanged one.

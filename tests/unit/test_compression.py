@@ -91,6 +91,21 @@ def test_the_quantised_allreduce_matches_its_reference_on_every_rank_with_its_ex
         assert [c.account(wire=True) for c in cluster.communicators] == [by_formula] * p
 
 
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("name", QUANTISING)
+def test_a_payload_of_single_values_only_travels_exact(p, name):
+    # A DiLoCo fragment holding only a scalar bias (and the non-finite flag): nothing to encode.
+    cluster = SimulatedCluster(p)
+    out = cluster.run(lambda r: cluster.communicators[r].allreduce_with_errors(
+        [tf.constant([r + 0.5]), tf.constant([[2.0 * r]])], op="sum", compression=Compression.by_name(name)))
+    for reduced, errors in out:
+        assert [t.numpy().tolist() for t in reduced] == [[p * p / 2], [[float(p * (p - 1))]]]
+        assert [t.numpy().tolist() for t in errors] == [[0.0], [[0.0]]]
+    message = ref.quantised_message_bytes(0, 2, name, 2)  # one allgather of the 2 exact values, at any p
+    assert [c.account(wire=True) for c in cluster.communicators] == \
+        [{"bytes": message, "calls": 1, "wire_bytes": (p - 1) * message}] * p
+
+
 def test_wire_bytes_follow_each_collectives_formula_at_p_3():
     cluster = SimulatedCluster(3)
 

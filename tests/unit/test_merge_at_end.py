@@ -82,6 +82,74 @@ def test_diloco_takes_no_step_where_every_fragment_just_synchronised():
     assert all(np.array_equal(m, v.numpy()) for m, v in zip(momentum, opts[0].strategy.outer_optimizers[0].variables))
 
 
+def outer_state(strategy, f=0):
+    """Fragment f's θ, outer optimizer variables and error-feedback residuals, copied."""
+    residuals = strategy.error_feedbacks[f].residuals if strategy.error_feedbacks[f] is not None else []
+    return [v.numpy().copy() for v in [*(strategy.synced[i] for i in strategy.fragment_indices[f]),
+                                       *strategy.outer_optimizers[f].variables, *residuals]]
+
+
+@pytest.mark.parametrize("compression", ["int8", "int4", "topk"])
+def test_compressed_diloco_takes_no_step_on_its_residual_where_it_just_synchronised(compression):
+    # At a multiple of τ every rank's Δ is zero but its residual e is not: Δ + e would still travel,
+    # and an outer step on it would move θ by its mean and by the momentum's μ²·m.
+    shards, w0, cluster, models, opts = ranks(2, lambda: DiLoCo(TAU, compression=compression))
+    least_squares.train(cluster, models, opts, shards, 8, BATCH)
+    assert all(np.any(e.numpy() != 0) for o in opts for e in o.strategy.error_feedbacks[0].residuals)
+    before = [outer_state(o.strategy) for o in opts]
+    accounts = [comm.account() for comm in cluster.communicators]
+    merge(cluster, models, opts)
+    for b, o in zip(before, opts):
+        assert all(np.array_equal(x, y) for x, y in zip(b, outer_state(o.strategy)))
+    assert [comm.account() for comm in cluster.communicators] == accounts  # nothing sent
+
+
+@pytest.mark.parametrize("overlap", [0, 1], ids=["fragments", "streaming"])
+def test_a_fragment_that_just_synchronised_keeps_its_weights_beside_one_that_steps(overlap):
+    # F = 2, τ = 4, offsets 0 and 2, int8: after 6 steps fragment 1 synchronised (or started) at the
+    # last step and fragment 0 at 4. With overlap, fragment 1's collective in flight is merged
+    # first (drain), and that merge is all it gets.
+    p = 2
+    shards, w0 = ref.least_squares_shards(p)
+    cluster = SimulatedCluster(p)
+    models, opts = [], []
+    for comm in cluster.communicators:
+        model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1)])
+        models.append(model)
+        strategy = DiLoCo(TAU, fragments=2, overlap=overlap, compression="int8")
+        opts.append(hvd_easgd.DistributedOptimizer(momentum_sgd(), strategy, comm=comm))
+    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    least_squares.train(cluster, models, opts, shards, 6, BATCH)
+    cluster.run(lambda r: opts[r].strategy.drain())
+    strategy = opts[0].strategy
+    assert [strategy.just_synchronised(f) for f in range(2)] == [False, True]
+    before = [outer_state(strategy, f) for f in range(2)]
+    merge(cluster, models, opts)
+    after = [outer_state(strategy, f) for f in range(2)]
+    assert all(np.array_equal(x, y) for x, y in zip(before[1], after[1]))
+    assert not np.array_equal(before[0][0], after[0][0])  # fragment 0's θ took its partial period's step
+
+
+def test_compressed_diloco_steps_on_the_partial_period_with_its_residual():
+    # After 10 steps (τ = 4) the partial period's Δ + e travels as int8; θ takes the outer step on
+    # the decoded mean, the same on every rank, and the residual becomes this send's error.
+    shards, w0, cluster, models, opts = ranks(2, lambda: DiLoCo(TAU, compression="int8"))
+    least_squares.train(cluster, models, opts, shards, 10, BATCH)
+    strategy = opts[0].strategy
+    theta = strategy.synced[0].numpy().copy()
+    sent = [theta - m.layers[0].kernel.numpy() + o.strategy.error_feedbacks[0].residuals[0].numpy()
+            for m, o in zip(models, opts)]
+    momentum = strategy.outer_optimizers[0].variables[2].numpy().copy()
+    merge(cluster, models, opts)
+    residuals = [o.strategy.error_feedbacks[0].residuals[0].numpy() for o in opts]
+    decoded = np.mean([s - e for s, e in zip(sent, residuals)], axis=0)
+    m = 0.7 * momentum - 0.7 * decoded
+    for o, model in zip(opts, models):
+        assert_close(o.strategy.synced[0].numpy(), theta + 0.7 * m - 0.7 * decoded)
+        assert np.array_equal(model.layers[0].kernel.numpy(), o.strategy.synced[0].numpy())
+    assert np.abs(np.mean(sent, axis=0) - decoded).max() > 0  # int8 did round: the residual is in play
+
+
 def test_diloco_fragments_each_merge_their_own_partial_period():
     # Two variables (kernel and bias) in two fragments: F = 2, τ = 4, offsets 0 and 2. After 7 steps
     # fragment 0 synchronised at 4 (3 steps pending), fragment 1 at 2 and 6 (1 step pending): both move.
