@@ -82,6 +82,18 @@ def test_diloco_takes_no_step_where_every_fragment_just_synchronised():
     assert all(np.array_equal(m, v.numpy()) for m, v in zip(momentum, opts[0].strategy.outer_optimizers[0].variables))
 
 
+def two_fragment_ranks(make_strategy, p=2):
+    """p ranks of a Dense(1) with its bias: two variables, so DiLoCo(fragments=2) puts one in each fragment."""
+    shards, _ = ref.least_squares_shards(p)
+    cluster = SimulatedCluster(p)
+    models, opts = [], []
+    for comm in cluster.communicators:
+        models.append(keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1)]))
+        opts.append(hvd_easgd.DistributedOptimizer(momentum_sgd(), make_strategy(), comm=comm))
+    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    return shards, cluster, models, opts
+
+
 def outer_state(strategy, f=0):
     """Fragment f's θ, outer optimizer variables and error-feedback residuals, copied."""
     residuals = strategy.error_feedbacks[f].residuals if strategy.error_feedbacks[f] is not None else []
@@ -109,16 +121,8 @@ def test_a_fragment_that_just_synchronised_keeps_its_weights_beside_one_that_ste
     # F = 2, τ = 4, offsets 0 and 2, int8: after 6 steps fragment 1 synchronised (or started) at the
     # last step and fragment 0 at 4. With overlap, fragment 1's collective in flight is merged
     # first (drain), and that merge is all it gets.
-    p = 2
-    shards, w0 = ref.least_squares_shards(p)
-    cluster = SimulatedCluster(p)
-    models, opts = [], []
-    for comm in cluster.communicators:
-        model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1)])
-        models.append(model)
-        strategy = DiLoCo(TAU, fragments=2, overlap=overlap, compression="int8")
-        opts.append(hvd_easgd.DistributedOptimizer(momentum_sgd(), strategy, comm=comm))
-    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    shards, cluster, models, opts = two_fragment_ranks(lambda: DiLoCo(TAU, fragments=2, overlap=overlap,
+                                                                       compression="int8"))
     least_squares.train(cluster, models, opts, shards, 6, BATCH)
     cluster.run(lambda r: opts[r].strategy.drain())
     strategy = opts[0].strategy
@@ -153,15 +157,7 @@ def test_compressed_diloco_steps_on_the_partial_period_with_its_residual():
 def test_diloco_fragments_each_merge_their_own_partial_period():
     # Two variables (kernel and bias) in two fragments: F = 2, τ = 4, offsets 0 and 2. After 7 steps
     # fragment 0 synchronised at 4 (3 steps pending), fragment 1 at 2 and 6 (1 step pending): both move.
-    p = 2
-    shards, w0 = ref.least_squares_shards(p)
-    cluster = SimulatedCluster(p)
-    models, opts = [], []
-    for comm in cluster.communicators:
-        model = keras.Sequential([keras.Input((ref.DIM,)), keras.layers.Dense(1)])
-        models.append(model)
-        opts.append(hvd_easgd.DistributedOptimizer(momentum_sgd(), DiLoCo(TAU, fragments=2), comm=comm))
-    cluster.run(lambda r: hvd_easgd.broadcast_initial_state(models[r], opts[r]))
+    shards, cluster, models, opts = two_fragment_ranks(lambda: DiLoCo(TAU, fragments=2))
     least_squares.train(cluster, models, opts, shards, 7, BATCH)
     strategy = opts[0].strategy
     assert [len(indices) for indices in strategy.fragment_indices] == [1, 1]
