@@ -170,6 +170,8 @@ WORKLOADS = {
             # over the learning rate's warm-up (160 updates, 5 % of the budget's) before the first period, as the
             # paper's runs start from a data-parallel model. 221 synchronisations instead of 64.
             ("diloco_tau50_warmup160", "--strategy diloco --tau 50 --warmup-steps 160", "diloco_tau50"),
+            ("diloco_tau50_streaming_warmup160",
+             "--strategy diloco --tau 50 --fragments 5 --overlap 5 --warmup-steps 160", "diloco_tau50_warmup160"),
             # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts
             # (with the progress merge, the default since the one-pass table; the mix before). Each Streaming row's
             # twin is DiLoCo at the same tau: what the fragments and the overlap cost (within 1 %: issue 61).
