@@ -202,8 +202,8 @@ WORKLOADS = {
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
-            # Whether the rank is what PowerSGD's loss hangs on: four times rank 4's, and the largest the goal
-            # allows a default.
+            # Whether the rank is what PowerSGD's loss hangs on: four times rank 4's. train.py's default for the
+            # transformer since its 3 seeds here (config.TEXT_POWERSGD_RANK): the goal's row at the default rank.
             ("sync_powersgd16", "--strategy sync --compression powersgd --powersgd-rank 16", None),
             ("sync_powersgd8", "--strategy sync --compression powersgd --powersgd-rank 8", None),
             # Or the uncompressed start under Adam (torch's start_powerSGD_iter, 1-bit Adam's warm-up): a tenth

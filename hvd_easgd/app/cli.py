@@ -19,11 +19,11 @@ from .. import _compat, checkpoint, validation
 from ..choosing import auto_strategy
 from . import data
 from .config import (BALANCE_MODES, COSINE_IMAGE_SETS, DEFAULT_BALANCE, DEFAULT_BATCH_SIZE, DEFAULT_MODEL,
-                     DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, VARIABLE_SIZE_BATCH_SIZE,
-                     VARIABLE_SIZE_MODEL, TrainConfig)
+                     DEFAULT_OPTIMIZER, TEXT_LR_SCHEDULE, TEXT_MODEL, TEXT_OPTIMIZER, TEXT_POWERSGD_RANK,
+                     VARIABLE_SIZE_BATCH_SIZE, VARIABLE_SIZE_MODEL, TrainConfig)
 from ..callbacks import NonFiniteTrainingError
 from ..comm import RanksDisagreeError
-from ..comm.compression import COMPRESSIONS, TOPK_BITS
+from ..comm.compression import COMPRESSIONS, POWERSGD_DEFAULT_RANK, TOPK_BITS
 from .config_compare import CHANGED_DEFAULTS
 from .errors import EXIT_FAILURE, UsageError, exit_with_rank_error, exit_with_usage_error
 from .lr_scaling import DEFAULT_ADAM_LR, DEFAULT_EPOCHS, DEFAULT_LR, DEFAULT_TEXT_EPOCHS, MIN_UPDATES, auto_scales, \
@@ -112,7 +112,8 @@ def build_parser():
                              "per 256 elements), with error feedback; powersgd: rank-R factors, --strategy sync only; "
                              "topk: each chunk's largest elements at --bits, with error feedback, --strategy diloco "
                              "and easgd only. --fp16-allreduce is --compression fp16")
-    packed.add_argument("--powersgd-rank", type=int, metavar="R", help="the rank of --compression powersgd's factors")
+    packed.add_argument("--powersgd-rank", type=int, metavar="R", help=f"the rank of --compression powersgd's factors (default "
+                                f"{POWERSGD_DEFAULT_RANK}, or {TEXT_POWERSGD_RANK} for the {TEXT_MODEL})")
     packed.add_argument("--density", type=float, metavar="D",
                         help="the share of each chunk of 4095 elements --compression topk sends, 0 < D <= 1 "
                              "(default 1/64)")
@@ -501,8 +502,8 @@ def _validate(args, options):
 
 
 def _resolve_model(args, variable_size):
-    """``--model`` and ``--optimizer`` as they take effect (the data's model; Adam for the
-    transformer), refusing a model that cannot read the data."""
+    """``--model``, ``--optimizer`` and ``--powersgd-rank`` as they take effect (the data's model; Adam
+    and rank 16 for the transformer), refusing a model that cannot read the data."""
     text = data.is_text(args.data)
     if args.model is None:
         args.model = TEXT_MODEL if text else VARIABLE_SIZE_MODEL if variable_size else DEFAULT_MODEL
@@ -515,6 +516,8 @@ def _resolve_model(args, variable_size):
         raise UsageError(f"--width must be a multiple of --heads. Received: --width {args.width} --heads {args.heads}")
     if args.optimizer is None:
         args.optimizer = TEXT_OPTIMIZER if args.model == TEXT_MODEL else DEFAULT_OPTIMIZER
+    if args.powersgd_rank is None:
+        args.powersgd_rank = TEXT_POWERSGD_RANK if args.model == TEXT_MODEL else POWERSGD_DEFAULT_RANK
 
 
 def _validate_schedule(args):

@@ -240,6 +240,10 @@ def test_train_py_builds_powersgd_from_its_flags_and_refuses_its_warmup_without_
                                                  "--powersgd-warmup-steps", "5"]))
     assert (strategy.compression_name, strategy.powersgd.rank, strategy.powersgd.warmup_steps) == ("powersgd", 2, 5)
     assert cli.make_strategy(cli.parse_args(["--compression", "powersgd"])).powersgd.rank == 4
+    # The transformer's default rank is 16 (config.TEXT_POWERSGD_RANK); a rank given is kept.
+    text = ["--data", "python_docs", "--compression", "powersgd"]
+    assert cli.make_strategy(cli.parse_args(text)).powersgd.rank == 16
+    assert cli.make_strategy(cli.parse_args(text + ["--powersgd-rank", "4"])).powersgd.rank == 4
     with pytest.raises(SystemExit) as exc:
         cli.main(["--powersgd-warmup-steps", "5"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -76,7 +76,7 @@ def test_a_resolved_value_comes_back_as_a_new_config():
       "verbose": 2}),
     (["--data", "text:/etc/hostname", "--width", "64", "--heads", "2"],  # the transformer's defaults
      {"data": "text:/etc/hostname", "model": "transformer", "width": 64, "heads": 2, "optimizer": "adam",
-      "lr": 0.001, "scale_lr": True, "lr_schedule": "cosine"}),
+      "lr": 0.001, "scale_lr": True, "lr_schedule": "cosine", "powersgd_rank": 16}),
     (["--data", "fashion_mnist"], {"data": "fashion_mnist", "lr_schedule": "cosine"}),  # COSINE_IMAGE_SETS
     (["--data", "fashion_mnist:/srv/fm"], {"data": "fashion_mnist:/srv/fm", "lr_schedule": "cosine"}),
     (["--data", "fashion_mnist", "--lr-schedule", "constant"], {"data": "fashion_mnist"}),
