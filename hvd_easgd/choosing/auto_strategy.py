@@ -46,8 +46,10 @@ WITHHELD_FAMILIES = {
     ("diloco", "topk"): "its loss on the language model is further from SyncAverage's than the goal allows, and "
                         "at 10 Mbit/s it reached the target loss no sooner than int4 DiLoCo "
                         "(docs/compression.md#across-a-slow-link-time-to-a-target-loss)",
-    ("sync", "powersgd"): "at its default rank its loss on the language model is behind SyncAverage's by more than "
-                          "the goal (docs/language-model.md#quality-under-each-strategy)",
+    ("sync", "powersgd"): "at the library's rank 4 its loss on the language model is behind SyncAverage's by more "
+                          "than the goal; train.py's rank 16 for the transformer keeps it, but the image set's "
+                          "parity row and the cost model's validation are at rank 4 only "
+                          "(docs/language-model.md#where-a-goal-is-missed-at-2-ranks)",
 }
 
 
