@@ -112,8 +112,9 @@ def build_parser():
                              "per 256 elements), with error feedback; powersgd: rank-R factors, --strategy sync only; "
                              "topk: each chunk's largest elements at --bits, with error feedback, --strategy diloco "
                              "and easgd only. --fp16-allreduce is --compression fp16")
-    packed.add_argument("--powersgd-rank", type=int, metavar="R", help=f"the rank of --compression powersgd's factors (default "
-                                f"{POWERSGD_DEFAULT_RANK}, or {TEXT_POWERSGD_RANK} for the {TEXT_MODEL})")
+    packed.add_argument("--powersgd-rank", type=int, metavar="R",
+                        help=f"the rank of --compression powersgd's factors; not given: {POWERSGD_DEFAULT_RANK}, or "
+                             f"{TEXT_POWERSGD_RANK} for the {TEXT_MODEL}")
     packed.add_argument("--density", type=float, metavar="D",
                         help="the share of each chunk of 4095 elements --compression topk sends, 0 < D <= 1 "
                              "(default 1/64)")

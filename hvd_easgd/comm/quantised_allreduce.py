@@ -56,7 +56,7 @@ ALLTOALL = "alltoall"
 ALLGATHER = "allgather"
 
 
-def form(size, has_alltoall, elements=1):
+def form(size, has_alltoall, elements):
     """Which form runs at ``size`` ranks (module docstring). A payload of exact values alone (``elements``
     coded, 0: a fragment holding a scalar) has no chunks to hand over: the allgather."""
     return ALLTOALL if size > 2 and has_alltoall and elements else ALLGATHER

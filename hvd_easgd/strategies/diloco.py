@@ -412,10 +412,11 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
 
     def just_synchronised(self, f):
         """Whether fragment f's last synchronisation started at the last local step (eager): its
-        schedule's with F = 1 and no overlap, else t ≡ ⌊f·τ/F⌋ (mod τ), t >= 1."""
-        t = int(self.local_steps().numpy())
+        schedule's with F = 1 and no overlap (``synchronised_this_step``), else t ≡ ⌊f·τ/F⌋ (mod τ),
+        t >= 1."""
         if self.fragments == 1 and not self.overlap:
-            return t >= 1 and bool(self.schedule.just_synced(self.local_steps()).numpy())
+            return bool(synchronised_this_step(self).numpy())
+        t = int(self.local_steps().numpy())
         return t >= 1 and t % self.period == self.fragment_offset(f)
 
     def _outer_step(self, f=0):
