@@ -172,6 +172,13 @@ WORKLOADS = {
             ("diloco_tau50_warmup160", "--strategy diloco --tau 50 --warmup-steps 160", "diloco_tau50"),
             ("diloco_tau50_streaming_warmup160",
              "--strategy diloco --tau 50 --fragments 5 --overlap 5 --warmup-steps 160", "diloco_tau50_warmup160"),
+            # The rows made before that warm-up became train.py's default (DiLoCo.default_warmup_steps: the
+            # learning rate's warm-up, where it holds fewer than 10 periods): tau = 50 from the first step, and at
+            # np 8 tau = 10 (whose 40 warm-up updates hold 4 periods). Each run's made_as is its command then.
+            ("diloco_tau50_warmup0", "--strategy diloco --tau 50 --warmup-steps 0", "diloco_tau50"),
+            ("diloco_tau50_streaming_warmup0", "--strategy diloco --tau 50 --fragments 5 --overlap 5 --warmup-steps 0",
+             "diloco_tau50_warmup0"),
+            ("diloco_tau10_warmup0", "--strategy diloco --tau 10 --warmup-steps 0", "diloco_tau10"),
             # Streaming DiLoCo: 5 fragments of a period of 50, each merged 5 steps after its collective starts
             # (with the progress merge, the default since the one-pass table; the mix before). Each Streaming row's
             # twin is DiLoCo at the same tau: what the fragments and the overlap cost (within 1 %: issue 61).
