@@ -271,6 +271,10 @@ def _implied_options(strategy, options, saved):
     if saved:
         implied = {k: CHANGED_DEFAULTS[k] if k in CHANGED_DEFAULTS and k not in saved else v
                    for k, v in implied.items()}
+        # The trainer resolves a strategy's warm-up rule (it follows the run's updates) and config.yaml
+        # names the value; a saved config without it ran before the rule.
+        if cls.default_warmup_steps(options, 0) is not None and "warmup_steps" not in {**saved, **options}:
+            implied["warmup_steps"] = CHANGED_DEFAULTS["warmup_steps"]
     return implied
 
 

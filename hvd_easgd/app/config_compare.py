@@ -39,7 +39,9 @@ ADDED_LATER = {"compression": "none", "powersgd_rank": 4,
 # config that lacks one where the current one names it ran with this value, and resumes with it.
 CHANGED_DEFAULTS = {
     # Streaming DiLoCo's overlapped merge: "mix" until the language model's 3-seed table chose "progress".
-    "overlap_merge": "mix"}
+    "overlap_merge": "mix",
+    # DiLoCo's warm-up: none until it followed the learning rate's (DiLoCo.default_warmup_steps).
+    "warmup_steps": 0}
 
 
 def config_differences(saved, current):

@@ -33,7 +33,7 @@ from ..callbacks.run_recorder import perplexity
 from ..training.kept_model import merge_at_end, save_kept_model
 from .lr_scaling import auto_scales, default_epochs, lr_factor
 from ..training.optimizer import DistributedOptimizer
-from ..strategies import registry, unequal_shares_refusal
+from ..strategies import GradientAccumulation, registry, unequal_shares_refusal
 
 
 def train(config, dataset, strategy):
@@ -53,6 +53,7 @@ def train(config, dataset, strategy):
     steps = _steps_per_epoch(config, dataset, comm)
     config = _resolve_epochs(config, steps, text=dataset.tokens_per_sample is not None)
     config = _resolve_warmup(config, steps)
+    config, strategy = _resolve_strategy_warmup(config, strategy, comm)
     if strategy is None:  # --strategy auto, not chosen yet
         config, strategy = _choose_strategy(config, dataset, comm, steps)
     if config.balance == "speed":
@@ -235,6 +236,32 @@ def _resolve_warmup(config, steps):
     updates = _run_updates(config, steps // config.accumulate)
     return dataclasses.replace(config, lr_warmup_updates=min(int(DEFAULT_WARMUP_SHARE * updates),
                                                              MAX_DEFAULT_WARMUP_UPDATES))
+
+
+def _resolve_strategy_warmup(config, strategy, comm):
+    """``(config, strategy)`` with the strategy's own warm-up rule where ``--warmup-steps`` is not given
+    (``SyncStrategy.default_warmup_steps``: DiLoCo's follows the learning rate's warm-up, so it needs the
+    run's updates, known only here). config.yaml names the value, so a resume keeps it; a run saved before
+    the rule resumes with none (``config_compare.CHANGED_DEFAULTS``)."""
+    if strategy is None or config.lr_warmup_updates is None or "warmup_steps" in config.strategy_options:
+        return config, strategy
+    steps = registry.get(config.strategy).default_warmup_steps(config.strategy_options, config.lr_warmup_updates)
+    if steps is None:
+        return config, strategy
+    config = dataclasses.replace(config, strategy_options={**config.strategy_options, "warmup_steps": steps})
+    if steps:
+        strategy = _with_warmup(strategy, steps)
+        _bind(strategy, comm)
+    return config, strategy
+
+
+def _with_warmup(strategy, steps):
+    """``strategy`` made again from its config with ``steps`` warm-up steps (GradientAccumulation's, the
+    strategy it wraps), as a resume makes it from config.yaml."""
+    if isinstance(strategy, GradientAccumulation):
+        return GradientAccumulation(strategy.k, average=strategy.average,
+                                    strategy=_with_warmup(strategy.strategy, steps))
+    return type(strategy).from_config({**strategy.get_config(), "warmup_steps": steps})
 
 
 def _run_updates(config, updates_per_epoch):

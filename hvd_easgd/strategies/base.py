@@ -364,6 +364,14 @@ class SyncStrategy:
         (``app.config_compare.CHANGED_DEFAULTS``). None here."""
         return {}
 
+    @classmethod
+    def default_warmup_steps(cls, options, lr_warmup_updates):
+        """train.py's ``--warmup-steps`` for a run that does not give it: the synchronous steps this
+        strategy starts with, given its ``options`` (keyed as config.yaml names them) and the learning
+        rate schedule's warm-up (``lr_warmup_updates`` updates). None: the strategy has no such rule,
+        and its constructor's default stands."""
+        return None
+
     def __init__(self):
         self.comm = None
         self._built = False

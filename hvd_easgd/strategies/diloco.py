@@ -108,6 +108,8 @@ the outer step (it is no gradient's weight): it follows the one rule of every
 strategy (``hvd_easgd.statistics``), averaged at epoch ends outside the
 account.
 """
+import inspect
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -122,11 +124,19 @@ from .local_periods import LocalPeriods
 from .local_updates import OVERLAP_HELP, KeepsSyncedWeights, MergesOnDrain, allreduce_unless_non_finite, \
     check_overlap, check_overlap_schedule, finish_allreduce_unless_non_finite, local_step, overlapped_share, \
     start_allreduce_unless_non_finite, synchronised_this_step
-from .period_schedule import cli_period, make_schedule
+from .period_schedule import cli_period, make_schedule, parse_period
 from .sync_average import SyncAverage
 
 DEFAULT_OUTER_LEARNING_RATE = 0.7
 DEFAULT_OUTER_MOMENTUM = 0.7  # the paper's 0.9 overshot here (module docstring)
+# train.py's warm-up (``default_warmup_steps``): SyncAverage through the learning rate's warm-up where that
+# warm-up holds fewer than this many periods. The paper's runs start from a data-parallel model; from a
+# random one, a long period lets the ranks drift apart while the rate climbs, and the outer steps that
+# would pull them together are few. On the language model at 2 ranks (160 warm-up updates of 3,200):
+# tau = 50 (3.2 periods in the warm-up) ends 1.96 % behind SyncAverage from the first step, most of it
+# made in the first half pass, and 1.23 % with the warm-up synchronous; tau = 10 (16 periods) ends
+# 0.50 % ahead with none (docs/language-model.md). Between the two, at 10.
+SYNCED_WARMUP_PERIODS = 10
 DEFAULT_MIXING = 0.5  # Streaming DiLoCo's α for an overlapped merge (module docstring)
 # How an overlapped merge sets the local weights (module docstring): "mix", Streaming DiLoCo's
 # α-mix, or "progress", the new θ plus the rank's own steps since the start.
@@ -156,7 +166,8 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
       warmup_steps: W, SyncAverage for this many optimizer steps first; at
         the switch θ ← x (every rank holds the same x) and t counts from there
         (``warmup.run_phases``, the rule of every warm-up; ``WarmUp(DiLoCo(...),
-        W)`` computes the same). Default 0.
+        W)`` computes the same). Default 0; train.py's default is
+        ``default_warmup_steps``'s.
       compression: the pseudo-gradients' wire format (``"none"``, ``"fp16"``,
         ``"bf16"``, ``"int8"``, ``"int4"``, ``"topk"`` or a ``TopKCompression``
         of other density and bits; module docstring).
@@ -200,7 +211,9 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
                   type=float),
         CliOption("--outer-momentum", "outer_momentum", "momentum of the outer Nesterov SGD (default 0.7)",
                   type=float),
-        CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default 0)", type=int),
+        CliOption("--warmup-steps", "warmup_steps", "SyncAverage for this many steps first (default: the learning "
+                  f"rate's warm-up where it holds fewer than {SYNCED_WARMUP_PERIODS} periods of tau, else 0)",
+                  type=int),
         CliOption("--fragments", "fragments", "Streaming DiLoCo: synchronise F fragments of the variables at "
                   "staggered steps, 1 <= F <= tau (default 1)", type=int),
         CliOption("--overlap", "overlap", OVERLAP_HELP + "; with --fragments F, delta < tau // F", type=int),
@@ -220,6 +233,13 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         if not options.get("overlap") or "overlap_merge" in options:
             return {}
         return {"overlap_merge": overlap_merge_of(None, "mixing" in options)}
+
+    @classmethod
+    def default_warmup_steps(cls, options, lr_warmup_updates):
+        """The learning rate's warm-up where it holds fewer than ``SYNCED_WARMUP_PERIODS`` periods (τ, or an
+        adaptive τ's start), else 0."""
+        period, _ = parse_period(options.get("tau", inspect.signature(cls).parameters["period"].default))
+        return lr_warmup_updates if lr_warmup_updates < SYNCED_WARMUP_PERIODS * period else 0
 
     def __init__(self, period=10, outer_learning_rate=DEFAULT_OUTER_LEARNING_RATE,
                  outer_momentum=DEFAULT_OUTER_MOMENTUM, outer_optimizer=None, warmup_steps=0, compression="none",

@@ -18,7 +18,9 @@ import re
 import numpy as np
 import pytest
 
+from hvd_easgd import DiLoCo
 from hvd_easgd.app import data
+from hvd_easgd.app.config import DEFAULT_WARMUP_SHARE, MAX_DEFAULT_WARMUP_UPDATES
 from hvd_easgd.app.transformer import parameter_count
 from tests.helpers import ROOT, launch
 from tests.multiproc.helpers import assert_same_state, assert_train_run_ended_well, shard_arrays, train_runs
@@ -62,12 +64,21 @@ PATHS = {
 RUN_SECONDS = 180  # each run's bound, as each had its own launch's
 
 
+def gloo_warmup(steps):
+    """The Gloo run's SyncAverage steps before DiLoCo's periods: train.py's default, the cosine schedule's
+    warm-up of its 2 epochs' updates (it holds fewer than 10 periods of 4)."""
+    warmup = DiLoCo.default_warmup_steps({"tau": 4}, min(int(DEFAULT_WARMUP_SHARE * 2 * steps),
+                                                         MAX_DEFAULT_WARMUP_UPDATES))
+    assert warmup > 0, steps
+    return warmup
+
+
 def resume_start(corpus_path):
     """The Gloo run's resume point: its first step checkpoint of the second epoch past its tenth micro-batch
     and off DiLoCo's period of 4 (the ranks' inner weights differ there, and the outer step is pending).
     Step checkpoints fall every 10 global micro-batches; the epochs hold ``steps`` (train.py's count)."""
     steps = data.steps_per_epoch(len(data.text_file(corpus_path, CONTEXT).y_train), BATCH, 2)
-    mid = [step for step in range(11, steps) if (steps + step) % 10 == 0 and (steps + step) % 4]
+    mid = [step for step in range(11, steps) if (steps + step) % 10 == 0 and (steps + step - gloo_warmup(steps)) % 4]
     assert mid, steps
     return steps, f"epoch-000001-step-{mid[0]:06d}"
 
@@ -165,7 +176,7 @@ def test_the_kept_model_holds_the_last_partial_period(corpus, runs):
     is unchanged). DiLoCo (Gloo): one more Nesterov outer step, m' = μm − ηΔ, θ' = θ + μm' − ηΔ with
     Δ the ranks' mean of θ − x_i; EASGD (the direct MPI ops): the center on the workers' mean."""
     steps = data.steps_per_epoch(len(data.text_file(corpus[0], CONTEXT).y_train), BATCH, 2)
-    assert (2 * steps) % 4, steps  # the runs end inside a period
+    assert (2 * steps - gloo_warmup(steps)) % 4 and (2 * steps) % 4, steps  # the runs end inside a period
     arrays, kept = _last_checkpoint(runs("horovod-gloo")[0])
     count = len(kept)
     locals_ = [[arrays[f"{rank}:model/{i:05d}"] for i in range(count)] for rank in (0, 1)]

@@ -166,3 +166,48 @@ def test_train_py_gives_diloco_a_warm_up():
     from hvd_easgd.app import cli
     strategy = cli.make_strategy(cli.parse_args(["--strategy", "diloco", "--tau", "4", "--warmup-steps", "6"]))
     assert isinstance(strategy, DiLoCo) and (strategy.period, strategy.warmup_steps) == (4, 6)
+
+
+@pytest.mark.parametrize("options, lr_warmup, expected", [
+    ({"tau": 50}, 160, 160),  # 3.2 periods in the learning rate's warm-up: synchronous through it
+    ({"tau": 10}, 160, 0),  # 16 periods: none
+    ({}, 99, 99), ({}, 100, 0),  # the library's tau (10): under 10 periods, and at 10
+    ({"tau": "adaptive:20"}, 160, 160), ({"tau": "adaptive"}, 160, 0),  # an adaptive tau by its start
+    ({"tau": 50}, 0, 0),  # no warm-up to follow
+])
+def test_diloco_s_default_warm_up_follows_the_learning_rate_s_where_it_holds_few_periods(options, lr_warmup,
+                                                                                       expected):
+    assert DiLoCo.default_warmup_steps(options, lr_warmup) == expected
+    # The others keep their constructors' 0: no rule.
+    assert {cls.default_warmup_steps(options, lr_warmup) for cls in (EASGD, PeriodicAverage, SyncAverage)} == {None}
+
+
+def test_train_py_resolves_diloco_s_warm_up_from_the_run_s_updates_and_a_resume_keeps_its_own():
+    from hvd_easgd.app import cli, trainer
+    comm = LocalCommunicator()
+
+    def resolved(argv, steps=640):  # 640 steps an epoch, 5 epochs: 3,200 updates, a warm-up of 160
+        config = trainer._resolve_warmup(cli.parse_args(["--data", "text:/etc/hostname", "--epochs", "5"] + argv),
+                                         steps)
+        return trainer._resolve_strategy_warmup(config, cli.make_strategy(config), comm)
+
+    config, strategy = resolved(["--strategy", "diloco", "--tau", "50"])
+    assert config.strategy_options["warmup_steps"] == strategy.warmup_steps == 160  # config.yaml names it
+    assert isinstance(strategy.warmup_strategy, SyncAverage) and strategy.comm is comm  # remade, and bound
+    assert strategy.period == 50
+    config, strategy = resolved(["--strategy", "diloco", "--tau", "10"])  # 16 periods: named, none
+    assert config.strategy_options["warmup_steps"] == strategy.warmup_steps == 0
+    config, strategy = resolved(["--strategy", "diloco", "--tau", "50", "--accumulate", "2"], steps=1280)
+    assert config.strategy_options["warmup_steps"] == strategy.strategy.warmup_steps == 160  # updates, not steps
+    config, strategy = resolved(["--strategy", "diloco", "--tau", "50", "--warmup-steps", "7"])  # given: kept
+    assert strategy.warmup_steps == 7
+    for argv in (["--strategy", "easgd", "--tau", "50"], ["--strategy", "diloco", "--tau", "50", "--lr-schedule",
+                                                           "constant"]):
+        config, strategy = resolved(argv)  # no rule, or no warm-up of the rate to follow: nothing named
+        assert "warmup_steps" not in config.strategy_options and strategy.warmup_steps == 0
+    # A DiLoCo run saved before the rule (its config.yaml names no warm-up) resumes as it ran: with none.
+    config, _ = resolved(["--strategy", "diloco", "--tau", "50"])
+    saved = {k: v for k, v in config.as_dict().items() if k != "warmup_steps"}
+    assert cli._implied_options("diloco", {"tau": 50}, saved) == {"warmup_steps": 0}
+    assert cli._implied_options("diloco", {"tau": 50}, config.as_dict()) == {}
+    assert cli._implied_options("easgd", {"tau": 50}, saved) == {}
