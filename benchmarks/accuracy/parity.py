@@ -147,6 +147,11 @@ WORKLOADS = {
             # At np 8, np 2's global batch (8 ranks x 8 sequences = 2 x 32) at np 2's rate: the same updates as the
             # table at 2 ranks, each rank a quarter of the work. What an np 8 user keeps np 2's model with.
             ("sync_b8_lr_sqrt2", "--strategy sync --batch-size 8 --lr 0.0014142", None),
+            # And the local-update strategies on that global batch at their defaults (their Adam rates are flat
+            # beyond 2 ranks, so np 2's): whether np 8 keeps np 2's table when the ranks split np 2's batch.
+            ("easgd_tau10_b8", "--strategy easgd --tau 10 --batch-size 8", None),
+            ("periodic_tau10_b8", "--strategy periodic --tau 10 --batch-size 8", None),
+            ("diloco_tau10_b8", "--strategy diloco --tau 10 --batch-size 8", None),
             # At np 8, EASGD and PeriodicAverage at their rules carried on to 8 ranks (9 x and 8 x 1e-3) where today's
             # stay flat beyond 2 (3 x and 2 x: easgd_tau10 and periodic_tau10 there). Each row's runs.json keeps the
             # command it was made as (made_as), at the same float32 rate.
