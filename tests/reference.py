@@ -163,12 +163,14 @@ def resized_state_reference(states, ranks, rank, sum_on_first=(), weights_from=N
 # --- compression: the formats and the quantised allreduce, from comm/compression's docstrings ----
 BLOCK = 256
 LEVELS = {"int8": 127, "int4": 7}
+SIGN_BLOCK = 2048
 
 
 def quantise_reference(x, name):
     """What a rank's flat float32 payload ``x`` stands for once encoded by format ``name``
-    (none, fp16, bf16, int8, int4): blocks of 256, s = max|x|/Q, q = round(x/s) (ties to
-    even), x̂ = q·s; fp16/bf16 round to nearest even."""
+    (none, fp16, bf16, int8, int4, sign): blocks of 256, s = max|x|/Q, q = round(x/s) (ties to
+    even), x̂ = q·s; fp16/bf16 round to nearest even; sign below. Its scale is a mean, summed in
+    another order than TF's: within float32 rounding of the library's, not bit for bit."""
     x = np.asarray(x, np.float32)
     if name == "none":
         return x.copy()
@@ -178,8 +180,12 @@ def quantise_reference(x, name):
         import ml_dtypes  # TF's own bfloat16 for NumPy
 
         return x.astype(ml_dtypes.bfloat16).astype(np.float32)
-    levels = np.float32(LEVELS[name])
     n = x.size
+    if name == "sign":  # blocks of 2048, s = mean|x|, x̂ = ±s by the sign (+ for zero)
+        blocks = np.pad(x, (0, -n % SIGN_BLOCK)).reshape(-1, SIGN_BLOCK)
+        scales = np.abs(blocks).mean(axis=1, dtype=np.float32)
+        return np.where(blocks >= 0, scales[:, None], -scales[:, None]).astype(np.float32).reshape(-1)[:n]
+    levels = np.float32(LEVELS[name])
     blocks = np.pad(x, (0, -n % BLOCK)).reshape(-1, BLOCK)
     scales = (np.abs(blocks).max(axis=1) / levels).astype(np.float32)
     safe = np.where(scales > 0, scales, np.float32(1))[:, None]
@@ -205,7 +211,7 @@ def quantised_allreduce_reference(payloads, name):
 def quantised_message_bytes(elements, exact_values, name, p):
     """One message of the quantised allreduce: blocks (bytes each: int8 256+4, int4 128+4, bf16 2 per
     element) then 4 bytes per exact value; from p = 3 on, a 1/p chunk of ceil(blocks/p) blocks."""
-    block, block_bytes = {"int8": (256, 260), "int4": (256, 132), "bf16": (1, 2)}[name]
+    block, block_bytes = {"int8": (256, 260), "int4": (256, 132), "bf16": (1, 2), "sign": (2048, 260)}[name]
     blocks = -(-elements // block)
     if p > 2:
         blocks = -(-blocks // p)
@@ -403,7 +409,7 @@ class DiLoCoOverlapReference:
         f, _, payloads, sent = self.pending
         mask, p = self.masks[f], len(self.shards)
         mean = quantised_allreduce_reference(payloads, self.name) / p
-        if self.name in LEVELS:
+        if self.name in LEVELS or self.name == "sign":
             for e, u in zip(self.residuals, payloads):
                 e[mask] = u - quantise_reference(u, self.name)
         self.theta[mask] = self.outers[f].step(self.theta[mask], mean)

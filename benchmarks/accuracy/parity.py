@@ -213,6 +213,9 @@ WORKLOADS = {
              "--strategy diloco --tau 10 --compression topk --outer-momentum 0 --outer-lr 1.0", "diloco_tau10"),
             ("diloco_tau10_int8", "--strategy diloco --tau 10 --compression int8", "diloco_tau10"),
             ("diloco_tau10_int4", "--strategy diloco --tau 10 --compression int4", "diloco_tau10"),
+            # Every element at one bit, its sign, with a scale per 2048 (EF-SignSGD's): 0.246 of int4's bytes,
+            # dense, where the top-k rows above lose the loss by what they leave out each period.
+            ("diloco_tau10_sign", "--strategy diloco --tau 10 --compression sign", "diloco_tau10"),
             ("sync_powersgd4", "--strategy sync --compression powersgd --powersgd-rank 4", None),
             # Whether the rank is what PowerSGD's loss hangs on: four times rank 4's. train.py's default for the
             # transformer since its 3 seeds here (config.TEXT_POWERSGD_RANK): the goal's row at the default rank.

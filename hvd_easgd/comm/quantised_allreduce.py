@@ -1,4 +1,4 @@
-"""The allreduce of payloads that cannot be summed as they travel (bf16, int8, int4).
+"""The allreduce of payloads that cannot be summed as they travel (bf16, int8, int4, sign).
 
 A quantised code cannot be added on the way: int8 sums overflow, and two
 blocks have different scales; Horovod's TF ops take no bfloat16 at all. So
@@ -112,7 +112,7 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
       comm: a ``Communicator`` of more than one rank.
       tensors: tensors of static shapes, floating.
       op: ``"sum"`` or ``"average"``.
-      compression: a format with ``summable`` False (bf16, int8, int4).
+      compression: a format with ``summable`` False (bf16, int8, int4, sign).
       record: whether the calls go in the account.
       with_errors: also return this rank's quantisation errors.
 
@@ -139,6 +139,12 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
             comm._record([outgoing], collective="alltoall")
         incoming = tf.reshape(comm._alltoall(outgoing), [size, -1])
         reduced_chunk, exact_sum = _decode_sum(incoming, compression, chunk, payload)
+        # Past the payload's end the blocks are padding. Every format but sign decodes it to zero; sign has no
+        # code for zero and decodes it to ±s. Zeroed before the sum is encoded again: it would weigh in the
+        # block's scale, and it is no value of the payload's.
+        start = comm.rank * chunk * block
+        inside = tf.reshape(tf.range(start, start + chunk * block) < elements, [chunk, block])
+        reduced_chunk = tf.where(inside, reduced_chunk, tf.zeros_like(reduced_chunk))
         message = tf.concat([compression.encode(reduced_chunk), payload.exact_bytes(exact_sum)], axis=0)
         if record:
             comm._record([message], collective="allgather")

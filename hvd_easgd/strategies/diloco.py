@@ -169,7 +169,7 @@ class DiLoCo(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrategy):
         W)`` computes the same). Default 0; train.py's default is
         ``default_warmup_steps``'s.
       compression: the pseudo-gradients' wire format (``"none"``, ``"fp16"``,
-        ``"bf16"``, ``"int8"``, ``"int4"``, ``"topk"`` or a ``TopKCompression``
+        ``"bf16"``, ``"int8"``, ``"int4"``, ``"sign"``, ``"topk"`` or a ``TopKCompression``
         of other density and bits; module docstring).
       fragments: F, Streaming DiLoCo's fragments (1 <= F <= τ; default 1).
       overlap: δ, the inner steps between a synchronisation's start and its

@@ -147,7 +147,7 @@ class EASGD(LocalPeriods, MergesOnDrain, SyncStrategy):
         and its merge: an integer 0 <= δ < τ (default 0; ``True`` means 1;
         module docstring).
       compression: the format of the elastic differences: ``"none"``
-        (default), ``"fp16"``, ``"bf16"``, ``"int8"``, ``"int4"`` or ``"topk"``
+        (default), ``"fp16"``, ``"bf16"``, ``"int8"``, ``"int4"``, ``"sign"`` or ``"topk"``
         (module docstring); the warm-up's SyncAverage sends its gradients in
         it too (in fp32 for topk, which applies to differences only).
       communication_period: TF1's ``ElasticAverageOptimizer`` name for

@@ -93,7 +93,7 @@ class PeriodicAverage(LocalPeriods, MergesOnDrain, KeepsSyncedWeights, SyncStrat
       warmup_steps: SyncAverage for this many steps first (post-local SGD),
         then t counts from there.
       compression: ``"none"`` (default: the weights travel), or ``"fp16"``,
-        ``"bf16"``, ``"int8"``, ``"int4"``: the differences from the last
+        ``"bf16"``, ``"int8"``, ``"int4"``, ``"sign"``: the differences from the last
         synchronised weights travel in that format (module docstring).
       overlap: δ, the steps between the start of an average's allreduce and
         its merge: an integer 0 <= δ < τ (default 0; module docstring).

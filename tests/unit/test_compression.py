@@ -14,8 +14,17 @@ from tests import least_squares, reference as ref
 from tests.least_squares import least_squares_ranks
 
 pytestmark = [pytest.mark.unit, pytest.mark.slow]  # many simulated ranks, seconds together
-QUANTISING = ("bf16", "int8", "int4")
+QUANTISING = ("bf16", "int8", "int4", "sign")
 BATCH = 4
+
+
+def assert_reference(got, expected, name):
+    """The NumPy reference's bits; for sign, whose scale is a mean summed in another order, within float32
+    rounding of it (the ranks still agree bit for bit: they decode the same bytes)."""
+    if name != "sign":
+        assert np.array_equal(got, expected)
+        return
+    np.testing.assert_allclose(got, expected, rtol=0, atol=4e-7 * np.abs(expected).max())
 
 
 def random_payload(seed, shape):
@@ -29,7 +38,21 @@ def random_payload(seed, shape):
 
 
 # --- the formats -----------------------------------------------------------------------------
-@pytest.mark.parametrize("name", QUANTISING)
+def test_sign_sends_each_sign_and_its_block_s_mean_magnitude():
+    fmt = Compression.sign
+    x = np.concatenate([random_payload(0, (3000,)), np.zeros(2048, np.float32)])  # a block of zeros last
+    blocks = 3  # 5048 elements: 2 full blocks, 952 of the third, padded with zeros
+    padded = tf.reshape(tf.pad(tf.constant(x), [[0, blocks * 2048 - x.size]]), [blocks, 2048])
+    data = fmt.encode(padded)
+    assert data.dtype == tf.uint8 and data.shape == [blocks * (2048 // 8 + 4)]  # 1 bit an element, a scale a block
+    decoded = tf.reshape(fmt.decode(data, blocks), [-1])[:x.size].numpy()
+    assert np.array_equal(np.sign(decoded[:3000]), np.where(x[:3000] >= 0, 1.0, -1.0))  # every sign, zero as +
+    assert_reference(decoded, ref.quantise_reference(x, "sign"), "sign")
+    assert np.all(decoded[4096:] == 0)  # the block of zeros: scale 0, no NaN
+    assert fmt.block_bytes / fmt.block_size <= Compression.int4.block_bytes / Compression.int4.block_size / 4
+
+
+@pytest.mark.parametrize("name", ("bf16", "int8", "int4"))
 def test_each_format_decodes_to_its_numpy_reference_bit_for_bit(name):
     fmt = Compression.by_name(name)
     x = random_payload(0, (1000,))
@@ -48,14 +71,15 @@ def test_each_format_decodes_to_its_numpy_reference_bit_for_bit(name):
 
 def test_each_format_says_what_it_costs_and_whether_it_sums():
     assert [(f.name, f.summable) for f in (Compression.none, Compression.fp16, Compression.bf16, Compression.int8,
-                                           Compression.int4)] == [("none", True), ("fp16", True), ("bf16", False),
-                                                                  ("int8", False), ("int4", False)]
+                                           Compression.int4, Compression.sign)] == [
+        ("none", True), ("fp16", True), ("bf16", False), ("int8", False), ("int4", False), ("sign", False)]
+    assert (Compression.sign.block_size, Compression.sign.block_bytes) == (2048, 256 + 4)
     assert (Compression.int8.block_size, Compression.int8.block_bytes) == (256, 256 + 4)
     assert (Compression.int4.block_size, Compression.int4.block_bytes) == (256, 128 + 4)
     assert (Compression.bf16.block_size, Compression.bf16.block_bytes) == (1, 2)
     assert Compression.fp16.wire_itemsize(tf.float32) == 2 and Compression.none.wire_itemsize(tf.float32) == 4
     with pytest.raises(ValueError, match=r"^`compression` must be one of \['none', 'fp16', 'bf16', 'int8', 'int4', "
-                                         r"'powersgd', 'topk'\]\. Received: compression='int2'$"):
+                                         r"'sign', 'powersgd', 'topk'\]\. Received: compression='int2'$"):
         Compression.by_name("int2")
 
 
@@ -76,14 +100,17 @@ def test_the_quantised_allreduce_matches_its_reference_on_every_rank_with_its_ex
         expected = ref.quantised_allreduce_reference(flat, name)
         if op == "average":
             expected = expected / np.float32(p)
+        firsts = None
         for reduced, errors in out:
             got = np.concatenate([reduced[0].numpy().ravel(), reduced[1].numpy()])
-            assert np.array_equal(got, expected)  # the reference's bits, so every rank's are the same
+            assert_reference(got, expected, name)
+            firsts = got if firsts is None else firsts
+            assert np.array_equal(got, firsts)  # every rank's bits the same
             # the one-element tensor travels exact: 1 + 2 + ... + p
             assert reduced[2].numpy().tolist() == [p * (p + 1) / 2 / (p if op == "average" else 1)]
         for r, (_, errors) in enumerate(out):
             err = np.concatenate([errors[0].numpy().ravel(), errors[1].numpy()])
-            assert np.array_equal(err, flat[r] - ref.quantise_reference(flat[r], name))
+            assert_reference(err, flat[r] - ref.quantise_reference(flat[r], name), name)
             assert errors[2].numpy().tolist() == [0.0]
         message = ref.quantised_message_bytes(37 * 11 + 5, 1, name, p)
         by_formula = ({"bytes": message, "calls": 1, "wire_bytes": (p - 1) * message} if p == 2 else  # allgather
@@ -196,6 +223,10 @@ STRATEGIES = {
 def test_every_strategy_sends_its_payload_compressed_as_the_reference_does(kind, name):
     if kind == "sync" and name == "fp16":
         pytest.skip("SyncAverage's fp16 path is --fp16-allreduce's, tested in test_strategies_local.py")
+    if kind == "sync" and name == "sign":
+        with pytest.raises(ValueError, match="sign"):  # no residual there: refused (test below)
+            STRATEGIES[kind](name)
+        return
     p, steps = 3, 7  # tau = 2: three synchronisations with error feedback, and one local step after
     shards, w0 = ref.least_squares_shards(p)
     cluster = SimulatedCluster(p)

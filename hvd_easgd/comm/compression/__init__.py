@@ -4,7 +4,7 @@ Each format answers for itself:
 
 * ``name``: its ``--compression`` choice;
 * ``summable``: whether its payload can be summed as it travels (none and
-  fp16: the ordinary allreduce; bf16, int8 and int4: not, they go through
+  fp16: the ordinary allreduce; bf16, int8, int4 and sign: not, they go through
   the quantised allreduce, ``comm/quantised_allreduce.py``; topk: not, it
   goes through the sparse allreduce, ``comm/sparse_allreduce.py``);
 * ``sparse`` (those that cannot be summed): whether each rank sends a
@@ -26,18 +26,19 @@ fp16       2                 --               yes
 bf16       2                 --               no (Horovod has no bf16)
 int8       (256 + 4) / 256   fp32 per 256     no (integer sums overflow)
 int4       (128 + 4) / 256   fp32 per 256     no
+sign       (256 + 4) / 2048  fp32 per 2048    no (local updates only)
 powersgd   rank-R factors    --               yes (SyncAverage only)
 topk       (12 + B)·D bits   fp32 per 4095    no (positions differ; DiLoCo, EASGD)
 =========  ================  ===============  =================
 """
-from .blocks import BLOCK_SIZE, Int4Compression, Int8Compression
+from .blocks import BLOCK_SIZE, Int4Compression, Int8Compression, SignCompression
 from .casts import BF16Compression, FP16Compression, NoCompression
 from .kinds import EVERY_PAYLOAD, GRADIENTS
 from .powersgd_choice import DEFAULT_RANK as POWERSGD_DEFAULT_RANK, PowerSGDChoice
 from .topk import BITS as TOPK_BITS, DEFAULT_BITS as TOPK_DEFAULT_BITS, DEFAULT_DENSITY as TOPK_DEFAULT_DENSITY, \
     TopKCompression
 
-COMPRESSIONS = ("none", "fp16", "bf16", "int8", "int4", "powersgd", "topk")
+COMPRESSIONS = ("none", "fp16", "bf16", "int8", "int4", "sign", "powersgd", "topk")
 
 
 class Compression:
@@ -48,6 +49,7 @@ class Compression:
     bf16 = BF16Compression()
     int8 = Int8Compression()
     int4 = Int4Compression()
+    sign = SignCompression()
     topk = TopKCompression()  # at its defaults; other options: by_name("topk", density=D, bits=B)
 
     @classmethod

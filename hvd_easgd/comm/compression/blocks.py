@@ -1,4 +1,4 @@
-"""Block-scaled symmetric quantisation: int8 and int4.
+"""Block-scaled symmetric quantisation: int8, int4 and sign (1 bit).
 
 The payload (the concatenation of a collective's tensors, flattened) is cut
 into blocks of ``BLOCK_SIZE`` = 256 consecutive elements; the last block is
@@ -15,6 +15,21 @@ fp32). Why 256: the scale's 4 bytes add 1.6 % to int8 and 3.1 % to int4,
 while one large value flattens the codes of 255 neighbours only; per-tensor
 scales would let a single outlier zero a whole layer.
 
+``sign`` sends one bit an element, its sign, and one float32 scale per
+block of ``SIGN_BLOCK_SIZE`` = 2048: the block's mean magnitude, the scale
+that leaves the least squared error on a sign (EF-SignSGD, Karimireddy et
+al. 2019, arXiv:1901.09847; 1-bit SGD, Seide et al. 2014)::
+
+    s_b = mean_{i in b} |x_i|      x̂_i = +s_b if x_i >= 0, else −s_b
+
+A block costs 2048/8 + 4 = 260 bytes: 0.127 bytes an element, 0.246 of
+int4's and 1/31.5 of fp32's. Why 2048: at 256 the scale would add a quarter
+again (0.141, over a quarter of int4's); a mean magnitude is steadier than a
+maximum over more elements, so a larger block costs less of the
+approximation than it would int8's. Every element's error, the sign's
+whole shortfall, goes to the rank's residual (error feedback), so it
+applies only where a strategy keeps one: not to SyncAverage's gradients.
+
 The codes cannot be summed as integers (int8 sums overflow, and blocks have
 different scales), so these formats travel through the quantised allreduce
 (``comm/quantised_allreduce.py``). Non-finite values must be kept out
@@ -23,9 +38,10 @@ the block NaN. The strategies check first (``local_updates``).
 """
 import tensorflow as tf
 
-from .kinds import EVERY_PAYLOAD
+from .kinds import ELASTIC_DIFFERENCES, EVERY_PAYLOAD, PSEUDO_GRADIENTS, WEIGHT_DIFFERENCES
 
 BLOCK_SIZE = 256
+SIGN_BLOCK_SIZE = 2048
 SCALE_BYTES = 4  # one float32 per block
 
 
@@ -100,3 +116,29 @@ class Int4Compression:
         packed = tf.cast(packed_bytes, tf.int32)
         codes = tf.stack([packed % 16, packed // 16], axis=1) - 8
         return dequantise(tf.reshape(codes, [blocks, BLOCK_SIZE]), _scales_of(scale_bytes, blocks))
+
+
+class SignCompression:
+    """One bit an element, its sign, and one float32 scale per block of 2048, the block's mean
+    magnitude (module docstring). Element 8i + j of the payload is bit j of byte i; a set bit is −s."""
+
+    name = "sign"
+    summable = False
+    sparse = False
+    applies_to = frozenset({PSEUDO_GRADIENTS, ELASTIC_DIFFERENCES, WEIGHT_DIFFERENCES})
+    block_size = SIGN_BLOCK_SIZE
+    block_bytes = SIGN_BLOCK_SIZE // 8 + SCALE_BYTES
+    _weights = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.int32)
+
+    def encode(self, blocks):
+        scales = tf.reduce_mean(tf.abs(blocks), axis=1)
+        negative = tf.reshape(tf.cast(blocks < 0, tf.int32), [-1, 8])
+        packed = tf.cast(tf.reduce_sum(negative * self._weights, axis=1), tf.uint8)
+        return tf.concat([packed, _scale_bytes(scales)], axis=0)
+
+    def decode(self, data, blocks):
+        packed_bytes, scale_bytes = tf.split(data, [blocks * SIGN_BLOCK_SIZE // 8, -1])  # as Int8Compression.decode
+        bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(packed_bytes, tf.int32)[:, None],
+                                                              tf.range(8, dtype=tf.int32)), 1)
+        signs = tf.reshape(1.0 - 2.0 * tf.cast(bits, tf.float32), [blocks, SIGN_BLOCK_SIZE])
+        return signs * _scales_of(scale_bytes, blocks)[:, None]
