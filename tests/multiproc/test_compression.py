@@ -1,5 +1,5 @@
-"""Compressed payloads across real ranks (issue 24, section B): the quantised allreduce
-and DiLoCo int8 under horovodrun --gloo and horovodrun --mpi at np = 3 (Horovod's alltoall +
+"""Compressed payloads across real ranks (issue 24, section B): the quantised allreduce (bf16, int8, int4,
+sign) and DiLoCo int8 under horovodrun --gloo and horovodrun --mpi at np = 3 (Horovod's alltoall +
 allgather form, under both of its controllers) and on the direct MPI path under mpirun at np = 3 (MpiDirectAlltoall), one launch each;
 in the same launches the sparse allreduce and DiLoCo with topk (issue 62: one allgather, every rank the
 reference's bits); and train.py on digits with --strategy diloco --compression int8 through Horovod under
@@ -26,7 +26,7 @@ def test_quantised_collectives_match_the_reference_on_every_rank(launcher, colle
     ranks = read_rank_results(tmp_path, size)
     alltoall = ranks[0]["has_alltoall"] and size > 2
     for r in ranks:
-        for name in ("bf16", "int8", "int4"):
+        for name in ("bf16", "int8", "int4", "sign"):
             got = r[name]
             assert got["equals_reference"] and got["identical_maxdiff"] == 0.0
             assert got["traced_relative_error"] <= 1e-6
