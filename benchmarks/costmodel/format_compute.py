@@ -63,7 +63,7 @@ def quantised_configurations(every_step=False):
 # goes through the sparse allreduce, whose work is not measured yet), so go through the
 # quantised allreduce; spelled out here because asking the formats imports TensorFlow, which the projection
 # must not (a unit test checks the two agree).
-QUANTISED = ("int8", "int4", "bf16")
+QUANTISED = ("int8", "int4", "bf16", "sign")
 RANKS = (2, 4)  # the validation launches' p: the allgather form at 2, alltoall + allgather from 3
 
 
@@ -75,6 +75,7 @@ class EchoCommunicator:
     j); the work on them is."""
 
     has_alltoall = True
+    rank = 0  # the rank whose work is measured
 
     def __init__(self, size):
         self.size = size
