@@ -193,6 +193,15 @@ def quantise_reference(x, name):
     return (codes * scales[:, None]).reshape(-1)[:n]
 
 
+def equals_quantised_reference(got, expected, name):
+    """Whether ``got`` is ``quantise_reference``'s (or ``quantised_allreduce_reference``'s) ``expected``:
+    bit for bit, and for sign, whose scale is a mean summed in another order, within float32 rounding."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    if name != "sign":
+        return bool(np.array_equal(got, expected))
+    return bool(np.max(np.abs(got - expected)) <= 4e-7 * np.max(np.abs(expected)))
+
+
 def quantised_allreduce_reference(payloads, name):
     """Σ over ranks of the flat float32 ``payloads`` as the quantised allreduce computes it:
     every rank's decoded payload added in fp32 in rank order; from p = 3 on (alltoall +

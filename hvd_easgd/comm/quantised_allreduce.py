@@ -141,10 +141,11 @@ def quantised_allreduce(comm, tensors, op, compression, record=True, with_errors
         reduced_chunk, exact_sum = _decode_sum(incoming, compression, chunk, payload)
         # Past the payload's end the blocks are padding. Every format but sign decodes it to zero; sign has no
         # code for zero and decodes it to ±s. Zeroed before the sum is encoded again: it would weigh in the
-        # block's scale, and it is no value of the payload's.
+        # block's scale, and it is no value of the payload's. Only a chunk that reaches past the end has any.
         start = comm.rank * chunk * block
-        inside = tf.reshape(tf.range(start, start + chunk * block) < elements, [chunk, block])
-        reduced_chunk = tf.where(inside, reduced_chunk, tf.zeros_like(reduced_chunk))
+        if start + chunk * block > elements:
+            inside = tf.reshape(tf.range(start, start + chunk * block) < elements, [chunk, block])
+            reduced_chunk = tf.where(inside, reduced_chunk, tf.zeros_like(reduced_chunk))
         message = tf.concat([compression.encode(reduced_chunk), payload.exact_bytes(exact_sum)], axis=0)
         if record:
             comm._record([message], collective="allgather")

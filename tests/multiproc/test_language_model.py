@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 
 from hvd_easgd import DiLoCo
-from hvd_easgd.app import data
-from hvd_easgd.app.config import DEFAULT_WARMUP_SHARE, MAX_DEFAULT_WARMUP_UPDATES
+from hvd_easgd.app import cli, data, trainer
 from hvd_easgd.app.transformer import parameter_count
 from tests.helpers import ROOT, launch
 from tests.multiproc.helpers import assert_same_state, assert_train_run_ended_well, shard_arrays, train_runs
@@ -66,9 +65,9 @@ RUN_SECONDS = 180  # each run's bound, as each had its own launch's
 
 def gloo_warmup(steps):
     """The Gloo run's SyncAverage steps before DiLoCo's periods: train.py's default, the cosine schedule's
-    warm-up of its 2 epochs' updates (it holds fewer than 10 periods of 4)."""
-    warmup = DiLoCo.default_warmup_steps({"tau": 4}, min(int(DEFAULT_WARMUP_SHARE * 2 * steps),
-                                                         MAX_DEFAULT_WARMUP_UPDATES))
+    warm-up of its 2 epochs' updates (it holds fewer than 10 periods of 4), resolved as the trainer does."""
+    config = trainer._resolve_warmup(cli.parse_args(["--data", "text:/etc/hostname", "--epochs", "2"]), steps)
+    warmup = DiLoCo.default_warmup_steps({"tau": 4}, config.lr_warmup_updates)
     assert warmup > 0, steps
     return warmup
 
